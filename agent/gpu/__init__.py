@@ -1,0 +1,1 @@
+"""GPU model and its backends: NVML (real) and simulated (from a node file)."""

@@ -1,0 +1,41 @@
+"""The interface every GPU backend offers to the agent.
+
+A backend's methods block (NVML calls, file reads) and are called from worker threads;
+they must be safe to call concurrently for different devices. A failing call for one
+device never raises: the affected values are ``None`` (see ``model.LOST_DEVICE_STATUS``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agent.gpu.model import DeviceStatus, NodeInfo, PcieThroughput
+
+
+class GpuBackendError(Exception):
+    """The backend cannot start (no driver, NVML failed, bad node file): one clear line."""
+
+
+class GpuBackend(Protocol):
+    """Source of GPU facts for one node."""
+
+    @property
+    def name(self) -> str:
+        """Short description for the log, e.g. ``NVML 13.580.159.04`` or ``simulated (h200.json)``."""
+        ...
+
+    def node_info(self) -> NodeInfo:
+        """Static facts: driver, CUDA version, devices. Read once; cheap to call again."""
+        ...
+
+    def device_status(self, index: int) -> DeviceStatus:
+        """Live status of one device, without PCIe throughput. Fast (well under 1 ms)."""
+        ...
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        """PCIe RX/TX of one device. Slow: NVML samples each direction for about 20 ms."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend (NVML shutdown). Idempotent."""
+        ...

@@ -1,0 +1,169 @@
+"""The GPU model: what a node knows about its GPUs, as frozen values with units in names.
+
+Every backend (NVML, simulated) produces these types and nothing else; the REST API only
+renders them. A value the hardware or driver does not report is ``None``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PciLink(enum.IntEnum):
+    """PCI relation between two GPUs, the integer of ``Topology[].Link`` in ``/gpu/info/json``."""
+
+    UNKNOWN = 0
+    CROSS_CPU = 1  # traverses the interconnect between CPU sockets (SYS)
+    SAME_CPU = 2  # PCIe host bridges of one CPU socket (NODE)
+    HOST_BRIDGE = 3  # through one PCIe host bridge (PHB)
+    MULTIPLE_SWITCHES = 4  # several PCIe switches, no host bridge (PXB)
+    SINGLE_SWITCH = 5  # at most one PCIe switch (PIX)
+    SAME_BOARD = 6  # two GPUs of one board
+
+    @property
+    def label(self) -> str:
+        """Human label used by the text rendering."""
+        return _LINK_LABELS[self]
+
+
+_LINK_LABELS = {
+    PciLink.UNKNOWN: "Unknown",
+    PciLink.CROSS_CPU: "Cross CPU socket",
+    PciLink.SAME_CPU: "Same CPU socket",
+    PciLink.HOST_BRIDGE: "Host PCI bridge",
+    PciLink.MULTIPLE_SWITCHES: "Multiple PCI switches",
+    PciLink.SINGLE_SWITCH: "Single PCI switch",
+    PciLink.SAME_BOARD: "Same board",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLink:
+    """A peer GPU this one can reach directly (P2P), and how."""
+
+    bus_id: str
+    link: PciLink
+    nvlinks: int  # bonded NVLinks between the pair, 0 when none
+
+
+@dataclass(frozen=True, slots=True)
+class PciInfo:
+    bus_id: str  # "00000000:00:06.0", NVML's 8-digit-domain form
+    bar1_mib: int | None
+    bandwidth_mbps: int | None  # max link generation x max width, MB/s
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    cores_mhz: int | None
+    memory_mhz: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    ecc: bool | None
+    global_mib: int | None
+    shared_kib: int | None  # shared memory per multiprocessor
+    constant_kib: int | None
+    l2_cache_kib: int | None
+    bandwidth_mbps: int | None  # 2 x memory clock MHz x bus width bits / 8
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Static facts of one GPU, read once at start (``/gpu/info``)."""
+
+    index: int
+    uuid: str | None
+    path: str | None  # "/dev/nvidia<minor>"
+    model: str | None
+    power_w: int | None  # power management limit
+    cpu_affinity: int | None  # NUMA node of the GPU
+    pci: PciInfo
+    clocks: Clocks  # maximum clocks
+    topology: tuple[PeerLink, ...]
+    family: str | None  # "Hopper"
+    arch: str | None  # compute capability "9.0"
+    cores: int | None  # CUDA cores: SMs x cores per SM
+    memory: DeviceMemory
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """Everything static about a node: driver, CUDA version and the devices in index order."""
+
+    driver_version: str
+    cuda_version: str  # "13.0"
+    devices: tuple[DeviceInfo, ...]
+
+    def device(self, index: int) -> DeviceInfo:
+        return self.devices[index]
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    gpu_pct: int | None
+    memory_pct: int | None
+    encoder_pct: int | None
+    decoder_pct: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EccErrors:
+    """Uncorrected, volatile ECC error counts."""
+
+    l1_cache: int | None
+    l2_cache: int | None
+    global_: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieThroughput:
+    """PCIe throughput sample; NVML samples each direction for about 20 ms."""
+
+    rx_mbps: int | None
+    tx_mbps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str | None
+    memory_used_mib: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """Live facts of one GPU (``/gpu/status``), except the PCIe throughput.
+
+    The throughput is slow to read and comes from the background sampler; the REST layer
+    joins both.
+    """
+
+    power_w: int | None  # power draw
+    temperature_c: int | None
+    utilization: Utilization
+    memory_used_mib: int | None
+    ecc_errors: EccErrors
+    clocks: Clocks  # current clocks
+    bar1_used_mib: int | None
+    processes: tuple[GpuProcess, ...]  # compute processes; empty when none
+
+
+UNKNOWN_UTILIZATION = Utilization(None, None, None, None)
+UNKNOWN_ECC = EccErrors(None, None, None)
+UNKNOWN_CLOCKS = Clocks(None, None)
+UNKNOWN_THROUGHPUT = PcieThroughput(None, None)
+
+LOST_DEVICE_STATUS = DeviceStatus(
+    power_w=None,
+    temperature_c=None,
+    utilization=UNKNOWN_UTILIZATION,
+    memory_used_mib=None,
+    ecc_errors=UNKNOWN_ECC,
+    clocks=UNKNOWN_CLOCKS,
+    bar1_used_mib=None,
+    processes=(),
+)
+"""The status of a GPU that does not answer at all (lost, fallen off the bus)."""

@@ -1,0 +1,1 @@
+"""Docker volume plugin: the socket protocol and the driver volume on disk."""
