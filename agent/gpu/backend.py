@@ -21,7 +21,7 @@ class GpuBackend(Protocol):
 
     @property
     def name(self) -> str:
-        """Short description for the log, e.g. ``NVML 13.580.159.04`` or ``simulated (h200.json)``."""
+        """Short description for the log: ``NVML 13.580.159.04``, ``simulated (h200.json)``."""
         ...
 
     def node_info(self) -> NodeInfo:

@@ -1,4 +1,4 @@
-"""Node files: a node's GPU facts as JSON, read by the simulated backend, written by ``--dump-node``.
+"""Node files: a node's GPU facts as JSON, read by the simulated backend, made by --dump-node.
 
 The schema is documented in ``docs/node-file.md``. Field names are those of the model
 (``agent.gpu.model``), so a node file reads like the model it describes.
@@ -22,9 +22,9 @@ from agent.gpu.model import (
     EccErrors,
     GpuProcess,
     NodeInfo,
+    PcieThroughput,
     PciInfo,
     PciLink,
-    PcieThroughput,
     PeerLink,
     Utilization,
 )
@@ -190,7 +190,9 @@ def _device_info(index: int, dev: _Reader) -> DeviceInfo:
         if link not in PciLink._value2member_map_:
             raise NodeFileError(f"devices[{index}].topology: link {link} is not 0-6")
         topology.append(
-            PeerLink(bus_id=peer.req_str("bus_id"), link=PciLink(link), nvlinks=peer.int_("nvlinks") or 0)
+            PeerLink(
+                bus_id=peer.req_str("bus_id"), link=PciLink(link), nvlinks=peer.int_("nvlinks") or 0
+            )
         )
     return DeviceInfo(
         index=index,
@@ -279,6 +281,9 @@ def dump(
         "cuda_version": info.cuda_version,
     }
     if status_call_s is not None or pcie_sample_s is not None:
-        out["timing"] = {"status_call_s": status_call_s or 0.0, "pcie_sample_s": pcie_sample_s or 0.0}
+        out["timing"] = {
+            "status_call_s": status_call_s or 0.0,
+            "pcie_sample_s": pcie_sample_s or 0.0,
+        }
     out["devices"] = devices
     return out

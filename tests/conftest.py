@@ -1,0 +1,21 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.dockerd import DockerEngine, start_engine, stop_engine
+from tests.support.services import require_root
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[DockerEngine]:
+    """One private dockerd for the whole session (started on first use)."""
+    require_root()
+    engine, proc = start_engine()
+    try:
+        yield engine
+    finally:
+        stop_engine(engine, proc)
