@@ -20,9 +20,13 @@ class VolumeSpec:
     def docker_name(self, driver_version: str) -> str:
         return f"{self.name}_{driver_version}"
 
+    def binding(self, driver_version: str) -> str:
+        """``name_version:mountpoint:options``, the value of docker's ``--volume``."""
+        return f"{self.docker_name(driver_version)}:{self.mountpoint}:{self.mount_options}"
+
     def volume_arg(self, driver_version: str) -> str:
         """The ``--volume=`` argument for ``docker run``."""
-        return f"--volume={self.docker_name(driver_version)}:{self.mountpoint}:{self.mount_options}"
+        return f"--volume={self.binding(driver_version)}"
 
 
 VOLUMES: tuple[VolumeSpec, ...] = (
