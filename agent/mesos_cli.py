@@ -1,0 +1,44 @@
+"""``/mesos/cli``: the Mesos agent flags of this node, rendered once per query and cached.
+
+``format`` is ``legacy`` (default, byte-for-byte the old tool's line) or ``native``
+(Mesos's own GPU support). ``dev`` selects GPUs as for ``/docker/cli``. The blob is
+always the node's whole ``/gpu/info/json`` body. The encoding is the pure ``mesos``
+library's; this module only selects and caches.
+"""
+
+from __future__ import annotations
+
+from agent.gpu.model import NodeInfo
+from agent.selection import select_devices
+
+FORMATS = ("legacy", "native")
+
+
+class MesosCli:
+    def __init__(self, node: NodeInfo, info_json: bytes) -> None:
+        self._node = node
+        self._info_json = info_json
+        self._cache: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+    def answer(self, fmt: str | None, dev: str | None) -> bytes:
+        """The flags line; InvalidSelection for a bad ``dev``, ValueError for a bad format."""
+        fmt = fmt or "legacy"
+        if fmt not in FORMATS:
+            raise ValueError(f"invalid format: {fmt} (expected legacy or native)")
+        devices = select_devices(self._node.devices, dev)
+        key = (fmt, tuple(d.index for d in devices))
+        body = self._cache.get(key)
+        if body is None:
+            body = self._render(fmt, key[1])
+            self._cache[key] = body
+        return body
+
+    def _render(self, fmt: str, indices: tuple[int, ...]) -> bytes:
+        try:
+            from mesos import flags  # noqa: PLC0415 - the library lands separately
+        except ImportError:
+            raise NotImplementedError("the Mesos flags are not available in this build") from None
+        uuids = [self._node.devices[i].uuid or "" for i in indices]
+        if fmt == "native":
+            return flags.native_flags(self._info_json, uuids, indices).encode()  # type: ignore[no-any-return,attr-defined,unused-ignore]
+        return flags.legacy_flags(self._info_json, uuids).encode()  # type: ignore[no-any-return,attr-defined,unused-ignore]

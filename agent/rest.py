@@ -1,0 +1,182 @@
+"""The REST API (TCP, default ``localhost:3476``): thin handlers over the GPU model.
+
+Every route exists under ``/v1.0`` and without the prefix. Static answers (info, the
+default ``/docker/cli``, the Mesos flags) are rendered once and served as cached bytes;
+status comes from the single-flight ``StatusService``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from agent import render_json, render_text
+from agent.docker_cli import docker_cli
+from agent.gpu.model import DeviceInfo, NodeInfo
+from agent.mesos_cli import MesosCli
+from agent.selection import InvalidSelection, select_devices, select_volumes
+from agent.status_service import StatusService
+
+log = logging.getLogger("nvidia-docker-plugin.rest")
+
+API_VERSIONS = ("v1.0",)
+JSON = "application/json"
+TEXT = "text/plain"
+
+
+class NodeFacts:
+    """What the handlers serve: the static facts and their cached renderings."""
+
+    def __init__(self, node: NodeInfo, control_devices: tuple[str, ...]) -> None:
+        self.node = node
+        self.control_devices = control_devices
+        self.info_json = render_json.info(node)
+        self.info_text = render_text.info(node).encode()
+        self.mesos = MesosCli(node, self.info_json)
+
+    def devices(self, dev: str | None) -> tuple[DeviceInfo, ...]:
+        return select_devices(self.node.devices, dev)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - one instance per app, lives as long
+    def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
+        cli = docker_cli(
+            self.node.driver_version,
+            self.control_devices,
+            self.devices(dev),
+            select_volumes(vol),
+        )
+        return cli.json() if as_json else cli.text().encode()
+
+
+FACTS = web.AppKey("facts", NodeFacts)
+STATUS = web.AppKey("status", StatusService)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _answer(body: bytes, content_type: str) -> web.Response:
+    return web.Response(body=body, content_type=content_type, charset="utf-8")
+
+
+def _bad_request(err: InvalidSelection) -> web.Response:
+    return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
+
+
+async def gpu_info(request: web.Request) -> web.Response:
+    facts = request.app[FACTS]
+    dev = request.query.get("dev")
+    if dev is None:
+        return _answer(facts.info_text, TEXT)
+    try:
+        node = _subset(facts.node, facts.devices(dev))
+    except InvalidSelection as err:
+        return _bad_request(err)
+    return _answer(render_text.info(node).encode(), TEXT)
+
+
+async def gpu_info_json(request: web.Request) -> web.Response:
+    facts = request.app[FACTS]
+    dev = request.query.get("dev")
+    if dev is None:
+        return _answer(facts.info_json, JSON)
+    try:
+        node = _subset(facts.node, facts.devices(dev))
+    except InvalidSelection as err:
+        return _bad_request(err)
+    return _answer(render_json.info(node), JSON)
+
+
+def _subset(node: NodeInfo, devices: tuple[DeviceInfo, ...]) -> NodeInfo:
+    return NodeInfo(node.driver_version, node.cuda_version, devices)
+
+
+async def _status(request: web.Request, as_json: bool) -> web.Response:
+    facts = request.app[FACTS]
+    try:
+        devices = facts.devices(request.query.get("dev"))
+    except InvalidSelection as err:
+        return _bad_request(err)
+    sweep = await request.app[STATUS].sweep()
+    if as_json:
+        response = _answer(sweep.json_body(devices), JSON)
+    else:
+        response = _answer(sweep.text_body(devices).encode(), TEXT)
+    if sweep.throughput_age_s is not None:
+        response.headers["X-PCIe-Throughput-Age-Ms"] = str(round(sweep.throughput_age_s * 1000))
+    return response
+
+
+async def gpu_status(request: web.Request) -> web.Response:
+    return await _status(request, as_json=False)
+
+
+async def gpu_status_json(request: web.Request) -> web.Response:
+    return await _status(request, as_json=True)
+
+
+async def _docker(request: web.Request, as_json: bool) -> web.Response:
+    facts = request.app[FACTS]
+    try:
+        body = facts.docker_cli(request.query.get("dev"), request.query.get("vol"), as_json)
+    except InvalidSelection as err:
+        return _bad_request(err)
+    return _answer(body, JSON if as_json else TEXT)
+
+
+async def docker_cli_text(request: web.Request) -> web.Response:
+    return await _docker(request, as_json=False)
+
+
+async def docker_cli_json(request: web.Request) -> web.Response:
+    return await _docker(request, as_json=True)
+
+
+async def mesos_cli(request: web.Request) -> web.Response:
+    facts = request.app[FACTS]
+    try:
+        body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
+    except InvalidSelection as err:
+        return _bad_request(err)
+    except NotImplementedError as err:
+        return web.Response(status=501, text=f"{err}\n", content_type=TEXT)
+    except ValueError as err:
+        return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
+    return _answer(body, TEXT)
+
+
+ROUTES: tuple[tuple[str, Handler], ...] = (
+    ("/gpu/info", gpu_info),
+    ("/gpu/info/json", gpu_info_json),
+    ("/gpu/status", gpu_status),
+    ("/gpu/status/json", gpu_status_json),
+    ("/docker/cli", docker_cli_text),
+    ("/docker/cli/json", docker_cli_json),
+    ("/mesos/cli", mesos_cli),
+)
+
+
+@web.middleware
+async def _never_crash(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unexpected error answers 500 with one line and is logged; the daemon keeps going."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.Response(status=500, text="internal error: see the agent's log\n")
+
+
+def create_app(facts: NodeFacts, status: StatusService) -> web.Application:
+    """The REST application; the caller owns ``status`` (start its sampler, close it)."""
+    app = web.Application(middlewares=[_never_crash])
+    app[FACTS] = facts
+    app[STATUS] = status
+    for path, handler in ROUTES:
+        app.router.add_get(path, handler)
+        for version in API_VERSIONS:
+            app.router.add_get(f"/{version}{path}", handler)
+    return app

@@ -1,0 +1,64 @@
+"""The ``dev`` and ``vol`` query parameters: which GPUs and which volumes a request means.
+
+Both are space separated lists (``+`` in a URL). ``dev`` entries are GPU indices or UUID
+prefixes starting ``GPU-``; ``vol`` entries are volume names. Empty or ``*`` means all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.gpu.model import DeviceInfo
+from plugin.volume_specs import VOLUMES, VolumeSpec, spec_by_name
+
+
+class InvalidSelection(ValueError):
+    """A ``dev`` or ``vol`` entry that names nothing; the message is the API's answer."""
+
+
+def _entries(value: str | None) -> list[str] | None:
+    """The entries of a list parameter, or None when it means "all"."""
+    if value is None:
+        return None
+    entries = value.replace(",", " ").split()
+    if not entries or entries == ["*"]:
+        return None
+    return entries
+
+
+def select_devices(devices: Sequence[DeviceInfo], dev: str | None) -> tuple[DeviceInfo, ...]:
+    """The devices ``dev`` names, in index order, each once."""
+    entries = _entries(dev)
+    if entries is None:
+        return tuple(devices)
+    chosen: set[int] = set()
+    for entry in entries:
+        chosen.add(_match_device(devices, entry))
+    return tuple(d for d in devices if d.index in chosen)
+
+
+def _match_device(devices: Sequence[DeviceInfo], entry: str) -> int:
+    if entry.isdigit():
+        index = int(entry)
+        if index < len(devices):
+            return index
+    elif entry.upper().startswith("GPU-") and len(entry) > 4:
+        prefix = entry.lower()
+        matches = [d.index for d in devices if d.uuid and d.uuid.lower().startswith(prefix)]
+        if len(matches) == 1:
+            return matches[0]
+    raise InvalidSelection(f"invalid device: {entry}")
+
+
+def select_volumes(vol: str | None) -> tuple[VolumeSpec, ...]:
+    """The volumes ``vol`` names, in the plugin's order."""
+    entries = _entries(vol)
+    if entries is None:
+        return VOLUMES
+    chosen: set[str] = set()
+    for entry in entries:
+        spec = spec_by_name(entry)
+        if spec is None:
+            raise InvalidSelection(f"invalid volume: {entry}")
+        chosen.add(spec.name)
+    return tuple(spec for spec in VOLUMES if spec.name in chosen)

@@ -1,0 +1,184 @@
+"""Live GPU status, done right (ARCHITECTURE "Where the time goes").
+
+- A sweep reads every GPU's status in parallel, in worker threads, off the event loop.
+- Concurrent requests share one sweep (single flight): a request that arrives while a
+  sweep is running waits for that sweep instead of starting another.
+- The two PCIe throughput counters (about 20 ms each, as NVML samples them) are read by a
+  background sampler; requests are served its latest sample, whose age is known.
+- Rendered bodies are cached on the sweep, so N requests sharing a sweep render once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from agent import render_json, render_text
+from agent.gpu.backend import GpuBackend
+from agent.gpu.model import (
+    LOST_DEVICE_STATUS,
+    UNKNOWN_THROUGHPUT,
+    DeviceInfo,
+    DeviceStatus,
+    NodeInfo,
+    PcieThroughput,
+)
+
+log = logging.getLogger("nvidia-docker-plugin.status")
+
+
+class Sweep:
+    """The status of every device at one moment, with its rendered bodies cached."""
+
+    def __init__(
+        self,
+        node: NodeInfo,
+        statuses: tuple[DeviceStatus, ...],
+        throughputs: tuple[PcieThroughput, ...],
+        throughput_age_s: float | None,
+    ) -> None:
+        self.node = node
+        self.statuses = statuses
+        self.throughputs = throughputs
+        self.throughput_age_s = throughput_age_s
+        self._json: dict[tuple[int, ...], bytes] = {}
+        self._text: dict[tuple[int, ...], str] = {}
+
+    def json_body(self, devices: tuple[DeviceInfo, ...]) -> bytes:
+        key = tuple(d.index for d in devices)
+        body = self._json.get(key)
+        if body is None:
+            body = render_json.status(
+                [self.statuses[i] for i in key], [self.throughputs[i] for i in key]
+            )
+            self._json[key] = body
+        return body
+
+    def text_body(self, devices: tuple[DeviceInfo, ...]) -> str:
+        key = tuple(d.index for d in devices)
+        body = self._text.get(key)
+        if body is None:
+            body = render_text.status(
+                devices, [self.statuses[i] for i in key], [self.throughputs[i] for i in key]
+            )
+            self._text[key] = body
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    throughputs: tuple[PcieThroughput, ...]
+    taken_at: float  # time.monotonic()
+
+
+class StatusService:
+    """Single-flight status sweeps plus the background PCIe sampler of one node."""
+
+    def __init__(self, backend: GpuBackend, node: NodeInfo, pcie_interval_s: float = 1.0) -> None:
+        self._backend = backend
+        self._node = node
+        self._count = len(node.devices)
+        self._pcie_interval_s = pcie_interval_s
+        workers = max(1, self._count)
+        self._sweep_pool = ThreadPoolExecutor(workers, thread_name_prefix="status")
+        self._sample_pool = ThreadPoolExecutor(workers, thread_name_prefix="pcie")
+        self._inflight: asyncio.Future[Sweep] | None = None
+        self._sample: _Sample | None = None
+        self._sampler: asyncio.Task[None] | None = None
+        self._failed: set[tuple[str, int]] = set()
+
+    # -- status sweeps ---------------------------------------------------------------------
+
+    async def sweep(self) -> Sweep:
+        """The current status; joins the sweep in flight if there is one."""
+        inflight = self._inflight
+        if inflight is None:
+            inflight = asyncio.ensure_future(self._sweep())
+            self._inflight = inflight
+            inflight.add_done_callback(self._sweep_done)
+        return await asyncio.shield(inflight)
+
+    def _sweep_done(self, future: asyncio.Future[Sweep]) -> None:
+        if self._inflight is future:
+            self._inflight = None
+
+    async def _sweep(self) -> Sweep:
+        loop = asyncio.get_running_loop()
+        if self._count == 1:
+            statuses: tuple[DeviceStatus, ...] = (
+                await loop.run_in_executor(self._sweep_pool, self._read_status, 0),
+            )
+        else:
+            statuses = tuple(
+                await asyncio.gather(
+                    *(
+                        loop.run_in_executor(self._sweep_pool, self._read_status, i)
+                        for i in range(self._count)
+                    )
+                )
+            )
+        sample = self._sample
+        if sample is None:
+            return Sweep(self._node, statuses, (UNKNOWN_THROUGHPUT,) * self._count, None)
+        return Sweep(self._node, statuses, sample.throughputs, time.monotonic() - sample.taken_at)
+
+    def _read_status(self, index: int) -> DeviceStatus:
+        try:
+            return self._backend.device_status(index)
+        except Exception as err:  # a backend must not raise; never let one GPU fail the node
+            self._warn_once("status", index, err)
+            return LOST_DEVICE_STATUS
+
+    # -- PCIe sampler ----------------------------------------------------------------------
+
+    async def sample_pcie(self) -> None:
+        """Read every device's PCIe throughput once (in parallel) and keep it."""
+        loop = asyncio.get_running_loop()
+        throughputs = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._sample_pool, self._read_throughput, i)
+                for i in range(self._count)
+            )
+        )
+        self._sample = _Sample(tuple(throughputs), time.monotonic())
+
+    def _read_throughput(self, index: int) -> PcieThroughput:
+        try:
+            return self._backend.pcie_throughput(index)
+        except Exception as err:
+            self._warn_once("pcie", index, err)
+            return UNKNOWN_THROUGHPUT
+
+    async def _sample_forever(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sample_pcie()
+            except Exception:  # keep sampling; the values go stale, their age shows it
+                log.exception("PCIe throughput sampling failed")
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self._pcie_interval_s - elapsed))
+
+    def start_sampler(self) -> None:
+        if self._sampler is None:
+            self._sampler = asyncio.get_running_loop().create_task(
+                self._sample_forever(), name="pcie-sampler"
+            )
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
+        self._sweep_pool.shutdown(wait=False, cancel_futures=True)
+        self._sample_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _warn_once(self, what: str, index: int, err: Exception) -> None:
+        if (what, index) not in self._failed:
+            self._failed.add((what, index))
+            log.warning("GPU %d: reading its %s failed (%s); showing null values", index, what, err)
