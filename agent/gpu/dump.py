@@ -1,0 +1,118 @@
+"""``--dump-node``: a node's GPU facts as a node file, for ``--simulate`` on another machine.
+
+``dump_node(backend)`` reads the static facts, one status and one PCIe sample per device,
+and measures what the calls cost so that a simulated node answers as slowly as the real
+one (``timing``). ``python -m agent.gpu.dump [FILE|-]`` does the same with the NVML
+backend; the schema is in ``docs/node-file.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent.gpu import nodefile
+from agent.gpu.backend import GpuBackend, GpuBackendError
+from agent.gpu.model import DeviceStatus, PcieThroughput
+
+# How often each call is timed. Status calls are fast (well under 1 ms); a PCIe sample
+# takes about 42 ms on NVML, so it is timed once per device plus a few extra on GPU 0.
+STATUS_REPEATS = 15
+EXTRA_PCIE_SAMPLES = 2
+
+T = TypeVar("T")
+
+
+def _timed(call: Callable[[], T], durations: list[float]) -> T:
+    start = time.perf_counter()
+    result = call()
+    durations.append(time.perf_counter() - start)
+    return result
+
+
+def dump_node(backend: GpuBackend) -> dict[str, Any]:
+    """The node file (as a JSON-ready dict) of the node ``backend`` describes."""
+    info = backend.node_info()
+    status_s: list[float] = []
+    pcie_s: list[float] = []
+    statuses: list[DeviceStatus] = []
+    throughputs: list[PcieThroughput] = []
+    for dev in info.devices:
+        read_status = functools.partial(backend.device_status, dev.index)
+        statuses.append(_timed(read_status, status_s))
+        for _ in range(STATUS_REPEATS - 1):
+            _timed(read_status, status_s)
+        throughputs.append(_timed(functools.partial(backend.pcie_throughput, dev.index), pcie_s))
+    if info.devices:
+        for _ in range(EXTRA_PCIE_SAMPLES):
+            _timed(functools.partial(backend.pcie_throughput, 0), pcie_s)
+    out = nodefile.dump(
+        info,
+        statuses,
+        throughputs,
+        status_call_s=round(statistics.median(status_s), 6) if status_s else None,
+        pcie_sample_s=round(statistics.median(pcie_s), 6) if pcie_s else None,
+    )
+    comment = (
+        f"Dumped from {socket.gethostname()} ({backend.name}) on "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; timing is the median measured call time."
+    )
+    return {"schema": out.pop("schema"), "comment": comment, **out}
+
+
+def write_node_file(data: dict[str, Any], target: str) -> None:
+    """Write a node file to ``target`` (``-``: stdout), atomically: never a half file."""
+    text = json.dumps(data, indent=1) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agent.gpu.dump [FILE|-]``: dump this machine's GPUs (NVML)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
+        print("usage: python -m agent.gpu.dump [FILE|-]  (default: - for stdout)")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    target = args[0] if args else "-"
+    from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415 - pynvml only here
+
+    try:
+        backend = NvmlBackend.start()
+    except GpuBackendError as err:
+        print(f"dump-node | Error: {err}", file=sys.stderr)
+        return 1
+    try:
+        data = dump_node(backend)
+    finally:
+        backend.close()
+    try:
+        write_node_file(data, target)
+    except OSError as err:
+        print(f"dump-node | Error: cannot write {target}: {err}", file=sys.stderr)
+        return 1
+    if target != "-":
+        print(f"dump-node | wrote {target} ({len(data['devices'])} GPUs)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

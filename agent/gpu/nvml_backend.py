@@ -1,0 +1,456 @@
+"""The real GPU backend: NVML (through ``nvml_query``) plus a few facts from the CUDA driver.
+
+``NvmlBackend.start()`` prepares the environment as the old tool did, initialises NVML,
+reads every static fact once (``/gpu/info``) and keeps one NVML handle per GPU. Live calls
+(``device_status``, ``pcie_throughput``) touch only that GPU's handle and may run in
+threads concurrently for different GPUs (NVML is thread-safe). A value NVML cannot give is
+``None``; a GPU that stops answering ("GPU is lost") reports ``LOST_DEVICE_STATUS`` and
+never takes the node down. Which NVML call gives which field: ``docs/gpu-backends.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.gpu import architecture
+from agent.gpu import nvml_query as nvml
+from agent.gpu.backend import GpuBackendError
+from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, CudaFacts, LibCuda
+from agent.gpu.model import (
+    LOST_DEVICE_STATUS,
+    UNKNOWN_THROUGHPUT,
+    Clocks,
+    DeviceInfo,
+    DeviceMemory,
+    DeviceStatus,
+    EccErrors,
+    GpuProcess,
+    NodeInfo,
+    PcieThroughput,
+    PciInfo,
+    PeerLink,
+    Utilization,
+)
+from agent.gpu.nvml_topology import node_topology, normalize_bus_id
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+# NVML enum values used below (nvml.h; stable across versions).
+CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
+CLOCK_MEM = 2  # NVML_CLOCK_MEM
+TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
+FEATURE_ENABLED = 1  # nvmlEnableState_t
+MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t
+VOLATILE_ECC = 0  # nvmlEccCounterType_t
+MEMORY_LOCATION_L1_CACHE = 0  # nvmlMemoryLocation_t
+MEMORY_LOCATION_L2_CACHE = 1
+MEMORY_LOCATION_DEVICE_MEMORY = 2
+PCIE_UTIL_TX_BYTES = 0  # nvmlPcieUtilCounter_t
+PCIE_UTIL_RX_BYTES = 1
+AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t
+
+_SIMULATE_HINT = "or run with --simulate FILE to serve a simulated node"
+
+# Environment the old tool set before NVML started (SPEC section 1).
+_ENV_SET = {"CUDA_DISABLE_UNIFIED_MEMORY": "1", "CUDA_CACHE_DISABLE": "1"}
+_ENV_REMOVED = ("CUDA_VISIBLE_DEVICES",)
+
+_COMPUTE_PROCESSES = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+_CUDA_VERSION = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
+
+
+def prepare_environment() -> None:
+    """Make discovery see every GPU and keep CUDA from caching or using unified memory."""
+    for name in _ENV_REMOVED:
+        os.environ.pop(name, None)
+    os.environ.update(_ENV_SET)
+
+
+def format_cuda_version(version: int) -> str:
+    """NVML's integer CUDA version as ``major.minor``: 13000 -> ``13.0``, 12080 -> ``12.8``."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _mib(value_bytes: Any) -> int | None:
+    return value_bytes // MIB if isinstance(value_bytes, int) else None
+
+
+def _watts(value_mw: Any) -> int | None:
+    return value_mw // 1000 if isinstance(value_mw, int) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _field(obj: Any, name: str) -> Any:
+    return None if obj is None else getattr(obj, name, None)
+
+
+def _text(value: Any) -> str | None:
+    value = nvml.decode(value)
+    return value if isinstance(value, str) and value else None
+
+
+class NvmlBackend:
+    """GPU facts from NVML. Build it with ``start()``; release it with ``close()``."""
+
+    def __init__(
+        self,
+        info: NodeInfo,
+        handles: tuple[Any | None, ...],
+        nvml_version: str,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        self._info = info
+        self._proc = proc
+        self._handles = handles
+        self._nvml_version = nvml_version
+        self._lost_logged: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        cuda: Callable[[], CudaFacts | None] = LibCuda.open,
+        sysfs: Path = Path("/sys"),
+        proc: Path = Path("/proc"),
+    ) -> NvmlBackend:
+        """Initialise NVML and read the node's static facts; ``GpuBackendError`` if impossible.
+
+        ``cuda`` opens the CUDA driver (``None``: CUDA facts are null); ``sysfs`` and ``proc``
+        are where the kernel's files are (tests point them elsewhere).
+        """
+        prepare_environment()
+        _init_nvml()
+        try:
+            return cls._read_node(cuda, sysfs, proc)
+        except BaseException:
+            with contextlib.suppress(nvml.NvmlCallError):
+                nvml.call("nvmlShutdown")
+            raise
+
+    @classmethod
+    def _read_node(
+        cls, open_cuda: Callable[[], CudaFacts | None], sysfs: Path, proc: Path
+    ) -> NvmlBackend:
+        try:
+            driver = str(nvml.call("nvmlSystemGetDriverVersion"))
+            count = int(nvml.call("nvmlDeviceGetCount"))
+        except nvml.NvmlCallError as err:
+            raise GpuBackendError(
+                f"NVML started but cannot list the GPUs ({err}): "
+                "check the driver with nvidia-smi, " + _SIMULATE_HINT
+            ) from None
+        nvml_version = _text(nvml.query("nvmlSystemGetNVMLVersion")) or "unknown"
+        cuda = open_cuda()
+        cuda_version = nvml.attempt_first(_CUDA_VERSION).value
+        if not isinstance(cuda_version, int) or cuda_version <= 0:
+            raise GpuBackendError(
+                f"NVIDIA driver {driver} does not say which CUDA version it supports: "
+                "update the driver, " + _SIMULATE_HINT
+            )
+        handles: list[Any | None] = []
+        for index in range(count):
+            outcome = nvml.attempt("nvmlDeviceGetHandleByIndex", index)
+            if outcome.value is None:
+                log.warning(
+                    "GPU %d: NVML cannot open it (%s): it is listed with null facts",
+                    index,
+                    nvml.error_name(outcome.error or nvml.ERROR_UNKNOWN),
+                )
+            handles.append(outcome.value)
+        bus_ids = [_bus_id(handle) for handle in handles]
+        topology = node_topology(handles, bus_ids, cuda)
+        devices = tuple(
+            _device_info(index, handles[index], bus_ids[index], topology[index], cuda, sysfs)
+            for index in range(count)
+        )
+        info = NodeInfo(
+            driver_version=driver,
+            cuda_version=format_cuda_version(cuda_version),
+            devices=devices,
+        )
+        return cls(info, tuple(handles), nvml_version, proc)
+
+    @property
+    def name(self) -> str:
+        return f"NVML {self._nvml_version}"
+
+    def node_info(self) -> NodeInfo:
+        return self._info
+
+    def _handle(self, index: int) -> Any | None:
+        handle = self._handles[index]
+        if handle is None:
+            self._log_lost(index, "NVML cannot open it")
+        return handle
+
+    def _log_lost(self, index: int, why: str) -> None:
+        with self._lock:
+            if index in self._lost_logged:
+                return
+            self._lost_logged.add(index)
+        log.warning("GPU %d: %s: its status is reported as null", index, why)
+
+    def device_status(self, index: int) -> DeviceStatus:
+        handle = self._handle(index)
+        if handle is None:
+            return LOST_DEVICE_STATUS
+        power = nvml.attempt("nvmlDeviceGetPowerUsage", handle)
+        if power.lost:
+            self._log_lost(index, "GPU is lost (fell off the bus? see dmesg for Xid errors)")
+            return LOST_DEVICE_STATUS
+        util = nvml.query("nvmlDeviceGetUtilizationRates", handle)
+        encoder = nvml.query("nvmlDeviceGetEncoderUtilization", handle)
+        decoder = nvml.query("nvmlDeviceGetDecoderUtilization", handle)
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
+        bar1 = nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle)
+        return DeviceStatus(
+            power_w=_watts(power.value),
+            temperature_c=_int(nvml.query("nvmlDeviceGetTemperature", handle, TEMPERATURE_GPU)),
+            utilization=Utilization(
+                gpu_pct=_int(_field(util, "gpu")),
+                memory_pct=_int(_field(util, "memory")),
+                encoder_pct=_int(encoder[0]) if isinstance(encoder, list | tuple) else None,
+                decoder_pct=_int(decoder[0]) if isinstance(decoder, list | tuple) else None,
+            ),
+            memory_used_mib=_mib(_field(memory, "used")),
+            ecc_errors=EccErrors(
+                l1_cache=_ecc(handle, MEMORY_LOCATION_L1_CACHE),
+                l2_cache=_ecc(handle, MEMORY_LOCATION_L2_CACHE),
+                global_=_ecc(handle, MEMORY_LOCATION_DEVICE_MEMORY),
+            ),
+            clocks=Clocks(
+                cores_mhz=_int(nvml.query("nvmlDeviceGetClockInfo", handle, CLOCK_SM)),
+                memory_mhz=_int(nvml.query("nvmlDeviceGetClockInfo", handle, CLOCK_MEM)),
+            ),
+            bar1_used_mib=_mib(_field(bar1, "bar1Used")),
+            processes=self._processes(handle),
+        )
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        found = nvml.attempt_first(_COMPUTE_PROCESSES, handle).value
+        if not isinstance(found, list | tuple):
+            return ()
+        processes = []
+        for proc in found:
+            pid = _int(_field(proc, "pid"))
+            if pid is None:
+                continue
+            processes.append(
+                GpuProcess(
+                    pid=pid,
+                    name=self._process_name(pid),
+                    memory_used_mib=_mib(_field(proc, "usedGpuMemory")),
+                )
+            )
+        return tuple(processes)
+
+    def _process_name(self, pid: int) -> str | None:
+        try:
+            name = (self._proc / str(pid) / "comm").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # another pid namespace, or the process just ended
+            return _text(nvml.query("nvmlSystemGetProcessName", pid))
+        return name.strip() or None
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        handle = self._handle(index)
+        if handle is None:
+            return UNKNOWN_THROUGHPUT
+        rx = nvml.attempt("nvmlDeviceGetPcieThroughput", handle, PCIE_UTIL_RX_BYTES)
+        if rx.lost:
+            self._log_lost(index, "GPU is lost (fell off the bus? see dmesg for Xid errors)")
+            return UNKNOWN_THROUGHPUT
+        tx = nvml.query("nvmlDeviceGetPcieThroughput", handle, PCIE_UTIL_TX_BYTES)
+        return PcieThroughput(rx_mbps=_kbps_to_mbps(rx.value), tx_mbps=_kbps_to_mbps(tx))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            nvml.call("nvmlShutdown")
+        except nvml.NvmlCallError as err:
+            log.warning("NVML shutdown failed: %s", err)
+
+
+def _init_nvml() -> None:
+    try:
+        nvml.call("nvmlInit")
+    except nvml.NvmlCallError as err:
+        raise GpuBackendError(_init_error(err)) from None
+
+
+def _init_error(err: nvml.NvmlCallError) -> str:
+    if err.code == nvml.ERROR_LIBRARY_NOT_FOUND:
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")
+            why = "libnvidia-ml.so.1 cannot be loaded"
+        except OSError as load_error:
+            why = str(load_error)
+        return f"NVIDIA driver not found ({why}): install the driver, {_SIMULATE_HINT}"
+    if err.code == nvml.ERROR_DRIVER_NOT_LOADED:
+        return (
+            "NVIDIA driver not loaded (nvmlInit: driver not loaded): load the kernel module "
+            f"(modprobe nvidia, or reboot after installing the driver), {_SIMULATE_HINT}"
+        )
+    if err.code == nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+        return (
+            "NVIDIA driver library and kernel module versions differ (driver updated without "
+            f"a reboot?): reboot or reload the nvidia module, {_SIMULATE_HINT}"
+        )
+    if err.code == nvml.ERROR_NO_PERMISSION:
+        return (
+            f"NVML refused access (nvmlInit: insufficient permissions): run as a user "
+            f"allowed to open /dev/nvidia*, {_SIMULATE_HINT}"
+        )
+    return f"NVML failed to start ({err}): check the driver with nvidia-smi, {_SIMULATE_HINT}"
+
+
+def _kbps_to_mbps(value: Any) -> int | None:
+    return value // 1000 if isinstance(value, int) else None
+
+
+def _ecc(handle: Any, location: int) -> int | None:
+    return _int(
+        nvml.query(
+            "nvmlDeviceGetMemoryErrorCounter",
+            handle,
+            MEMORY_ERROR_UNCORRECTED,
+            VOLATILE_ECC,
+            location,
+        )
+    )
+
+
+def _bus_id(handle: Any | None) -> str:
+    """NVML's bus id of a GPU; ``""`` for a GPU NVML cannot open."""
+    if handle is None:
+        return ""
+    bus_id = _text(_field(nvml.query("nvmlDeviceGetPciInfo", handle), "busId"))
+    return normalize_bus_id(bus_id) if bus_id else ""
+
+
+def _numa_node(handle: Any, bus_id: str, sysfs: Path) -> int | None:
+    """NUMA node of the CPUs closest to the GPU (the old tool's ``CPUAffinity``); -1 -> 0.
+
+    The kernel's ``numa_node`` of the PCI device first (what ``nvidia-smi topo -m`` shows
+    as "NUMA Affinity"); else NVML's node-scope CPU affinity mask. Not
+    ``nvmlDeviceGetNumaNodeId``: that is the NUMA node of the GPU's *own memory* on
+    coherent systems (Grace Hopper), "GPU NUMA ID" in ``topo -m``, not the CPU side.
+    """
+    if bus_id:
+        domain, _, rest = bus_id.partition(":")
+        name = f"{int(domain, 16):04x}:{rest.lower()}" if domain else bus_id.lower()
+        try:
+            text = (sysfs / "bus" / "pci" / "devices" / name / "numa_node").read_text()
+            return max(int(text.strip()), 0)
+        except (OSError, ValueError):
+            pass
+    mask = nvml.query("nvmlDeviceGetCpuAffinityWithinScope", handle, 4, AFFINITY_SCOPE_NODE)
+    if mask is None:
+        return None
+    bits = 64 if ctypes.sizeof(ctypes.c_ulong) == 8 else 32
+    for word_index, word in enumerate(mask):
+        value = int(word)
+        if value:
+            return word_index * bits + (value & -value).bit_length() - 1
+    return 0
+
+
+def _device_info(
+    index: int,
+    handle: Any | None,
+    bus_id: str,
+    topology: tuple[PeerLink, ...],
+    cuda: CudaFacts | None,
+    sysfs: Path,
+) -> DeviceInfo:
+    if handle is None:
+        return DeviceInfo(
+            index=index,
+            uuid=None,
+            path=None,
+            model=None,
+            power_w=None,
+            cpu_affinity=None,
+            pci=PciInfo(bus_id=bus_id, bar1_mib=None, bandwidth_mbps=None),
+            clocks=Clocks(None, None),
+            topology=(),
+            family=None,
+            arch=None,
+            cores=None,
+            memory=DeviceMemory(None, None, None, None, None, None),
+        )
+    facts: CudaDeviceFacts = cuda.device_facts(bus_id) if cuda and bus_id else UNKNOWN_FACTS
+    minor = _int(nvml.query("nvmlDeviceGetMinorNumber", handle))
+    capability = nvml.query("nvmlDeviceGetCudaComputeCapability", handle)
+    arch = None
+    if isinstance(capability, list | tuple) and len(capability) == 2:
+        major, minor_cc = int(capability[0]), int(capability[1])
+        arch = architecture.architecture(major, minor_cc)
+        arch_name: str | None = f"{major}.{minor_cc}"
+    else:
+        arch_name = None
+    cores = _int(nvml.query("nvmlDeviceGetNumGpuCores", handle))
+    if cores is None and arch is not None and facts.multiprocessor_count is not None:
+        cores = facts.multiprocessor_count * arch.cores_per_sm
+    max_memory_mhz = _int(nvml.query("nvmlDeviceGetMaxClockInfo", handle, CLOCK_MEM))
+    ecc = nvml.query("nvmlDeviceGetEccMode", handle)
+    memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
+    bar1 = nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle)
+    return DeviceInfo(
+        index=index,
+        uuid=_text(nvml.query("nvmlDeviceGetUUID", handle)),
+        path=None if minor is None else f"/dev/nvidia{minor}",
+        model=_text(nvml.query("nvmlDeviceGetName", handle)),
+        power_w=_watts(nvml.query("nvmlDeviceGetPowerManagementLimit", handle)),
+        cpu_affinity=_numa_node(handle, bus_id, sysfs),
+        pci=PciInfo(
+            bus_id=bus_id,
+            bar1_mib=_mib(_field(bar1, "bar1Total")),
+            bandwidth_mbps=architecture.pcie_bandwidth_mbps(
+                _int(nvml.query("nvmlDeviceGetMaxPcieLinkGeneration", handle)),
+                _int(nvml.query("nvmlDeviceGetMaxPcieLinkWidth", handle)),
+            ),
+        ),
+        clocks=Clocks(
+            cores_mhz=_int(nvml.query("nvmlDeviceGetMaxClockInfo", handle, CLOCK_SM)),
+            memory_mhz=max_memory_mhz,
+        ),
+        topology=topology,
+        family=arch.family if arch else None,
+        arch=arch_name,
+        cores=cores,
+        memory=DeviceMemory(
+            ecc=(ecc[0] == FEATURE_ENABLED) if isinstance(ecc, list | tuple) else None,
+            global_mib=_mib(_field(memory, "total")),
+            shared_kib=_kib(facts.shared_memory_per_mp_bytes),
+            constant_kib=_kib(facts.constant_memory_bytes),
+            l2_cache_kib=_kib(facts.l2_cache_bytes),
+            bandwidth_mbps=architecture.memory_bandwidth_mbps(
+                max_memory_mhz, _int(nvml.query("nvmlDeviceGetMemoryBusWidth", handle))
+            ),
+        ),
+    )
+
+
+def _kib(value_bytes: int | None) -> int | None:
+    return None if value_bytes is None else value_bytes // 1024
