@@ -22,6 +22,12 @@ def ensure_uvm_device(device: str = UVM_DEVICE) -> str:
     if os.path.exists(device):
         return f"{device} present"
     modprobe = shutil.which("nvidia-modprobe")
+    if modprobe is None and not os.path.exists("/dev/nvidiactl"):
+        raise UvmError(
+            f"NVIDIA driver not found ({device} and /dev/nvidiactl are missing, nvidia-modprobe "
+            "is not installed): install the NVIDIA driver, or run with --simulate FILE to serve "
+            "a simulated node"
+        )
     if modprobe is None:
         raise UvmError(
             f"{device} is missing and nvidia-modprobe is not installed: install it "

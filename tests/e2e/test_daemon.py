@@ -1,0 +1,199 @@
+"""The real daemon process, started on a free port and queried over TCP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent import __version__
+from tests.support.services import free_port, port_open, stop_process, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    port: int
+    socket_dir: Path
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, err.decode()
+
+
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent.daemon", *args]
+
+
+def start_daemon(tmp_path: Path, *args: str) -> Daemon:
+    port = free_port()
+    socket_dir = tmp_path / "plugins"
+    proc = subprocess.Popen(
+        _command(
+            "-l", f"127.0.0.1:{port}", "-s", str(socket_dir), "-d", str(tmp_path / "volumes"),
+            *args,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: port_open(port), what="agent", timeout_s=60, proc=proc)
+    except Exception:
+        stop_process(proc)
+        raise
+    return Daemon(proc, port, socket_dir)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path, "--simulate", "hgx-h200-8")
+    yield d
+    stop_process(d.proc)
+    d.proc.communicate()
+
+
+def test_serves_the_api_over_tcp_and_stops_gracefully(daemon: Daemon) -> None:
+    status, body = daemon.get("/gpu/info/json")
+    assert status == 200
+    assert len(json.loads(body)["Devices"]) == 8
+    status, body = daemon.get("/v1.0/docker/cli?dev=2")
+    assert body.decode().endswith(" --device=/dev/nvidia2\n")
+    assert daemon.get("/docker/cli?dev=GPU-nope")[0] == 400
+    assert daemon.get("/gpu/status/json")[0] == 200
+    assert (daemon.socket_dir / "nvidia-docker.sock").is_socket()
+
+    code, log = daemon.stop()
+    assert code == 0
+    assert not (daemon.socket_dir / "nvidia-docker.sock").exists()
+    lines = log.splitlines()
+    assert lines, "the daemon logged nothing"
+    assert all(line.startswith("nvidia-docker-plugin | ") for line in lines)
+    text = "\n".join(lines)
+    for step in ("Initialising the GPU backend", "Discovered 8 GPU(s)", "Finding the driver files",
+                 "Serving the plugin API", "Serving the REST API", "Ready",
+                 "Received SIGTERM", "Stopped"):  # fmt: skip
+        assert step in text
+    assert "Traceback" not in text
+
+
+def test_sigint_is_graceful_too(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path, "--simulate", "h200")
+    d.proc.send_signal(signal.SIGINT)
+    _, err = d.proc.communicate(timeout=30)
+    assert d.proc.returncode == 0
+    assert "Received SIGINT" in err.decode()
+
+
+def test_many_bad_requests_do_not_hurt_it(daemon: Daemon) -> None:
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as sock:
+        sock.sendall(b"GARBAGE / HTTP/9\r\n\r\n")
+        sock.recv(1024)
+    for path in ("/gpu/info/json?dev=%ff%fe", "/docker/cli?vol=../../etc", "/" + "x" * 5000):
+        assert daemon.get(path)[0] in (400, 404, 414)
+    assert daemon.get("/gpu/info/json")[0] == 200
+
+
+def test_removing_the_plugin_socket_stops_the_rest_api(daemon: Daemon) -> None:
+    (daemon.socket_dir / "nvidia-docker.sock").unlink()
+    _, err = daemon.proc.communicate(timeout=30)
+    assert daemon.proc.returncode == 3
+    assert "plugin socket" in err.decode()
+    assert not port_open(daemon.port)
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(*args), capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+
+def test_version_flag() -> None:
+    for flag in ("-v", "--version"):
+        result = _run(flag)
+        assert result.returncode == 0
+        assert result.stdout == f"NVIDIA Docker plugin: {__version__}\n"
+
+
+def test_env_vars_configure_it(tmp_path: Path) -> None:
+    port = free_port()
+    env = dict(os.environ)
+    env["NVIDIA_DOCKER_PLUGIN_LISTEN"] = f"127.0.0.1:{port}"
+    env["NVIDIA_DOCKER_PLUGIN_SOCKET_DIR"] = str(tmp_path / "s")
+    env["NVIDIA_DOCKER_PLUGIN_VOLUMES"] = str(tmp_path / "v")
+    env["NVIDIA_DOCKER_PLUGIN_SIMULATE"] = "h200"
+    proc = subprocess.Popen(_command(), env=env, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: port_open(port), what="agent", timeout_s=60, proc=proc)
+        assert (tmp_path / "s" / "nvidia-docker.sock").is_socket()
+    finally:
+        stop_process(proc)
+        proc.communicate()
+    assert proc.returncode == 0
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "Error" in line]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return errors[0]
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this machine has an NVIDIA driver")
+def test_no_driver_is_one_line_that_names_simulate(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.pop("NVIDIA_DOCKER_PLUGIN_SIMULATE", None)
+    result = _run(
+        "-l", f"127.0.0.1:{free_port()}", "-s", str(tmp_path / "s"), "-d", str(tmp_path / "v"),
+        env=env,
+    )  # fmt: skip
+    line = _one_error_line(result)
+    assert "--simulate" in line
+    assert "NVIDIA driver" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_bad_node_file_is_one_line(tmp_path: Path) -> None:
+    node = tmp_path / "node.json"
+    node.write_text('{"driver_version": "580.1", "cuda_version": "13.0", "devices": [{}]}')
+    result = _run("-l", f"127.0.0.1:{free_port()}", "--simulate", str(node))
+    assert "devices[0].pci.bus_id: missing" in _one_error_line(result)
+    result = _run("-l", f"127.0.0.1:{free_port()}", "--simulate", str(tmp_path / "none.json"))
+    assert "not found" in _one_error_line(result)
+
+
+def test_address_in_use_is_one_line(daemon: Daemon, tmp_path: Path) -> None:
+    result = _run(
+        "-l", f"127.0.0.1:{daemon.port}", "--simulate", "h200",
+        "-s", str(tmp_path / "other"), "-d", str(tmp_path / "v2"),
+    )  # fmt: skip
+    line = _one_error_line(result)
+    assert f"cannot listen on 127.0.0.1:{daemon.port}" in line
+    assert not (tmp_path / "other" / "nvidia-docker.sock").exists()
+    assert daemon.get("/gpu/info/json")[0] == 200
+
+
+def test_bad_listen_address_is_a_usage_error() -> None:
+    result = _run("-l", "localhost", "--simulate", "h200")
+    assert result.returncode == 2
+    assert "expected HOST:PORT" in result.stderr
