@@ -1,0 +1,183 @@
+"""Docker's legacy volume plugin protocol, as an aiohttp application.
+
+dockerd sends ``POST /<Method>`` with a JSON body and ``Accept:
+application/vnd.docker.plugins.v1.2+json`` (``v1.1`` from older engines); the answers are
+JSON with ``Content-Type: application/vnd.docker.plugins.v1+json``. Expected failures are
+HTTP 200 with ``{"Err": "<reason>: <volume name>"}``; a request that is not the protocol
+(wrong Accept header, body not a JSON object) gets 406 or 400, with ``Err`` saying what to fix.
+
+Serve this app on a unix socket only (``agent.plugin_site``): it changes files on disk and
+has no authentication. Volume builds run in a worker thread; concurrent Creates of one volume
+share one build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from plugin.volumes import VolumeError, VolumeStore
+
+log = logging.getLogger("nvidia-docker-plugin.protocol")
+
+ACCEPTED_MEDIA_TYPES = frozenset(
+    {"application/vnd.docker.plugins.v1.1+json", "application/vnd.docker.plugins.v1.2+json"}
+)
+CONTENT_TYPE = "application/vnd.docker.plugins.v1+json"
+MAX_BODY_BYTES = 64 * 1024
+
+STORE_KEY = web.AppKey("store", VolumeStore)
+BUILDS_KEY = web.AppKey("builds", dict[str, "asyncio.Future[Path]"])
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    """The request is not the protocol: answered 400 with the message as ``Err``."""
+
+
+def answer(body: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(
+        status=status,
+        body=(json.dumps(body) + "\n").encode(),
+        headers={"Content-Type": CONTENT_TYPE},
+    )
+
+
+def _accepts(header: str) -> bool:
+    return any(part.split(";")[0].strip() in ACCEPTED_MEDIA_TYPES for part in header.split(","))
+
+
+@web.middleware
+async def protocol_checks(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """406 unless the client speaks the plugin protocol; errors never become tracebacks."""
+    if not _accepts(request.headers.get("Accept", "")):
+        wanted = "application/vnd.docker.plugins.v1.2+json"
+        return answer({"Err": f"unsupported Accept header: send Accept: {wanted}"}, status=406)
+    try:
+        return await handler(request)
+    except BadRequest as err:
+        return answer({"Err": f"bad request: {err}"}, status=400)
+    except web.HTTPException as err:
+        return answer({"Err": err.reason}, status=err.status)
+    except VolumeError as err:
+        log.info("%s %s", request.path.lstrip("/"), err)
+        return answer({"Err": str(err)})
+    except OSError as err:
+        log.error("%s failed: %s", request.path.lstrip("/"), err)
+        return answer({"Err": f"{request.path.lstrip('/')} failed: {err}"})
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise BadRequest(f"the body is not valid JSON ({err})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+async def _name(request: web.Request) -> str:
+    name = (await _body(request)).get("Name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest('the body needs a "Name" string')
+    return name
+
+
+async def activate(request: web.Request) -> web.Response:
+    return answer({"Implements": ["VolumeDriver"]})
+
+
+async def capabilities(request: web.Request) -> web.Response:
+    return answer({"Capabilities": {"Scope": "local"}})
+
+
+async def create(request: web.Request) -> web.Response:
+    name = await _name(request)
+    await _single_build(request.app, name)
+    return answer({"Err": ""})
+
+
+async def _single_build(app: web.Application, name: str) -> Path:
+    """One build per volume at a time; every concurrent Create awaits the same one."""
+    store = app[STORE_KEY]
+    builds = app[BUILDS_KEY]
+    future = builds.get(name)
+    if future is None:
+        future = asyncio.ensure_future(asyncio.to_thread(store.create, name))
+        builds[name] = future
+        future.add_done_callback(lambda _: builds.pop(name, None))
+    return await asyncio.shield(future)
+
+
+async def remove(request: web.Request) -> web.Response:
+    name = await _name(request)
+    await asyncio.to_thread(request.app[STORE_KEY].remove, name)
+    return answer({"Err": ""})
+
+
+async def mount(request: web.Request) -> web.Response:
+    name = await _name(request)
+    path = await asyncio.to_thread(request.app[STORE_KEY].mountpoint, name)
+    return answer({"Mountpoint": str(path), "Err": ""})
+
+
+async def path(request: web.Request) -> web.Response:
+    name = await _name(request)
+    where = await asyncio.to_thread(request.app[STORE_KEY].get, name)
+    return answer({"Mountpoint": str(where), "Err": ""})
+
+
+async def unmount(request: web.Request) -> web.Response:
+    request.app[STORE_KEY].parse(await _name(request))  # nothing to undo: volumes are read-only
+    return answer({"Err": ""})
+
+
+async def get(request: web.Request) -> web.Response:
+    name = await _name(request)
+    where = await asyncio.to_thread(request.app[STORE_KEY].get, name)
+    return answer({"Volume": {"Name": name, "Mountpoint": str(where), "Status": {}}, "Err": ""})
+
+
+async def list_volumes(request: web.Request) -> web.Response:
+    await _body(request)
+    volumes = await asyncio.to_thread(request.app[STORE_KEY].list)
+    return answer(
+        {
+            "Volumes": [{"Name": name, "Mountpoint": str(where)} for name, where in volumes],
+            "Err": "",
+        }
+    )
+
+
+ROUTES: dict[str, Handler] = {
+    "/Plugin.Activate": activate,
+    "/VolumeDriver.Create": create,
+    "/VolumeDriver.Remove": remove,
+    "/VolumeDriver.Mount": mount,
+    "/VolumeDriver.Unmount": unmount,
+    "/VolumeDriver.Path": path,
+    "/VolumeDriver.Get": get,
+    "/VolumeDriver.List": list_volumes,
+    "/VolumeDriver.Capabilities": capabilities,
+}
+
+
+def create_app(store: VolumeStore) -> web.Application:
+    """The plugin application. Serve it on a unix socket only."""
+    app = web.Application(middlewares=[protocol_checks], client_max_size=MAX_BODY_BYTES)
+    app[STORE_KEY] = store
+    app[BUILDS_KEY] = {}
+    for route, handler in ROUTES.items():
+        app.router.add_post(route, handler)
+    return app

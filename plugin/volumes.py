@@ -1,0 +1,269 @@
+"""The driver volumes on disk, ``<volume dir>/<volume>/<version>/``, and their names.
+
+Names are ``<volume>_<version>`` (``nvidia_driver_580.159.04``); versions are
+``digits(.digits)*`` and every path is checked to stay inside the volume directory, so no
+name reaches anything else on disk.
+
+A volume is built in a hidden directory next to its final place
+(``.<version>.building-<token>``) and renamed into place when complete: a directory named by
+a version is always a complete volume. A builder holds an ``flock`` on
+``.<version>.building-<token>.lock`` while it works, so a start-up clean-up removes only the
+leftovers of builders that died. Creates of one volume in this process are serialised; across
+processes the rename decides (the loser discards its copy). Remove renames the volume away
+(``.<version>.removing-<token>``) before deleting it, so it disappears at once and whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from plugin.discovery import DriverFiles
+from plugin.volume_build import DIR_MODE, BuildReport, build_tree
+from plugin.volume_specs import VOLUMES, VolumeSpec
+
+log = logging.getLogger("nvidia-docker-plugin.volumes")
+
+BAD_FORMAT = "bad volume format"
+UNSUPPORTED = "unsupported volume"
+NO_SUCH_VOLUME = "no such volume"
+INVALID_VERSION = "invalid volume version"
+
+VERSION_PATTERN = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,7}")
+BUILDING = ".building-"
+REMOVING = ".removing-"
+LOCK_SUFFIX = ".lock"
+
+
+class VolumeError(Exception):
+    """An expected failure, answered as ``{"Err": "<reason>: <name>"}``."""
+
+    def __init__(self, reason: str, name: str) -> None:
+        super().__init__(f"{reason}: {name}")
+        self.reason = reason
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRef:
+    spec: VolumeSpec
+    version: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.docker_name(self.version)
+
+
+class VolumeStore:
+    """The plugin's view of the volume directory. Blocking methods: call from threads."""
+
+    def __init__(
+        self,
+        volume_dir: Path,
+        files: DriverFiles,
+        *,
+        specs: tuple[VolumeSpec, ...] = VOLUMES,
+        progress_interval_s: float = 2.0,
+    ) -> None:
+        volume_dir.mkdir(parents=True, exist_ok=True)
+        self.volume_dir = Path(os.path.realpath(volume_dir))
+        self.files = files
+        self.specs = specs
+        self.progress_interval_s = progress_interval_s
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @property
+    def driver_version(self) -> str:
+        return self.files.driver_version
+
+    # --- names and paths ---
+
+    def parse(self, name: str) -> VolumeRef:
+        """Split ``nvidia_driver_580.159.04``; ``VolumeError`` for anything else."""
+        base, sep, version = name.rpartition("_")
+        if not sep or not base or not VERSION_PATTERN.fullmatch(version):
+            raise VolumeError(BAD_FORMAT, name)
+        spec = next((s for s in self.specs if s.name == base), None)
+        if spec is None:
+            raise VolumeError(UNSUPPORTED, name)
+        return VolumeRef(spec, version)
+
+    def path(self, ref: VolumeRef) -> Path:
+        """Where the volume lives; never outside the volume directory."""
+        path = self.volume_dir / ref.spec.name / ref.version
+        real = os.path.realpath(path)
+        if (
+            os.path.commonpath([real, self.volume_dir]) != str(self.volume_dir)
+            or Path(real) != self.volume_dir / ref.spec.name / ref.version
+        ):
+            raise VolumeError(BAD_FORMAT, ref.name)
+        return path
+
+    def _existing(self, name: str) -> tuple[VolumeRef, Path]:
+        ref = self.parse(name)
+        path = self.path(ref)
+        if not path.is_dir():
+            raise VolumeError(NO_SUCH_VOLUME, name)
+        return ref, path
+
+    # --- the protocol's operations ---
+
+    def get(self, name: str) -> Path:
+        """The mountpoint of an existing volume (any driver version)."""
+        return self._existing(name)[1]
+
+    def mountpoint(self, name: str) -> Path:
+        """The mountpoint for a container: the volume must be of the running driver."""
+        ref, path = self._existing(name)
+        if ref.version != self.driver_version:
+            raise VolumeError(INVALID_VERSION, name)
+        return path
+
+    def list(self) -> list[tuple[str, Path]]:
+        """Every complete volume on disk, of any driver version, sorted by name."""
+        found: list[tuple[str, Path]] = []
+        for spec in self.specs:
+            with contextlib.suppress(OSError):
+                for entry in (self.volume_dir / spec.name).iterdir():
+                    if VERSION_PATTERN.fullmatch(entry.name) and entry.is_dir():
+                        found.append((spec.docker_name(entry.name), entry))
+        return sorted(found)
+
+    def create(self, name: str) -> Path:
+        """Build the volume unless it exists; safe to call from many threads at once."""
+        ref = self.parse(name)
+        if ref.version != self.driver_version:
+            raise VolumeError(INVALID_VERSION, name)
+        final = self.path(ref)
+        with self._lock(ref.name):
+            if final.is_dir():
+                return final
+            report = self._build(ref, final)
+        if report is not None:
+            log.info("built volume %s: %s", ref.name, report.summary())
+        return final
+
+    def remove(self, name: str) -> None:
+        """Delete a volume of any driver version (stale ones after an upgrade too)."""
+        ref = self.parse(name)
+        final = self.path(ref)
+        with self._lock(ref.name):
+            if not final.is_dir():
+                raise VolumeError(NO_SUCH_VOLUME, name)
+            doomed = final.with_name(f".{ref.version}{REMOVING}{secrets.token_hex(6)}")
+            final.rename(doomed)
+            _fsync_dir(final.parent)
+            shutil.rmtree(doomed)
+        log.info("removed volume %s", ref.name)
+
+    # --- housekeeping ---
+
+    def clean_stale(self) -> int:
+        """Delete what crashed builders and removers left behind; returns how many."""
+        cleaned = 0
+        for spec in self.specs:
+            parent = self.volume_dir / spec.name
+            with contextlib.suppress(FileNotFoundError):
+                for entry in sorted(parent.iterdir()):
+                    if _is_leftover(entry) and _try_clean(entry):
+                        cleaned += 1
+                        log.info("removed %s, left by an interrupted build or removal", entry)
+        return cleaned
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _build(self, ref: VolumeRef, final: Path) -> BuildReport | None:
+        parent = final.parent
+        parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        work = parent / f".{ref.version}{BUILDING}{secrets.token_hex(6)}"
+        lock = work.with_name(work.name + LOCK_SUFFIX)
+        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            work.mkdir(mode=DIR_MODE)
+            try:
+                report = build_tree(
+                    self.files,
+                    work,
+                    what=f"building {ref.name}",
+                    progress_interval_s=self.progress_interval_s,
+                )
+                _fsync_dir(work)
+                if _rename_unless_there(work, final):
+                    _fsync_dir(parent)
+                    return report
+                log.info("volume %s was built meanwhile by another process", ref.name)
+                shutil.rmtree(work)
+                return None
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            os.close(lock_fd)
+
+
+def _rename_unless_there(work: Path, final: Path) -> bool:
+    try:
+        work.rename(final)
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and final.is_dir():
+            return False
+        raise
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_leftover(entry: Path) -> bool:
+    name = entry.name
+    return name.startswith(".") and (BUILDING in name or REMOVING in name)
+
+
+def _try_clean(entry: Path) -> bool:
+    """Remove a leftover unless a live builder holds its lock."""
+    if entry.name.endswith(LOCK_SUFFIX):
+        work = entry.with_name(entry.name.removesuffix(LOCK_SUFFIX))
+        if work.exists():
+            return False  # handled with its directory
+        return _unlink_unlocked(entry)
+    lock = entry.with_name(entry.name + LOCK_SUFFIX)
+    if lock.exists() and not _unlink_unlocked(lock):
+        return False  # a builder is at work
+    shutil.rmtree(entry, ignore_errors=True)
+    return True
+
+
+def _unlink_unlocked(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
