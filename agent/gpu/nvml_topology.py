@@ -131,6 +131,8 @@ def node_topology(
 ) -> tuple[tuple[PeerLink, ...], ...]:
     """The ``Topology`` list of every GPU, in index order."""
     count = len(handles)
+    # A GPU NVML cannot open, or whose bus id it cannot read (lost), has no peers.
+    handles = [h if h is not None and bus_ids[i] else None for i, h in enumerate(handles)]
     known = frozenset(bus_ids[i] for i in range(count) if handles[i] is not None)
     censuses = [
         nvlink_census(handle, known) if handle is not None else NvLinkCensus() for handle in handles

@@ -1,0 +1,304 @@
+"""A fake pynvml module built from a real NVML capture (``/work/shared/fixtures``).
+
+The fake answers the pynvml functions the backend calls with the values the real H200
+gave, raises pynvml's own ``NVMLError`` subclasses, and lets a test break things the way
+real machines break: a function that fails for one GPU (``fail``), a function the driver
+does not have (``remove_from_driver``: FunctionNotFound) or that pynvml does not have
+(``remove_from_pynvml``: attribute absent), a driver that is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts
+
+FIXTURES = Path(os.environ.get("NV_FIXTURES", "/work/shared/fixtures"))
+
+NOT_SUPPORTED = 3
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+LIBRARY_NOT_FOUND = 12
+
+
+def load_capture(name: str) -> dict[str, Any]:
+    """The NVML capture of a fixture machine (``h200`` or ``h200x2``)."""
+    data: dict[str, Any] = json.loads((FIXTURES / name / "nvml-capture.json").read_text())
+    return data
+
+
+@dataclass(frozen=True)
+class Handle:
+    index: int
+
+
+class Struct(types.SimpleNamespace):
+    """A ctypes structure as pynvml returns it: attribute access."""
+
+
+class FakeNvml:
+    """State of the fake NVML library; ``module`` is what replaces ``pynvml``."""
+
+    def __init__(self, capture: dict[str, Any]) -> None:
+        self.capture = capture
+        self.devices: list[dict[str, Any]] = capture["devices"]
+        self.failures: dict[tuple[str, int | None], int] = {}
+        self.missing_in_driver: set[str] = set()
+        self.missing_in_pynvml: set[str] = set()
+        self.init_error: int | None = None
+        self.calls: list[str] = []
+        self.initialised = 0
+        self.shutdowns = 0
+        self.remote_device_type: int | None = 0  # NVML_NVLINK_DEVICE_TYPE_GPU
+        self.processes: dict[int, list[Struct]] = {}
+        self.module = self._build_module()
+
+    # -- what a test changes -------------------------------------------------------------
+
+    def fail(self, func: str, code: int, index: int | None = None) -> None:
+        """``func`` raises NVML error ``code`` (for GPU ``index``, or always)."""
+        self.failures[func, index] = code
+
+    def lose(self, index: int) -> None:
+        """GPU ``index`` fell off the bus: every per-device call raises GPU_IS_LOST."""
+        self.failures["*", index] = GPU_IS_LOST
+
+    def remove_from_driver(self, func: str) -> None:
+        self.missing_in_driver.add(func)
+
+    def remove_from_pynvml(self, func: str) -> None:
+        self.missing_in_pynvml.add(func)
+        if hasattr(self.module, func):
+            delattr(self.module, func)
+
+    # -- the module ----------------------------------------------------------------------
+
+    def _build_module(self) -> types.ModuleType:
+        module = types.ModuleType("pynvml")
+        module.NVMLError = pynvml.NVMLError  # type: ignore[attr-defined]
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(module, name, self._wrap(name, getattr(self, name)))
+        return module
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls.append(name)
+            if name in self.missing_in_driver:
+                raise pynvml.NVMLError(FUNCTION_NOT_FOUND)
+            for arg in args:
+                if isinstance(arg, Handle):
+                    for key in ((name, arg.index), ("*", arg.index)):
+                        if key in self.failures:
+                            raise pynvml.NVMLError(self.failures[key])
+            if (name, None) in self.failures:
+                raise pynvml.NVMLError(self.failures[name, None])
+            return fn(*args)
+
+        return call
+
+    def _dev(self, handle: Handle) -> dict[str, Any]:
+        return self.devices[handle.index]
+
+    @staticmethod
+    def _value(value: Any) -> Any:
+        """A capture value, or the NVML error the capture recorded (``ERR:Not Supported``)."""
+        if isinstance(value, str) and value.startswith("ERR:"):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return value
+
+    # -- system --------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return str(self.capture["driver"]).encode()  # old pynvml returned bytes
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return str(self.capture["nvml_version"])
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return int(self.capture["cuda_driver_v2"])
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return int(self.capture["cuda_driver"])
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        return f"/usr/bin/process-{pid}"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        if ("nvmlDeviceGetHandleByIndex", index) in self.failures:
+            raise pynvml.NVMLError(self.failures["nvmlDeviceGetHandleByIndex", index])
+        return Handle(index)
+
+    # -- static facts --------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, h: Handle) -> str:
+        return str(self._dev(h)["name"])
+
+    def nvmlDeviceGetUUID(self, h: Handle) -> bytes:
+        return str(self._dev(h)["uuid"]).encode()
+
+    def nvmlDeviceGetMinorNumber(self, h: Handle) -> int:
+        return int(self._dev(h)["minor"])
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: Handle) -> int:
+        return int(self._dev(h)["power_limit_mW"])
+
+    def nvmlDeviceGetPciInfo(self, h: Handle) -> Struct:
+        pci = self._dev(h)["pci"]
+        return Struct(busId=pci["busId"].encode(), busIdLegacy=pci["busIdLegacy"].encode())
+
+    def nvmlDeviceGetBAR1MemoryInfo(self, h: Handle) -> Struct:
+        return Struct(**self._dev(h)["bar1"])
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Handle) -> int:
+        return int(self._dev(h)["max_pcie_gen"])
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Handle) -> int:
+        return int(self._dev(h)["max_pcie_width"])
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Handle, clock: int) -> int:
+        return int(self._dev(h)["max_clock_sm" if clock == 1 else "max_clock_mem"])
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: Handle) -> tuple[int, int]:
+        major, minor = self._dev(h)["cuda_cc"]
+        return (major, minor)
+
+    def nvmlDeviceGetNumGpuCores(self, h: Handle) -> int:
+        return int(self._dev(h)["num_cores"])
+
+    def nvmlDeviceGetMemoryBusWidth(self, h: Handle) -> int:
+        return int(self._dev(h)["mem_bus_width"])
+
+    def nvmlDeviceGetEccMode(self, h: Handle) -> list[int]:
+        return list(self._dev(h)["ecc_mode"])
+
+    def nvmlDeviceGetMemoryInfo(self, h: Handle) -> Struct:
+        return Struct(**self._dev(h)["memory"])
+
+    def nvmlDeviceGetCpuAffinityWithinScope(self, h: Handle, size: int, scope: int) -> list[int]:
+        return [1] + [0] * (size - 1)  # NUMA node 0
+
+    # -- topology ------------------------------------------------------------------------
+
+    def _pair(self, a: Handle, b: Handle) -> dict[str, Any]:
+        for pair in self.capture.get("topology", []):
+            if {pair["i"], pair["j"]} == {a.index, b.index}:
+                return dict(pair)
+        raise pynvml.NVMLError(NOT_SUPPORTED)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Handle, b: Handle) -> int:
+        return int(self._pair(a, b)["common_ancestor"])
+
+    def nvmlDeviceGetP2PStatus(self, a: Handle, b: Handle, index: int) -> int:
+        key = {0: "p2p_read", 1: "p2p_write", 2: "p2p_nvlink", 3: "p2p_atomics"}[index]
+        return int(self._pair(a, b)[key])
+
+    def _links(self, h: Handle) -> list[dict[str, Any]]:
+        nvlink = self.capture.get("nvlink")
+        return list(nvlink[h.index]) if nvlink else []
+
+    def _link(self, h: Handle, link: int) -> dict[str, Any]:
+        links = self._links(h)
+        if not links:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        if link >= len(links):
+            raise pynvml.NVMLError(2)  # invalid argument: past the last link
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, h: Handle, link: int) -> int:
+        return int(self._link(h, link)["state"])
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Handle, link: int) -> Struct:
+        return Struct(busId=self._link(h, link)["remote_bus"].encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Handle, link: int) -> int:
+        self._link(h, link)
+        if self.remote_device_type is None:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return self.remote_device_type
+
+    # -- status --------------------------------------------------------------------------
+
+    def nvmlDeviceGetPowerUsage(self, h: Handle) -> int:
+        return int(self._dev(h)["power_usage_mW"])
+
+    def nvmlDeviceGetTemperature(self, h: Handle, sensor: int) -> int:
+        return int(self._dev(h)["temperature_C"])
+
+    def nvmlDeviceGetUtilizationRates(self, h: Handle) -> Struct:
+        return Struct(**self._dev(h)["utilization"])
+
+    def nvmlDeviceGetEncoderUtilization(self, h: Handle) -> list[int]:
+        return list(self._dev(h)["encoder_util"])
+
+    def nvmlDeviceGetDecoderUtilization(self, h: Handle) -> list[int]:
+        return list(self._dev(h)["decoder_util"])
+
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, h: Handle, error_type: int, counter: int, location: int
+    ) -> int:
+        key = {0: "ecc_l1", 1: "ecc_l2", 2: "ecc_devmem"}[location]
+        return int(self._value(self._dev(h)[key]))
+
+    def nvmlDeviceGetClockInfo(self, h: Handle, clock: int) -> int:
+        return int(self._dev(h)["clock_sm" if clock == 1 else "clock_mem"])
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Handle) -> list[Struct]:
+        return self.processes.get(h.index, [])
+
+    def nvmlDeviceGetPcieThroughput(self, h: Handle, counter: int) -> int:
+        return int(self._dev(h)["pcie_rx_KBps" if counter == 1 else "pcie_tx_KBps"])
+
+
+@dataclass
+class FakeCuda:
+    """The CUDA facts of a capture (``cuda_devices``, ``cuda_peers``), by PCI bus id."""
+
+    capture: dict[str, Any]
+
+    def _device(self, bus_id: str) -> tuple[int, dict[str, Any]] | None:
+        short = bus_id.lower()[4:]  # "00000000:00:06.0" -> "0000:00:06.0"
+        for index, dev in enumerate(self.capture["cuda_devices"]):
+            if dev["busid"].lower() == short:
+                return index, dev
+        return None
+
+    def device_facts(self, bus_id: str) -> CudaDeviceFacts:
+        found = self._device(bus_id)
+        if found is None:
+            return UNKNOWN_FACTS
+        dev = found[1]
+        return CudaDeviceFacts(
+            l2_cache_bytes=dev["l2"],
+            shared_memory_per_mp_bytes=dev["max_shared_per_mp"],
+            constant_memory_bytes=dev["total_const"],
+            multiprocessor_count=dev["mp_count"],
+        )
+
+    def can_access_peer(self, bus_id: str, peer_bus_id: str) -> bool | None:
+        a, b = self._device(bus_id), self._device(peer_bus_id)
+        if a is None or b is None:
+            return None
+        for peer in self.capture.get("cuda_peers", []):
+            if (peer["i"], peer["j"]) == (a[0], b[0]):
+                return bool(peer["can_access_peer"])
+        return None
