@@ -138,9 +138,13 @@ def _inflate(compressed: bytes) -> bytes:
 
 def _check_json(inflated: bytes) -> None:
     try:
-        document = json.loads(inflated)
+        text = inflated.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise BlobError(f"inflated data is not UTF-8 text: {error.reason}") from None
+        raise BlobError(
+            f"inflated data is not UTF-8 text: {error.reason} at byte {error.start}"
+        ) from None
+    try:
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise BlobError(
             f"inflated data ({len(inflated)} bytes) is not JSON: {error.msg} at line "
