@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.services import require_root
+from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +20,14 @@ def docker_engine() -> Iterator[DockerEngine]:
         yield engine
     finally:
         stop_engine(engine, proc)
+
+
+@pytest.fixture(scope="session")
+def sshd_server() -> Iterator[SshServer]:
+    """One real OpenSSH sshd on a free loopback port, with throw-away host and user keys."""
+    require_root()
+    server, proc = start_sshd()
+    try:
+        yield server
+    finally:
+        stop_sshd(server, proc)

@@ -1,0 +1,308 @@
+"""Which node's agent to ask for GPU facts: the ``NV_HOST`` grammar, as one pure function.
+
+``parse_endpoint(value)`` turns one address into a frozen ``Endpoint``; ``resolve(environ)``
+applies the environment rules of ``nvidia-docker`` (SPEC section 4) on top of it. The fleet
+tool and the Mesos launch helper parse node names with the same function, so a node name means
+the same thing everywhere.
+
+Grammar::
+
+    [scheme://][user@][host][:port_1][:port_2]
+
+    scheme   ssh | http | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
+    host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost
+    ports    ssh:       port_1 is the SSH port (default 22), port_2 the agent's HTTP port
+                        (default 3476) on the node's localhost
+             http, tcp: the HTTP port is the last port given (default 3476); the SSH port
+                        means nothing there and is ignored
+    user     ssh only; default $USER
+
+Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``-H``/``--host`` on the
+command line, else ``DOCKER_HOST``); neither set means the local node; ``NV_HOST`` set while
+docker has no address gets a warning (docker would run the container on the local daemon).
+When the address came from docker rather than ``NV_HOST``, its port is docker's, so the agent's
+HTTP port is always 3476.
+
+Examples (``parse_endpoint``)::
+
+    "10.0.0.1:"                  http  10.0.0.1   http 3476       (tcp:// assumed)
+    "http://127.0.0.1:8080"      http  127.0.0.1  http 8080
+    "http://127.0.0.1:8080:"     http  127.0.0.1  http 8080
+    "tcp://node1:22:80"          http  node1      http 80
+    "ssh://10.0.0.1:"            ssh   10.0.0.1   ssh 22, tunnel to localhost:3476, user $USER
+    "ssh://admin@node2:2222"     ssh   node2      ssh 2222, localhost:3476, user admin
+    "ssh://admin@[fd00::5]:22:80" ssh  fd00::5    ssh 22, localhost:80
+    "unix:///run/docker.sock"    local
+    "ftp://x"                    EndpointError: invalid remote host URI ...
+
+Compared with nvidia-docker 1.0: the bare host (``10.0.0.1``) is accepted as well as the
+trailing colon form (``10.0.0.1:``), and a lone port after an ``http``/``tcp`` host is the HTTP
+port (1.0 read ``host:N:`` as an SSH port and ignored it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from controller.errors import EndpointError
+
+Transport = Literal["local", "http", "ssh"]
+
+DEFAULT_HOST = "localhost"
+DEFAULT_SSH_PORT = 22
+DEFAULT_HTTP_PORT = 3476
+
+_SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "ssh": "ssh"}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
+_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_PORT = re.compile(r"^[0-9]{1,5}$")
+
+_Invalid = Callable[[str], EndpointError]
+
+SYNTAX_HINT = (
+    "use [ssh://|http://|tcp://][user@][host][:ssh_port][:http_port], "
+    "e.g. ssh://admin@10.0.0.1: or http://10.0.0.1:3476"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a node's agent answers, and how to get there.
+
+    ``transport`` is ``local`` (this machine: agent on localhost, else NVML), ``http``
+    (``http://host:http_port``) or ``ssh`` (SSH to ``host:ssh_port`` as ``user``, then
+    ``localhost:http_port`` on that node). ``source`` says where the value came from.
+    """
+
+    transport: Transport
+    host: str = DEFAULT_HOST
+    ssh_port: int = DEFAULT_SSH_PORT
+    http_port: int = DEFAULT_HTTP_PORT
+    user: str | None = None
+    source: str = "default"
+
+    @property
+    def is_local(self) -> bool:
+        return self.transport == "local"
+
+    @property
+    def url_host(self) -> str:
+        """The host as written in a URL: IPv6 addresses in brackets."""
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    @property
+    def agent_url(self) -> str:
+        """The agent's base URL as the node itself sees it (ssh: the node's localhost)."""
+        if self.transport == "http":
+            return f"http://{self.url_host}:{self.http_port}"
+        return f"http://localhost:{self.http_port}"
+
+    @property
+    def node(self) -> str:
+        """A short name of the node for messages: ``10.0.0.1``, ``admin@node2:2222``."""
+        if self.transport == "ssh":
+            return f"{self.user}@{self.url_host}:{self.ssh_port}"
+        if self.transport == "http":
+            return f"{self.url_host}:{self.http_port}"
+        return "local node"
+
+    def uri(self) -> str:
+        """The canonical spelling, which ``parse_endpoint`` reads back to the same endpoint."""
+        if self.transport == "ssh":
+            return f"ssh://{self.user}@{self.url_host}:{self.ssh_port}:{self.http_port}"
+        if self.transport == "http":
+            return f"http://{self.url_host}:{self.http_port}"
+        return "unix://"
+
+    def describe(self) -> str:
+        """Lines for an operator (``nvidia-docker-ctl endpoint``)."""
+        if self.transport == "ssh":
+            route = (
+                f"SSH to {self.url_host}:{self.ssh_port} as {self.user}, "
+                f"then {self.agent_url} on that node"
+            )
+        elif self.transport == "http":
+            route = f"HTTP to {self.agent_url}"
+        else:
+            route = (
+                f"this machine: the agent on {self.agent_url} if it answers, else NVML; "
+                "docker volume inspect for the driver volume"
+            )
+        rows = [
+            ("transport", self.transport),
+            ("host", self.host),
+            ("ssh_port", str(self.ssh_port) if self.transport == "ssh" else "-"),
+            ("http_port", str(self.http_port)),
+            ("user", self.user or "-"),
+            ("source", self.source),
+            ("uri", self.uri()),
+            ("route", route),
+        ]
+        return "\n".join(f"{key:<10} {value}" for key, value in rows)
+
+    def as_dict(self) -> dict[str, str | int | None]:
+        return {
+            "transport": self.transport,
+            "host": self.host,
+            "ssh_port": self.ssh_port,
+            "http_port": self.http_port,
+            "user": self.user,
+            "source": self.source,
+            "uri": self.uri(),
+        }
+
+
+LOCAL = Endpoint(transport="local")
+
+
+def default_user(environ: Mapping[str, str] | None = None) -> str:
+    """``$USER``, else the name of the current uid."""
+    env = os.environ if environ is None else environ
+    user = env.get("USER") or env.get("LOGNAME")
+    if user:
+        return user
+    import pwd  # noqa: PLC0415 (rarely needed)
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def parse_endpoint(
+    value: str,
+    *,
+    source: str = "argument",
+    docker_address: bool = False,
+    user: str | None = None,
+) -> Endpoint:
+    """Parse one address (see the module docstring); raises ``EndpointError``.
+
+    ``docker_address``: the value is docker's daemon address (``DOCKER_HOST``, ``-H``), whose
+    port is docker's; the agent's HTTP port is then always 3476. ``user`` is the SSH user when
+    the value names none (default ``$USER``).
+    """
+
+    def invalid(why: str) -> EndpointError:
+        where = f" ({source})" if source != "argument" else ""
+        return EndpointError(f"invalid remote host URI {value!r}{where}: {why}; {SYNTAX_HINT}")
+
+    text = value.strip()
+    match = _SCHEME.match(text)
+    if match:
+        scheme, rest = match.group(1).lower(), match.group(2)
+    else:
+        scheme, rest = "tcp", text
+    if scheme == "unix":
+        return Endpoint(transport="local", source=source)
+    transport = _SCHEMES.get(scheme)
+    if transport is None:
+        raise invalid(f"unknown scheme {scheme}://")
+    if "/" in rest:
+        raise invalid("a path is not allowed after the host")
+
+    login, at, address = rest.rpartition("@")
+    if at and not _USER.match(login):
+        raise invalid(f"bad user name {login!r}")
+    if at and transport != "ssh":
+        raise invalid("a user name only makes sense with ssh://")
+
+    host, ports = _split_host(address, invalid)
+    numbers = [_port(field, invalid) for field in ports]
+    ssh_port, http_port = DEFAULT_SSH_PORT, DEFAULT_HTTP_PORT
+    if transport == "ssh":
+        if numbers and numbers[0] is not None:
+            ssh_port = numbers[0]
+        if len(numbers) == 2 and numbers[1] is not None:
+            http_port = numbers[1]
+    else:
+        given = [n for n in numbers if n is not None]
+        if given:
+            http_port = given[-1]
+    if docker_address:
+        http_port = DEFAULT_HTTP_PORT
+    return Endpoint(
+        transport=transport,
+        host=host or DEFAULT_HOST,
+        ssh_port=ssh_port,
+        http_port=http_port,
+        user=(login or user or default_user()) if transport == "ssh" else None,
+        source=source,
+    )
+
+
+def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
+    """``host[:a][:b]`` -> (host, ["a", "b"]); brackets removed from an IPv6 host."""
+    if address.startswith("["):
+        end = address.find("]")
+        if end < 0:
+            raise invalid("missing ] after the IPv6 address")
+        host, rest = address[1:end], address[end + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise invalid(f"{host!r} is not an IPv6 address") from None
+        if rest and not rest.startswith(":"):
+            raise invalid("expected : after the ] of the IPv6 address")
+        ports = rest[1:].split(":") if rest else []
+    else:
+        if address.count(":") >= 2 and (_is_ipv6(address) or _is_ipv6(address.rstrip(":"))):
+            raise invalid("write an IPv6 address in brackets, e.g. [fd00::1]:")
+        host, sep, tail = address.partition(":")
+        if host and not _NAME.match(host):
+            raise invalid(f"bad host {host!r}")
+        ports = tail.split(":") if sep else []
+    if len(ports) > 2:
+        raise invalid("at most two ports (ssh_port and http_port)")
+    return host, ports
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _port(field: str, invalid: _Invalid) -> int | None:
+    if field == "":
+        return None
+    if not _PORT.match(field) or not 0 < int(field) < 65536:
+        raise invalid(f"bad port {field!r} (1 to 65535)")
+    return int(field)
+
+
+def resolve(
+    environ: Mapping[str, str], *, docker_host_option: str | None = None
+) -> tuple[Endpoint, str | None]:
+    """The node ``nvidia-docker`` asks, from ``NV_HOST``, ``-H`` and ``DOCKER_HOST``.
+
+    Returns the endpoint and a warning to print (or None). ``docker_host_option`` is the value
+    of ``-H``/``--host`` on docker's command line, which docker prefers to ``DOCKER_HOST``.
+    """
+    nv_host = environ.get("NV_HOST", "").strip()
+    docker_host = (docker_host_option or environ.get("DOCKER_HOST", "")).strip()
+    docker_source = "-H" if docker_host_option else "DOCKER_HOST"
+    if nv_host:
+        endpoint = parse_endpoint(nv_host, source="NV_HOST", user=_user(environ))
+        warning = None
+        if not docker_host and not endpoint.is_local:
+            warning = (
+                "NV_HOST is set but DOCKER_HOST is not: docker will use the local daemon "
+                "while the GPUs come from " + endpoint.node + "; set DOCKER_HOST or -H too"
+            )
+        return endpoint, warning
+    if docker_host:
+        endpoint = parse_endpoint(
+            docker_host, source=docker_source, docker_address=True, user=_user(environ)
+        )
+        return endpoint, None
+    return LOCAL, None
+
+
+def _user(environ: Mapping[str, str]) -> str:
+    return default_user(environ)

@@ -1,0 +1,205 @@
+"""Talk to a node's agent REST API, over plain HTTP or through SSH, with one HTTP client.
+
+Public API::
+
+    from controller.endpoint import parse_endpoint
+    from controller.transport import AgentClient
+
+    async with AgentClient(parse_endpoint("ssh://admin@node2:")) as agent:
+        info = await agent.get_json("/gpu/info/json")
+        cli = await agent.get("/docker/cli", params={"dev": "0 1", "vol": "nvidia_driver"})
+
+- ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...))`` is an async context manager.
+  Transport ``http`` (and ``local``, the agent on localhost) uses aiohttp's TCP connector;
+  ``ssh`` logs in once (``controller.ssh_tunnel.SshTunnel``) and every HTTP connection is a
+  ``direct-tcpip`` channel to ``localhost:http_port`` on the node, given to aiohttp through a
+  small connector. Everything above the connector (requests, keep-alive, timeouts, errors) is
+  the same code for both.
+- ``get(path, params=None) -> bytes`` returns the body of a 200 answer. Every failure raises
+  ``controller.errors.NodeError`` with one line: which node, what failed, what to do;
+  ``AgentHttpError`` (a ``NodeError``) for an answer other than 200, with ``status`` and the
+  agent's message in ``reason``.
+- ``get_json(path, params=None)`` decodes the body as JSON.
+- Timeouts: ``timeout_s`` (default 10 s) bounds each request, including connecting and the
+  SSH login; ``connect_timeout_s`` can be shorter (the wrapper probes the local agent with a
+  short one).
+
+Many requests may run concurrently on one client: over SSH they share the one SSH connection.
+A fleet query makes one client per node and runs them concurrently (``asyncio.gather``).
+
+Only this module and ``controller.ssh_tunnel`` import aiohttp / paramiko.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+
+from controller.endpoint import Endpoint
+from controller.errors import NodeError
+
+if TYPE_CHECKING:
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.tracing import Trace
+
+    from controller.ssh_tunnel import SshOptions, SshTunnel
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class AgentHttpError(NodeError):
+    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``)."""
+
+    def __init__(self, node: str, path: str, status: int, text: str) -> None:
+        self.status = status
+        self.agent_message = text
+        super().__init__(node, f"the agent answered {status} to GET {path}: {text}")
+
+
+class _TunnelConnector(aiohttp.BaseConnector):
+    """aiohttp connector whose connections are SSH channels to a port on the node."""
+
+    def __init__(self, tunnel: SshTunnel, port: int) -> None:
+        super().__init__(limit=32)
+        self._tunnel = tunnel
+        self._port = port
+
+    async def _create_connection(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+    ) -> ResponseHandler:
+        sock = await self._tunnel.open_socket(self._port)
+        try:
+            _, proto = await self._loop.create_connection(self._factory, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return proto
+
+
+class AgentClient:
+    """HTTP client of one node's agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
+        ssh: SshOptions | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s or timeout_s
+        self._ssh_options = ssh
+        self._tunnel: SshTunnel | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def node(self) -> str:
+        ep = self.endpoint
+        if ep.transport == "ssh":
+            return f"ssh://{ep.node}"
+        if ep.transport == "http":
+            return f"http://{ep.node}"
+        return f"local agent ({ep.agent_url})"
+
+    async def __aenter__(self) -> AgentClient:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Make the session; over SSH, log in now (so login errors come first)."""
+        if self._session is not None:
+            return
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
+        connector: aiohttp.BaseConnector
+        if self.endpoint.transport == "ssh":
+            from controller.ssh_tunnel import SshOptions, SshTunnel  # noqa: PLC0415
+
+            options = self._ssh_options or SshOptions.from_environ()
+            self._tunnel = SshTunnel(self.endpoint, options)
+            try:
+                await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
+            except TimeoutError:
+                raise NodeError(
+                    self.node, f"SSH login took longer than {self.timeout_s:g} s"
+                ) from None
+            connector = _TunnelConnector(self._tunnel, self.endpoint.http_port)
+        else:
+            connector = aiohttp.TCPConnector(limit=32, use_dns_cache=True)
+        self._session = aiohttp.ClientSession(
+            base_url=None, connector=connector, timeout=timeout, raise_for_status=False
+        )
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        tunnel, self._tunnel = self._tunnel, None
+        if tunnel is not None:
+            await tunnel.close()
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
+        """The body of ``GET path`` (200 only); raises ``NodeError``."""
+        if self._session is None:
+            await self.open()
+        assert self._session is not None
+        url = self.endpoint.agent_url + path
+        try:
+            async with self._session.get(url, params=params) as response:
+                body = await response.read()
+                if response.status != 200:
+                    text = body.decode("utf-8", "replace").strip().splitlines()
+                    raise AgentHttpError(
+                        self.node, path, response.status, text[0] if text else str(response.reason)
+                    )
+                return body
+        except NodeError:
+            raise
+        except TimeoutError:
+            raise NodeError(
+                self.node,
+                f"no answer to GET {path} within {self.timeout_s:g} s: is the agent "
+                "(nvidia-docker-plugin) healthy?",
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            os_error = exc.os_error
+            why = (
+                "connection refused"
+                if isinstance(os_error, ConnectionRefusedError)
+                else os_error.strerror or str(os_error)
+            )
+            raise NodeError(
+                self.node,
+                f"cannot connect to the agent at {self.endpoint.agent_url} "
+                f"({why}): is nvidia-docker-plugin running "
+                "there, listening on that address (-l HOST:PORT)?",
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}") from exc
+
+    async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        body = await self.get(path, params)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise NodeError(
+                self.node, f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?"
+            ) from None

@@ -1,0 +1,132 @@
+"""A real OpenSSH server for end-to-end tests, with throw-away keys, on a loopback port.
+
+``start_sshd()`` generates a host key and a user key with ``ssh-keygen`` in a private
+directory, writes an ``sshd_config`` (``AuthorizedKeysFile`` in that directory, ``StrictModes
+no``, ``UsePAM no``, TCP forwarding allowed, passwords allowed so that a wrong one can be
+tried), starts Debian's ``/usr/sbin/sshd -D -e`` on a free port of 127.0.0.1 and waits until
+it sends its banner. ``stop_sshd()`` stops it and removes the directory.
+
+Clients get a ``HOME`` of their own (``SshServer.client_home``) holding the user key as
+``~/.ssh/id_ed25519`` and, if wanted, the server's key in ``~/.ssh/known_hosts``: that is how
+a user's machine looks, and nothing of the real ``~/.ssh`` is touched.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.services import free_port, stop_process, wait_until
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+@dataclass(frozen=True)
+class SshServer:
+    host: str  # "127.0.0.1"
+    port: int
+    user: str  # the user the tests log in as (whoever runs the tests)
+    root: Path  # private directory: keys, config, log
+    user_key: Path  # private key whose public half is authorized
+    host_key_pub: Path
+
+    @property
+    def log(self) -> Path:
+        return self.root / "sshd.log"
+
+    def known_hosts_line(self) -> str:
+        """The server's key as a known_hosts line (``[host]:port type key``)."""
+        key_type, key = self.host_key_pub.read_text().split()[:2]
+        return f"[{self.host}]:{self.port} {key_type} {key}\n"
+
+    def client_home(self, base: Path, *, with_key: bool = True, knows_host: bool = True) -> Path:
+        """A HOME directory for a client: ``~/.ssh/id_ed25519`` and ``~/.ssh/known_hosts``."""
+        ssh_dir = base / ".ssh"
+        ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if with_key:
+            shutil.copyfile(self.user_key, ssh_dir / "id_ed25519")
+            (ssh_dir / "id_ed25519").chmod(0o600)
+        if knows_host:
+            (ssh_dir / "known_hosts").write_text(self.known_hosts_line())
+        return base
+
+
+def _keygen(path: Path, comment: str) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _banner(host: str, port: int) -> bool:
+    with socket.create_connection((host, port), timeout=1) as sock:
+        return sock.recv(64).startswith(b"SSH-2.0-")
+
+
+def start_sshd(base: Path | None = None) -> tuple[SshServer, subprocess.Popen[bytes]]:
+    """Start sshd; the caller stops it with ``stop_sshd``."""
+    if not SSHD.exists():
+        raise RuntimeError("sshd is not installed: apt-get install openssh-server")
+    root = Path(tempfile.mkdtemp(prefix="nvd-sshd-", dir=base))
+    root.chmod(0o755)
+    _keygen(root / "host_ed25519", "nvd-test-host")
+    _keygen(root / "user_ed25519", "nvd-test-user")
+    shutil.copyfile(root / "user_ed25519.pub", root / "authorized_keys")
+    port = free_port()
+    config = root / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {root / 'host_ed25519'}",
+                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                "StrictModes no",
+                "UsePAM no",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication yes",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin yes",
+                "AllowTcpForwarding yes",
+                "MaxStartups 200:30:300",
+                "MaxSessions 100",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
+    # sshd refuses to start without its privilege separation directory
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    with (root / "sshd.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
+    server = SshServer(
+        host="127.0.0.1",
+        port=port,
+        user=getpass.getuser(),
+        root=root,
+        user_key=root / "user_ed25519",
+        host_key_pub=root / "host_ed25519.pub",
+    )
+    try:
+        wait_until(lambda: _banner(server.host, port), what="sshd", timeout_s=30, proc=proc)
+    except Exception:
+        stop_sshd(server, proc)
+        raise RuntimeError(f"sshd did not start; see {root / 'sshd.log'}") from None
+    return server, proc
+
+
+def stop_sshd(server: SshServer, proc: subprocess.Popen[bytes]) -> None:
+    stop_process(proc)
+    if os.environ.get("NVD_KEEP_SSHD_LOG"):
+        return
+    shutil.rmtree(server.root, ignore_errors=True)

@@ -1,0 +1,110 @@
+"""AgentClient over plain HTTP, against an aiohttp server that answers in the SPEC's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from controller.endpoint import parse_endpoint
+from controller.errors import NodeError
+from controller.transport import AgentClient, AgentHttpError
+from tests.support.services import free_port
+
+INFO = {"Version": {"Driver": "580.159.04", "CUDA": "13.0"}, "Devices": []}
+
+
+async def _info(_: web.Request) -> web.Response:
+    return web.json_response(INFO)
+
+
+async def _cli(request: web.Request) -> web.Response:
+    if request.query.get("dev") == "9":
+        return web.Response(status=400, text="invalid device: 9\n")
+    return web.Response(text=f"raw={request.raw_path} dev={request.query.get('dev')}\n")
+
+
+async def _slow(_: web.Request) -> web.Response:
+    await asyncio.sleep(5)
+    return web.Response(text="late")
+
+
+async def _not_json(_: web.Request) -> web.Response:
+    return web.Response(text="<html>")
+
+
+@pytest.fixture
+async def agent_port() -> AsyncIterator[int]:
+    app = web.Application()
+    app.router.add_get("/gpu/info/json", _info)
+    app.router.add_get("/docker/cli", _cli)
+    app.router.add_get("/slow", _slow)
+    app.router.add_get("/html", _not_json)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def test_get_json_and_query(agent_port: int) -> None:
+    async with AgentClient(parse_endpoint(f"http://127.0.0.1:{agent_port}")) as agent:
+        assert await agent.get_json("/gpu/info/json") == INFO
+        body = await agent.get("/docker/cli", params={"dev": "0 GPU-1a", "vol": "nvidia_driver"})
+    # space separated lists travel as '+' (SPEC 2)
+    assert body == b"raw=/docker/cli?dev=0+GPU-1a&vol=nvidia_driver dev=0 GPU-1a\n"
+
+
+async def test_concurrent_requests_share_one_client(agent_port: int) -> None:
+    async with AgentClient(parse_endpoint(f"127.0.0.1:{agent_port}")) as agent:
+        bodies = await asyncio.gather(*(agent.get_json("/gpu/info/json") for _ in range(50)))
+    assert bodies == [INFO] * 50
+
+
+async def test_non_200_names_node_status_and_message(agent_port: int) -> None:
+    async with AgentClient(parse_endpoint(f"http://127.0.0.1:{agent_port}")) as agent:
+        with pytest.raises(AgentHttpError) as info:
+            await agent.get("/docker/cli", params={"dev": "9"})
+    assert info.value.status == 400
+    assert info.value.agent_message == "invalid device: 9"
+    assert str(info.value) == (
+        f"http://127.0.0.1:{agent_port}: the agent answered 400 to GET /docker/cli: "
+        "invalid device: 9"
+    )
+
+
+async def test_agent_down_says_what_to_do() -> None:
+    port = free_port()
+    async with AgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent:
+        with pytest.raises(NodeError) as info:
+            await agent.get("/gpu/info/json")
+    message = str(info.value)
+    assert f"cannot connect to the agent at http://127.0.0.1:{port} (connection refused)" in (
+        message
+    )
+    assert "is nvidia-docker-plugin running there" in message
+
+
+async def test_timeout_is_bounded(agent_port: int) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    endpoint = parse_endpoint(f"http://127.0.0.1:{agent_port}")
+    async with AgentClient(endpoint, timeout_s=0.3) as agent:
+        with pytest.raises(NodeError, match=r"no answer to GET /slow within 0\.3 s"):
+            await agent.get("/slow")
+    assert loop.time() - started < 4
+
+
+async def test_not_json(agent_port: int) -> None:
+    async with AgentClient(parse_endpoint(f"http://127.0.0.1:{agent_port}")) as agent:
+        with pytest.raises(NodeError, match="not JSON"):
+            await agent.get_json("/html")
+
+
+def test_default_timeout_is_ten_seconds() -> None:
+    assert AgentClient(parse_endpoint("10.0.0.1:")).timeout_s == 10.0
