@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agent.gpu.model import NodeInfo
 from agent.selection import select_devices
+from mesos import flags
 
 FORMATS = ("legacy", "native")
 
@@ -34,11 +35,7 @@ class MesosCli:
         return body
 
     def _render(self, fmt: str, indices: tuple[int, ...]) -> bytes:
-        try:
-            from mesos import flags  # noqa: PLC0415 - the library lands separately
-        except ImportError:
-            raise NotImplementedError("the Mesos flags are not available in this build") from None
         uuids = [self._node.devices[i].uuid or "" for i in indices]
         if fmt == "native":
-            return flags.native_flags(self._info_json, uuids, indices).encode()  # type: ignore[no-any-return,attr-defined,unused-ignore]
-        return flags.legacy_flags(self._info_json, uuids).encode()  # type: ignore[no-any-return,attr-defined,unused-ignore]
+            return flags.native_flags(self._info_json, uuids, indices).encode()
+        return flags.legacy_flags(self._info_json, uuids).encode()

@@ -140,8 +140,6 @@ async def mesos_cli(request: web.Request) -> web.Response:
         body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
     except InvalidSelection as err:
         return _bad_request(err)
-    except NotImplementedError as err:
-        return web.Response(status=501, text=f"{err}\n", content_type=TEXT)
     except ValueError as err:
         return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
     return _answer(body, TEXT)

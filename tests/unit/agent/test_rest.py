@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import zlib
 
 import pytest
 
@@ -156,3 +158,28 @@ async def test_info_dev_selection(make_client: MakeClient) -> None:
     client = await make_client(CountingBackend("hgx-h200-8"))
     doc = await (await client.get("/gpu/info/json?dev=4")).json()
     assert [d["Path"] for d in doc["Devices"]] == ["/dev/nvidia4"]
+
+
+async def test_mesos_cli_blob_is_the_info_json_body(make_client: MakeClient) -> None:
+    backend = CountingBackend("hgx-h200-8")
+    client = await make_client(backend)
+    info = await (await client.get("/gpu/info/json")).read()
+    for prefix in ("", "/v1.0"):
+        resp = await client.get(prefix + "/mesos/cli")
+        assert resp.status == 200
+        line = await resp.text()
+        attributes, resources = line.split(" ")
+        blob = attributes.removeprefix("--attributes=gpus:")
+        padded = blob + "=" * (-len(blob) % 4)
+        assert zlib.decompress(base64.urlsafe_b64decode(padded)) == info
+        uuids = [d.uuid for d in backend.node_info().devices]
+        assert resources == "--resources=gpus:{" + ",".join(str(u) for u in uuids) + "}"
+
+
+async def test_mesos_cli_native_format_and_selection(make_client: MakeClient) -> None:
+    client = await make_client(CountingBackend("hgx-h200-8"))
+    line = await (await client.get("/mesos/cli?format=native&dev=1+6")).text()
+    assert line.split(" ")[1:] == ["--resources=gpus:2", "--nvidia_gpu_devices=1,6"]
+    bad = await client.get("/mesos/cli?dev=9")
+    assert (bad.status, await bad.text()) == (400, "invalid device: 9\n")
+    assert (await client.get("/mesos/cli?format=yaml")).status == 400
