@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,21 @@ class Config:
     simulate: str | None
     ldcache: Path
     pcie_interval_s: float
+    spec_file: Path | None = None
+    event_loop: str = "auto"
+
+
+def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """The event loop to serve with: uvloop when asked for or, with ``auto``, when installed."""
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop  # noqa: PLC0415 - optional, faster event loop
+        except ImportError:
+            if choice == "uvloop":
+                raise StartupError("--event-loop uvloop: uvloop is not installed") from None
+        else:
+            return uvloop.new_event_loop, "uvloop"
+    return None, "asyncio"
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:
@@ -138,7 +154,9 @@ class Agent:
         socket_path = cfg.socket_dir / SOCKET_NAME
         log.info("Serving the plugin API on unix://%s", socket_path)
         try:
-            self.runners.append(await start_plugin_site(store, cfg.socket_dir))
+            self.runners.append(
+                await start_plugin_site(store, cfg.socket_dir, spec_file=cfg.spec_file)
+            )
         except OSError as err:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
         self.socket_path = socket_path
@@ -293,6 +311,13 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     help="The dynamic linker cache that locates the driver's libraries.",
 )
 @click.option(
+    "--spec-file",
+    envvar="NVIDIA_DOCKER_PLUGIN_SPEC_FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write this Docker plugin spec file (unix://<socket>) while serving, for a socket "
+    "outside /run/docker/plugins; e.g. /etc/docker/plugins/nvidia-docker.spec.",
+)
+@click.option(
     "--pcie-interval",
     "pcie_interval_s",
     default=1.0,
@@ -300,6 +325,14 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     type=click.FloatRange(min=0.05),
     envvar="NVIDIA_DOCKER_PLUGIN_PCIE_INTERVAL",
     help="Seconds between two samples of the PCIe throughput counters.",
+)
+@click.option(
+    "--event-loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_EVENT_LOOP",
+    help="auto: uvloop when it is installed (faster), else asyncio's own.",
 )
 @click.option(
     "--dump-node",
@@ -322,7 +355,9 @@ def command(
     socket_dir: Path,
     simulate: str | None,
     ldcache: Path,
+    spec_file: Path | None,
     pcie_interval_s: float,
+    event_loop: str,
     dump_target: str | None,
 ) -> None:
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
@@ -338,8 +373,17 @@ def command(
         simulate=simulate,
         ldcache=ldcache,
         pcie_interval_s=pcie_interval_s,
+        spec_file=spec_file,
+        event_loop=event_loop,
     )
-    sys.exit(asyncio.run(run(config)))
+    try:
+        factory, loop_name = loop_factory(event_loop)
+    except StartupError as err:
+        log.error("Error: %s", err)
+        sys.exit(EXIT_STARTUP_FAILED)
+    log.info("Event loop: %s", loop_name)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        sys.exit(runner.run(run(config)))
 
 
 def main() -> None:

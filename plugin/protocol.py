@@ -57,6 +57,7 @@ def _accepts(header: str) -> bool:
 @web.middleware
 async def protocol_checks(request: web.Request, handler: Handler) -> web.StreamResponse:
     """406 unless the client speaks the plugin protocol; errors never become tracebacks."""
+    log.debug("%s (Accept: %s)", request.path, request.headers.get("Accept"))
     if not _accepts(request.headers.get("Accept", "")):
         wanted = "application/vnd.docker.plugins.v1.2+json"
         return answer({"Err": f"unsupported Accept header: send Accept: {wanted}"}, status=406)

@@ -1,0 +1,123 @@
+"""A real agent process serving the volume plugin to a private dockerd.
+
+dockerd finds volume plugins only in fixed directories, so while the agent runs this helper
+holds the exclusive lock ``/run/lock/nvd-test-plugin.lock`` and the agent owns
+``/etc/docker/plugins/nvidia-docker.spec`` (written by its ``--spec-file``); the spec file is
+removed afterwards even if the agent died. The agent runs ``--simulate h200`` against a fake
+driver root (its ``--ldcache`` and a PATH with the fake binaries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.dockerd import DockerEngine
+from tests.support.fake_driver import FakeDriver
+from tests.support.services import free_port, port_open, stop_process, wait_until
+
+LOCK_PATH = Path("/run/lock/nvd-test-plugin.lock")
+SPEC_FILE = Path("/etc/docker/plugins/nvidia-docker.spec")
+LOCK_TIMEOUT_S = 600.0
+
+
+@dataclass
+class PluginAgent:
+    proc: subprocess.Popen[bytes]
+    port: int  # REST API on 127.0.0.1
+    socket_dir: Path
+    volume_dir: Path
+    log_path: Path
+    engine: DockerEngine
+    driver: FakeDriver
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / "nvidia-docker.sock"
+
+    @property
+    def volume_name(self) -> str:
+        return f"nvidia_driver_{self.driver.version}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+            body: bytes = resp.read()
+            return body
+
+
+@contextlib.contextmanager
+def plugin_lock(timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """The machine-wide lock of the tests that own the nvidia-docker plugin name."""
+    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{LOCK_PATH} held by another test run") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def running_plugin_agent(engine: DockerEngine, driver: FakeDriver) -> Iterator[PluginAgent]:
+    """Start the agent (plugin + REST API), yield it, then stop it and clean everything."""
+    with plugin_lock():
+        base = Path(tempfile.mkdtemp(prefix="nvd-plugin-agent-"))
+        port = free_port()
+        socket_dir, volume_dir = base / "plugins", base / "volumes"
+        log_path = base / "agent.log"
+        env = dict(os.environ, PATH=driver.search_path)
+        env.pop("NV_DEBUG", None)
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "agent.daemon",
+                    "-l", f"127.0.0.1:{port}",
+                    "-s", str(socket_dir),
+                    "-d", str(volume_dir),
+                    "--simulate", "h200",
+                    "--ldcache", str(driver.ldcache),
+                    "--spec-file", str(SPEC_FILE),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )  # fmt: skip
+        agent = PluginAgent(proc, port, socket_dir, volume_dir, log_path, engine, driver)
+        try:
+            wait_until(
+                lambda: port_open(port) and SPEC_FILE.exists() and agent.socket_path.exists(),
+                what=f"agent (log: {log_path})",
+                timeout_s=60,
+                proc=proc,
+            )
+            yield agent
+        finally:
+            names = engine.docker(
+                "volume", "ls", "-q", "--filter", "driver=nvidia-docker", check=False
+            ).stdout.split()
+            if names:
+                engine.docker("volume", "rm", "-f", *names, check=False)
+            stop_process(proc)
+            SPEC_FILE.unlink(missing_ok=True)
+            shutil.rmtree(base, ignore_errors=True)
