@@ -127,19 +127,20 @@ class NvmlBackend:
     def start(
         cls,
         *,
-        cuda: Callable[[], CudaFacts | None] = LibCuda.open,
+        cuda: Callable[[], CudaFacts | None] | None = None,
         sysfs: Path = Path("/sys"),
         proc: Path = Path("/proc"),
     ) -> NvmlBackend:
         """Initialise NVML and read the node's static facts; ``GpuBackendError`` if impossible.
 
-        ``cuda`` opens the CUDA driver (``None``: CUDA facts are null); ``sysfs`` and ``proc``
-        are where the kernel's files are (tests point them elsewhere).
+        ``cuda`` opens the CUDA driver (default ``LibCuda.open``; when it gives ``None``, the
+        CUDA facts are null); ``sysfs`` and ``proc`` are where the kernel's files are (tests
+        point them elsewhere).
         """
         prepare_environment()
         _init_nvml()
         try:
-            return cls._read_node(cuda, sysfs, proc)
+            return cls._read_node(cuda or LibCuda.open, sysfs, proc)
         except BaseException:
             with contextlib.suppress(nvml.NvmlCallError):
                 nvml.call("nvmlShutdown")
