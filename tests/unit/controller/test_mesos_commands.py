@@ -1,0 +1,165 @@
+"""``nvidia-docker-ctl mesos``: flags, decode and exec, with the agent's answer given."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from controller import mesos_commands
+from controller.errors import ControllerError
+from controller.mesos_commands import fetch_flags, mesos, node_from_environment
+from mesos.blob import decode
+from mesos.flags import legacy_flags, native_flags
+
+INFO = b'{"Version":{"Driver":"580.159.04","CUDA":"13.0"},"Devices":[{"UUID":"GPU-aaaa"}]}\n'
+LEGACY = legacy_flags(INFO, ["GPU-aaaa"])
+NATIVE = native_flags(INFO, ["GPU-aaaa"], [0])
+
+
+class AgentAnswers:
+    """Stands in for the node's agent: answers /mesos/cli by format, records the requests."""
+
+    def __init__(self, answers: Mapping[str, str]) -> None:
+        self.answers = answers
+        self.requests: list[tuple[str | None, str, dict[str, str]]] = []
+
+    def __call__(self, node: str | None, path: str, params: Mapping[str, str]) -> bytes:
+        self.requests.append((node, path, dict(params)))
+        return self.answers[params["format"]].encode()
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> AgentAnswers:
+    answers = AgentAnswers({"legacy": LEGACY, "native": NATIVE})
+    monkeypatch.setattr(mesos_commands, "fetch", answers)
+    monkeypatch.delenv("NV_HOST", raising=False)
+    for key in ("MESOS_ATTRIBUTES", "MESOS_RESOURCES", "MESOS_ISOLATION"):
+        monkeypatch.delenv(key, raising=False)
+    return answers
+
+
+def test_decode_prints_the_json_from_an_argument_or_stdin() -> None:
+    runner = CliRunner()
+    blob = LEGACY.split()[0].removeprefix("--attributes=gpus:")
+    by_argument = runner.invoke(mesos, ["decode", blob])
+    assert by_argument.exit_code == 0
+    assert by_argument.stdout_bytes == INFO
+    by_stdin = runner.invoke(mesos, ["decode"], input=LEGACY + "\n")
+    assert by_stdin.exit_code == 0
+    assert by_stdin.stdout_bytes == INFO
+
+
+@pytest.mark.parametrize(
+    ("blob", "reason"),
+    [
+        ("eJx+AAAA", "'+' at position 4 is from the standard base64 alphabet"),
+        ("AAAAAAAA", "not a zlib stream"),
+        ("", "empty input"),
+    ],
+)
+def test_decode_of_garbage_is_one_line_and_exit_1(blob: str, reason: str) -> None:
+    result = CliRunner().invoke(mesos, ["decode", blob])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("Error: not a gpus blob: ")
+    assert reason in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_flags_prints_the_agents_line_and_passes_node_and_dev(agent: AgentAnswers) -> None:
+    result = CliRunner().invoke(
+        mesos, ["flags", "--format", "native", "--dev", "0 GPU-aa", "ssh://admin@node2:"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout == NATIVE + "\n"
+    assert agent.requests == [
+        ("ssh://admin@node2:", "/mesos/cli", {"format": "native", "dev": "0 GPU-aa"})
+    ]
+
+
+def test_flags_uses_nv_host_when_no_node_is_given(
+    agent: AgentAnswers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NV_HOST", "http://10.0.0.1:3476")
+    assert CliRunner().invoke(mesos, ["flags"]).exit_code == 0
+    assert agent.requests == [("http://10.0.0.1:3476", "/mesos/cli", {"format": "legacy"})]
+
+
+def test_node_from_environment() -> None:
+    assert node_from_environment("n1", {"NV_HOST": "n2"}) == "n1"
+    assert node_from_environment(None, {"NV_HOST": "n2"}) == "n2"
+    assert node_from_environment(None, {"NV_HOST": ""}) is None
+    assert node_from_environment(None, {}) is None
+
+
+def test_an_old_agent_answering_legacy_to_native_is_refused() -> None:
+    old_agent = AgentAnswers({"native": LEGACY})
+    with pytest.raises(ControllerError, match="answered the legacy format to format=native"):
+        fetch_flags("node1", "native", None, get=old_agent)
+
+
+def test_an_answer_mesos_could_not_read_is_refused() -> None:
+    broken = AgentAnswers({"legacy": "<html>proxy error</html>"})
+    with pytest.raises(ControllerError, match="node1: the agent's /mesos/cli is not usable"):
+        fetch_flags("node1", "legacy", None, get=broken)
+
+
+def test_exec_runs_the_agent_with_merged_flags(
+    agent: AgentAnswers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executed: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(os, "execvp", lambda p, a: executed.append((p, a)))
+    monkeypatch.setenv("MESOS_ATTRIBUTES", "zone:eu1")
+    result = CliRunner().invoke(
+        mesos,
+        ["exec", "--format", "native", "--", "mesos-agent", "--master=m:5050", "--attributes=r:1"],
+    )
+    assert result.exit_code == 0, result.output
+    program, argv = executed[0]
+    assert program == "mesos-agent"
+    assert argv[:2] == ["mesos-agent", "--master=m:5050"]
+    flags = dict(arg[2:].split("=", 1) for arg in argv[1:])
+    assert flags["attributes"].startswith("r:1;gpus:")  # the operator's value, then ours
+    assert decode(flags["attributes"]) == INFO
+    assert flags["resources"] == "gpus:1"
+    assert flags["nvidia_gpu_devices"] == "0"
+    assert flags["isolation"].endswith("cgroups/devices,filesystem/linux,gpu/nvidia")
+
+
+def test_exec_dry_run_prints_the_command(agent: AgentAnswers) -> None:
+    result = CliRunner().invoke(mesos, ["exec", "--dry-run", "--", "mesos-agent", "--master=m"])
+    assert result.exit_code == 0
+    assert result.stdout == f"mesos-agent --master=m {LEGACY}\n"
+
+
+def test_exec_refuses_a_conflict_in_one_line(agent: AgentAnswers) -> None:
+    result = CliRunner().invoke(
+        mesos, ["exec", "--", "mesos-agent", "--isolation=cgroups/devices,gpu/nvidia"]
+    )
+    assert result.exit_code == 1
+    assert "use the native format" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_exec_of_a_missing_program_says_so(agent: AgentAnswers, tmp_path: Path) -> None:
+    missing = str(tmp_path / "mesos-agent")
+    result = CliRunner().invoke(mesos, ["exec", "--", missing, "--master=m"])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: cannot run {missing}: No such file or directory\n"
+
+
+def test_exec_needs_a_command() -> None:
+    result = CliRunner().invoke(mesos, ["exec"])
+    assert result.exit_code == 2
+    assert "Missing argument" in result.stderr
+
+
+def test_help_names_every_command() -> None:
+    result = CliRunner().invoke(mesos, ["--help"])
+    assert result.exit_code == 0
+    for command in ("flags", "decode", "exec"):
+        assert command in result.stdout
