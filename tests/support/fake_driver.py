@@ -257,11 +257,5 @@ def build_fake_driver(
     )
 
 
-def make_cache(driver: FakeDriver, out: Path, layout: str) -> Path:
-    """Another cache of the same directories in ``layout`` new, old or compat (both)."""
-    _run("ldconfig", "-X", "-c", layout, "-C", str(out), "-f", str(driver.root / "etc/ld.so.conf"))
-    return out
-
-
 def remove_fake_driver(driver: FakeDriver) -> None:
     shutil.rmtree(driver.root, ignore_errors=True)
