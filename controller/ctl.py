@@ -1,0 +1,21 @@
+"""``nvidia-docker-ctl``: operator commands that run off the node (Mesos flags, fleet queries).
+
+Each command group lives in its own module and is added here with one line.
+"""
+
+from __future__ import annotations
+
+import click
+
+from controller.mesos_commands import mesos
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Operate NVIDIA Docker GPU nodes: Mesos agent flags, fleet status, endpoints."""
+
+
+main.add_command(mesos)
+
+if __name__ == "__main__":
+    main()
