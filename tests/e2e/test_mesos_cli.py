@@ -27,7 +27,7 @@ from tests.unit.mesos import mesos_rules
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-CTL = [sys.executable, "-c", "from controller.mesos_commands import mesos; mesos()"]
+CTL = [sys.executable, "-m", "controller.ctl", "mesos"]  # nvidia-docker-ctl mesos
 FAKE_AGENT = """#!{python}
 import json, os, sys
 print(json.dumps({{"pid": os.getpid(), "argv": sys.argv}}))
