@@ -243,7 +243,7 @@ def _try_clean(entry: Path) -> bool:
     """Remove a leftover unless a live builder holds its lock."""
     if entry.name.endswith(LOCK_SUFFIX):
         work = entry.with_name(entry.name.removesuffix(LOCK_SUFFIX))
-        if work.exists():
+        if work.exists() or not entry.exists():
             return False  # handled with its directory
         return _unlink_unlocked(entry)
     lock = entry.with_name(entry.name + LOCK_SUFFIX)
