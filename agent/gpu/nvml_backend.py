@@ -22,7 +22,13 @@ from typing import Any
 from agent.gpu import architecture
 from agent.gpu import nvml_query as nvml
 from agent.gpu.backend import GpuBackendError
-from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, CudaFacts, LibCuda
+from agent.gpu.cuda_driver import (
+    UNKNOWN_FACTS,
+    CudaDeviceFacts,
+    CudaFacts,
+    LibCuda,
+    cuda_bus_id,
+)
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -342,7 +348,7 @@ def _ecc(handle: Any, location: int) -> int | None:
 
 
 def _bus_id(handle: Any | None) -> str:
-    """NVML's bus id of a GPU; ``""`` for a GPU NVML cannot open."""
+    """NVML's bus id of a GPU; ``""`` for a GPU NVML cannot open or read (lost)."""
     if handle is None:
         return ""
     bus_id = _text(_field(nvml.query("nvmlDeviceGetPciInfo", handle), "busId"))
@@ -358,10 +364,9 @@ def _numa_node(handle: Any, bus_id: str, sysfs: Path) -> int | None:
     coherent systems (Grace Hopper), "GPU NUMA ID" in ``topo -m``, not the CPU side.
     """
     if bus_id:
-        domain, _, rest = bus_id.partition(":")
-        name = f"{int(domain, 16):04x}:{rest.lower()}" if domain else bus_id.lower()
         try:
-            text = (sysfs / "bus" / "pci" / "devices" / name / "numa_node").read_text()
+            path = sysfs / "bus" / "pci" / "devices" / cuda_bus_id(bus_id) / "numa_node"
+            text = path.read_text()
             return max(int(text.strip()), 0)
         except (OSError, ValueError):
             pass

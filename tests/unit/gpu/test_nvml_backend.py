@@ -26,6 +26,7 @@ from tests.unit.gpu.fake_nvml import (
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NOT_SUPPORTED,
+    FakeNvml,
     Struct,
 )
 
@@ -412,3 +413,9 @@ def test_cuda_version_from_old_function(make_fake: MakeFake, start_backend: Star
 def test_function_not_found_constant_matches_pynvml() -> None:
     assert pynvml.NVML_ERROR_FUNCTION_NOT_FOUND == FUNCTION_NOT_FOUND
     assert pynvml.NVML_ERROR_GPU_IS_LOST == GPU_IS_LOST
+
+
+def test_fake_only_offers_functions_real_pynvml_has() -> None:
+    """The fake must not invent API: every function it answers exists in pynvml."""
+    invented = [n for n in dir(FakeNvml) if n.startswith("nvml") and not hasattr(pynvml, n)]
+    assert invented == []
