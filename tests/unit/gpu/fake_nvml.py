@@ -10,7 +10,6 @@ does not have (``remove_from_driver``: FunctionNotFound) or that pynvml does not
 from __future__ import annotations
 
 import json
-import os
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,16 @@ import pynvml
 
 from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts
 
-FIXTURES = Path(os.environ.get("NV_FIXTURES", "/work/shared/fixtures"))
+_ROOT = Path(__file__).resolve().parents[3]
+# The real captures: shared/fixtures next to the checkout, or inside it (device machine).
+FIXTURES = next(
+    (
+        root / "shared" / "fixtures"
+        for root in (_ROOT.parent, _ROOT)
+        if (root / "shared" / "fixtures" / "h200").is_dir()
+    ),
+    _ROOT.parent / "shared" / "fixtures",
+)
 
 NOT_SUPPORTED = 3
 FUNCTION_NOT_FOUND = 13
