@@ -1,0 +1,249 @@
+"""The GPU arguments of one ``docker run|create``: image labels, node facts, CUDA check.
+
+``gpu_arguments(command, docker, environ)`` is the slow half of ``nvidia-docker`` (the
+wrapper imports it only for run/create):
+
+1. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
+   output goes to stderr so that stdout stays the container's);
+2. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
+3. the node (``controller.endpoint.resolve``): remote nodes answer ``GET /gpu/info/json`` and
+   ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
+   it answers, else NVML directly (``agent.gpu``), and adds ``--volume-driver=nvidia-docker``
+   only when ``docker volume inspect`` does not find the driver volume;
+4. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
+
+Every failure is a ``ControllerError`` with one line; no container is created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from controller.docker_args import DockerCommand
+from controller.endpoint import Endpoint, resolve
+from controller.errors import DockerError, GpuError, NodeError
+
+VOLUMES_LABEL = "com.nvidia.volumes.needed"
+CUDA_LABEL = "com.nvidia.cuda.version"
+VOLUME_DRIVER_ARG = "--volume-driver="
+LOCAL_PROBE_CONNECT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the wrapper needs from a node."""
+
+    cuda_version: str  # "13.0"
+    docker_args: tuple[str, ...]  # ("--volume-driver=...", "--volume=...", "--device=...")
+
+
+def gpu_request(environ: Mapping[str, str]) -> str:
+    """``NV_GPU`` as the agent's ``dev`` parameter: indices or UUID prefixes, space separated."""
+    return " ".join(environ.get("NV_GPU", "").replace(",", " ").split())
+
+
+def parse_version(text: str, what: str) -> tuple[int, ...]:
+    parts = text.strip().split(".")
+    if not all(part.isdigit() for part in parts):
+        raise GpuError(f"{what} is not a version number: {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def check_cuda(driver: str, image: str) -> None:
+    """Refuse an image that needs a newer CUDA than the driver supports (numerically)."""
+    driver_v = parse_version(driver, "the driver's CUDA version")
+    image_v = parse_version(image, f"the image label {CUDA_LABEL}")
+    if _padded(driver_v, image_v) < _padded(image_v, driver_v):
+        raise GpuError(f"unsupported CUDA version: driver {driver} < image {image}")
+
+
+def _padded(version: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]:
+    return version + (0,) * (len(other) - len(version))
+
+
+# --- docker ---------------------------------------------------------------------------------
+
+
+def _docker(
+    docker: Sequence[str], command: DockerCommand, *args: str
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [*docker, *command.global_args, *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise DockerError(
+            f"the docker command {docker[0]!r} was not found: install docker, "
+            "or name it in NV_DOCKER"
+        ) from None
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def image_labels(docker: Sequence[str], command: DockerCommand) -> dict[str, str] | None:
+    """The image's labels, pulling it when missing; None when docker should just run
+    (``--pull never`` and the image is not here: docker says so itself)."""
+    image = command.image
+    assert image is not None
+    fmt = "{{json .Config.Labels}}"
+    done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
+    if done.returncode != 0:
+        if "no such image" not in done.stderr.lower():
+            raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
+        if command.options.get("pull") == "never":
+            return None
+        _pull(docker, command, image)
+        done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
+        if done.returncode != 0:
+            raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
+    labels = json.loads(done.stdout or "null")
+    return {str(k): str(v) for k, v in (labels or {}).items()}
+
+
+def _pull(docker: Sequence[str], command: DockerCommand, image: str) -> None:
+    platform = command.options.get("platform")
+    args = ["pull", *(["--platform", platform] if platform else []), image]
+    try:
+        pulled = subprocess.run(
+            [*docker, *command.global_args, *args],
+            stdout=sys.stderr.fileno(),
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise DockerError(f"the docker command {docker[0]!r} was not found") from None
+    if pulled.returncode != 0:
+        raise DockerError(
+            f"cannot pull the image {image} (docker pull exited {pulled.returncode}, "
+            "see its message above): check the name and your registry login"
+        )
+
+
+def volume_exists(docker: Sequence[str], command: DockerCommand, name: str) -> bool:
+    return _docker(docker, command, "volume", "inspect", name).returncode == 0
+
+
+def drop_volume_driver_when_present(
+    args: Sequence[str], docker: Sequence[str], command: DockerCommand
+) -> list[str]:
+    """Local node: no ``--volume-driver`` when every driver volume already exists."""
+    names = [a.split("=", 1)[1].split(":", 1)[0] for a in args if a.startswith("--volume=")]
+    if names and all(volume_exists(docker, command, name) for name in names):
+        return [a for a in args if not a.startswith(VOLUME_DRIVER_ARG)]
+    return list(args)
+
+
+# --- node facts -----------------------------------------------------------------------------
+
+
+async def _facts_from_agent(
+    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None, *, probe: bool
+) -> GpuFacts:
+    from controller.transport import AgentClient, AgentHttpError  # noqa: PLC0415
+
+    connect_s = LOCAL_PROBE_CONNECT_S if probe else None
+    async with AgentClient(endpoint, connect_timeout_s=connect_s) as agent:
+        info = await agent.get_json("/gpu/info/json")
+        try:
+            cuda = str(info["Version"]["CUDA"])
+        except (KeyError, TypeError):
+            raise NodeError(agent.node, "GET /gpu/info/json has no Version.CUDA") from None
+        if cuda_needed is not None:
+            check_cuda(cuda, cuda_needed)
+        params = {"vol": volumes, "dev": devices}
+        try:
+            body = await agent.get("/docker/cli", params=params)
+        except AgentHttpError as err:
+            if err.status == 400 and err.agent_message.startswith("invalid device"):
+                count = len(info.get("Devices") or [])
+                raise _unknown_gpu(err.agent_message, count, agent.node) from None
+            raise
+    return GpuFacts(cuda_version=cuda, docker_args=tuple(body.decode().split()))
+
+
+def _unknown_gpu(message: str, count: int, node: str) -> GpuError:
+    entry = message.partition(":")[2].strip()
+    have = f"GPUs 0 to {count - 1}" if count else "no GPUs"
+    return GpuError(
+        f"NV_GPU names an unknown GPU: {entry} ({node} has {have}; use indices or UUID "
+        "prefixes starting GPU-, as nvidia-smi -L lists them)"
+    )
+
+
+def _facts_from_nvml(volumes: str, devices: str, cuda_needed: str | None) -> GpuFacts:
+    from agent.docker_cli import control_devices, docker_cli  # noqa: PLC0415
+    from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
+    from agent.selection import InvalidSelection, select_devices, select_volumes  # noqa: PLC0415
+
+    try:
+        from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415
+
+        backend = NvmlBackend.start()
+    except GpuBackendError as err:
+        raise GpuError(
+            f"no GPU facts: the local agent does not answer on localhost:3476 and NVML "
+            f"cannot be used ({err}); start nvidia-docker-plugin, or set NV_HOST"
+        ) from None
+    try:
+        info = backend.node_info()
+    finally:
+        backend.close()
+    if cuda_needed is not None:
+        check_cuda(info.cuda_version, cuda_needed)
+    try:
+        chosen = select_devices(info.devices, devices)
+        specs = select_volumes(volumes)
+    except InvalidSelection as err:
+        raise _unknown_gpu(str(err), len(info.devices), "this node") from None
+    cli = docker_cli(info.driver_version, control_devices(), chosen, specs)
+    return GpuFacts(cuda_version=info.cuda_version, docker_args=tuple(cli.text().split()))
+
+
+async def _node_facts(
+    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None
+) -> GpuFacts:
+    if not endpoint.is_local:
+        return await _facts_from_agent(endpoint, volumes, devices, cuda_needed, probe=False)
+    local_agent = Endpoint(transport="http", host="localhost", source="local agent")
+    try:
+        return await _facts_from_agent(local_agent, volumes, devices, cuda_needed, probe=True)
+    except NodeError as err:
+        from controller.transport import AgentHttpError  # noqa: PLC0415
+
+        if isinstance(err, AgentHttpError):
+            raise
+    return await asyncio.to_thread(_facts_from_nvml, volumes, devices, cuda_needed)
+
+
+# --- the whole step -------------------------------------------------------------------------
+
+
+def gpu_arguments(
+    command: DockerCommand, docker: Sequence[str], environ: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """The arguments to insert after ``run``/``create`` (empty: run unchanged), and warnings."""
+    labels = image_labels(docker, command)
+    if labels is None or VOLUMES_LABEL not in labels:
+        return [], []
+    wanted_volumes = " ".join(labels[VOLUMES_LABEL].split())
+    cuda_needed = labels.get(CUDA_LABEL) or None
+    endpoint, warning = resolve(environ, docker_host_option=command.docker_host)
+    facts = asyncio.run(_node_facts(endpoint, wanted_volumes, gpu_request(environ), cuda_needed))
+    args = list(facts.docker_args)
+    if not wanted_volumes:  # the label is there but names no volume: devices only
+        args = [a for a in args if a.startswith("--device=")]
+    elif endpoint.is_local:
+        args = drop_volume_driver_when_present(args, docker, command)
+    return args, [warning] if warning else []

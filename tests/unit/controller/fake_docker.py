@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""A recording stand-in for the docker CLI, for the wrapper's unit tests (NV_DOCKER).
+
+State lives in ``$FAKE_DOCKER_DIR``: ``calls`` (one JSON argv per line), ``images/<name>.json``
+(labels of present images), ``registry/<name>.json`` (what ``pull`` can fetch),
+``volumes/<name>`` (volumes that exist). Any other command prints ``EXEC <argv as JSON>``:
+that is the command the wrapper finally executed.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+state = Path(os.environ["FAKE_DOCKER_DIR"])
+argv = sys.argv[1:]
+with (state / "calls").open("a") as calls:
+    calls.write(json.dumps(argv) + "\n")
+
+# skip global options the wrapper may pass through (-H x, -D)
+args = list(argv)
+while args and args[0].startswith("-"):
+    args = args[2:] if args[0] in ("-H", "--host", "-c", "--context", "-l") else args[1:]
+
+
+def key(name: str) -> str:
+    return name.replace("/", "_").replace(":", "_")
+
+
+if args[:2] == ["image", "inspect"]:
+    image = args[-1]
+    path = state / "images" / f"{key(image)}.json"
+    if not path.exists():
+        sys.stderr.write(f"Error response from daemon: No such image: {image}\n")
+        sys.exit(1)
+    print(path.read_text().strip())
+elif args[:1] == ["pull"]:
+    image = args[-1]
+    source = state / "registry" / f"{key(image)}.json"
+    if not source.exists():
+        sys.stderr.write(f"Error response from daemon: pull access denied for {image}\n")
+        sys.exit(1)
+    print(f"pulling {image}: done")
+    (state / "images" / f"{key(image)}.json").write_text(source.read_text())
+elif args[:2] == ["volume", "inspect"]:
+    if not (state / "volumes" / args[2]).exists():
+        sys.stderr.write(f"Error response from daemon: get {args[2]}: no such volume\n")
+        sys.exit(1)
+    print("[{}]")
+else:
+    print("EXEC " + json.dumps(argv))

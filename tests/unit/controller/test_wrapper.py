@@ -1,0 +1,429 @@
+"""The nvidia-docker wrapper as a process: NV_DOCKER is a recording stand-in for docker and
+the node's agent an aiohttp server answering in the SPEC's shapes (tests/e2e has the real
+dockerd, sshd and agent)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from tests.support.services import free_port
+
+FAKE_DOCKER = Path(__file__).with_name("fake_docker.py")
+REPO = Path(__file__).resolve().parents[3]
+ERROR_LINE = re.compile(r"^nvidia-docker \| \d{4}/\d\d/\d\d \d\d:\d\d:\d\d Error: (.+)$")
+UUIDS = ("GPU-1a2b3c4d-0000-0000-0000-000000000000", "GPU-9f8e7d6c-0000-0000-0000-000000000000")
+GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
+
+
+@dataclass
+class Agent:
+    port: int
+    cuda: str = "13.0"
+    queries: list[dict[str, str]] = field(default_factory=list)
+
+
+def _info(agent: Agent) -> dict[str, object]:
+    devices = [{"UUID": uuid, "Path": f"/dev/nvidia{i}"} for i, uuid in enumerate(UUIDS)]
+    return {"Version": {"Driver": "580.159.04", "CUDA": agent.cuda}, "Devices": devices}
+
+
+def _cli(agent: Agent, query: dict[str, str]) -> web.Response:
+    chosen: list[int] = []
+    for entry in query.get("dev", "").split() or ["0", "1"]:
+        matches = [
+            i for i, u in enumerate(UUIDS) if entry.startswith("GPU-") and u.startswith(entry)
+        ]
+        if entry.isdigit() and int(entry) < len(UUIDS):
+            chosen.append(int(entry))
+        elif len(matches) == 1:
+            chosen.append(matches[0])
+        else:
+            return web.Response(status=400, text=f"invalid device: {entry}\n")
+    devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [f"/dev/nvidia{i}" for i in sorted(chosen)]
+    args = [
+        "--volume-driver=nvidia-docker",
+        "--volume=nvidia_driver_580.159.04:/usr/local/nvidia:ro",
+        *(f"--device={d}" for d in devices),
+    ]
+    return web.Response(text=" ".join(args) + "\n")
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[Agent]:
+    state = Agent(port=free_port())
+
+    async def info(_: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(_info(state)) + "\n", content_type="application/json")
+
+    async def cli(request: web.Request) -> web.Response:
+        state.queries.append(dict(request.query))
+        return _cli(state, dict(request.query))
+
+    app = web.Application()
+    app.router.add_get("/gpu/info/json", info)
+    app.router.add_get("/docker/cli", cli)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", state.port).start()
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class Docker:
+    """The recording docker: images, registry, volumes, and the calls it saw."""
+
+    root: Path
+
+    def image(self, name: str, labels: dict[str, str] | None, *, in_registry: bool = False) -> str:
+        where = "registry" if in_registry else "images"
+        key = name.replace("/", "_").replace(":", "_")
+        (self.root / where / f"{key}.json").write_text(json.dumps(labels))
+        return name
+
+    def volume(self, name: str) -> None:
+        (self.root / "volumes" / name).touch()
+
+    def calls(self) -> list[list[str]]:
+        path = self.root / "calls"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in lines]
+
+
+@pytest.fixture
+def docker(tmp_path: Path) -> Docker:
+    for sub in ("images", "registry", "volumes"):
+        (tmp_path / sub).mkdir()
+    return Docker(tmp_path)
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def executed(self) -> list[str] | None:
+        """The argv docker was finally exec'd with (None: the wrapper stopped before)."""
+        for line in self.stdout.splitlines():
+            if line.startswith("EXEC "):
+                argv: list[str] = json.loads(line[5:])
+                return argv
+        return None
+
+    def error(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        assert len(lines) == 1, self.stderr
+        match = ERROR_LINE.match(lines[0])
+        assert match, lines[0]
+        return match.group(1)
+
+
+async def nvidia_docker(docker: Docker, *args: str, **env: str) -> Result:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NV_", "DOCKER_")) and k != "SSH_AUTH_SOCK"
+    }
+    environ.update(
+        FAKE_DOCKER_DIR=str(docker.root),
+        NV_DOCKER=f"{sys.executable} {FAKE_DOCKER}",
+        PYTHONPATH=str(REPO),
+    )
+    environ.update(env)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller.wrapper",
+        *args,
+        env=environ,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+# --- pass-through ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ps", "-a"],
+        ["inspect", "run"],
+        ["logs", "-f", "mesos-abc"],
+        ["stop", "-t", "3", "c"],
+        ["rm", "-f", "c"],
+        ["--version"],
+        ["-H", "unix:///x.sock", "build", "-t", "run", "."],
+        ["run", "--help"],
+    ],
+)
+async def test_pass_through_is_untouched(docker: Docker, args: list[str]) -> None:
+    result = await nvidia_docker(docker, *args)
+    assert result.code == 0
+    assert result.executed == args
+    assert docker.calls() == [args]  # nothing asked of docker before
+    assert result.stderr == ""
+
+
+async def test_version_prints_ours_first(docker: Docker) -> None:
+    result = await nvidia_docker(docker, "version")
+    assert result.stdout.startswith("NVIDIA Docker: 2.0.0\n\nEXEC ")
+    assert result.executed == ["version"]
+
+
+async def test_nv_docker_is_split_on_white_space(docker: Docker) -> None:
+    result = await nvidia_docker(docker, "ps", NV_DOCKER=f"  {sys.executable}\t{FAKE_DOCKER}  -D  ")
+    assert result.executed == ["-D", "ps"]
+
+
+async def test_docker_missing(docker: Docker) -> None:
+    result = await nvidia_docker(docker, "ps", NV_DOCKER="/nonexistent/docker")
+    assert result.code == 1
+    assert "the docker command '/nonexistent/docker' was not found" in result.error()
+
+
+# --- run/create -----------------------------------------------------------------------------
+
+
+async def test_image_without_label_runs_unchanged(docker: Docker) -> None:
+    docker.image("busybox", {"maintainer": "x"})
+    args = ["run", "--rm", "-it", "busybox", "sh", "-c", "echo run"]
+    result = await nvidia_docker(docker, *args)
+    assert result.executed == args
+    docker.image("nolabels", None)
+    assert (await nvidia_docker(docker, "create", "nolabels")).executed == ["create", "nolabels"]
+
+
+async def test_remote_http_gpu_arguments_after_run(docker: Docker, agent: Agent) -> None:
+    docker.image("nvidia/cuda:12.4", GPU_LABELS)
+    result = await nvidia_docker(
+        docker,
+        "run",
+        "--rm",
+        "nvidia/cuda:12.4",
+        "nvidia-smi",
+        NV_HOST=f"http://127.0.0.1:{agent.port}:",
+        DOCKER_HOST="tcp://127.0.0.1:2375",
+    )
+    assert result.code == 0, result.stderr
+    assert result.executed == [
+        "run",
+        "--volume-driver=nvidia-docker",
+        "--volume=nvidia_driver_580.159.04:/usr/local/nvidia:ro",
+        "--device=/dev/nvidiactl",
+        "--device=/dev/nvidia-uvm",
+        "--device=/dev/nvidia0",
+        "--device=/dev/nvidia1",
+        "--rm",
+        "nvidia/cuda:12.4",
+        "nvidia-smi",
+    ]
+    assert agent.queries == [{"vol": "nvidia_driver", "dev": ""}]
+    assert result.stderr == ""
+
+
+async def test_nv_gpu_by_index_and_uuid_prefix(docker: Docker, agent: Agent) -> None:
+    docker.image("cuda", GPU_LABELS)
+    env = {"NV_HOST": f"http://127.0.0.1:{agent.port}", "DOCKER_HOST": "tcp://h:1"}
+    by_index = await nvidia_docker(docker, "container", "create", "cuda", NV_GPU="1", **env)
+    assert by_index.executed is not None
+    assert by_index.executed[:2] == ["container", "create"]
+    assert [
+        a for a in by_index.executed if a.startswith("--device=/dev/nvidia") and a[-1].isdigit()
+    ] == ["--device=/dev/nvidia1"]
+    by_uuid = await nvidia_docker(docker, "run", "cuda", NV_GPU="GPU-9f8e, 0", **env)
+    assert by_uuid.executed is not None
+    assert "--device=/dev/nvidia0" in by_uuid.executed
+    assert "--device=/dev/nvidia1" in by_uuid.executed
+    assert agent.queries[-1]["dev"] == "GPU-9f8e 0"
+
+
+async def test_unknown_gpu(docker: Docker, agent: Agent) -> None:
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_GPU="7", NV_HOST=f"127.0.0.1:{agent.port}", DOCKER_HOST="h:"
+    )
+    assert result.code == 1
+    assert result.executed is None
+    assert result.error() == (
+        f"NV_GPU names an unknown GPU: 7 (http://127.0.0.1:{agent.port} has GPUs 0 to 1; "
+        "use indices or UUID prefixes starting GPU-, as nvidia-smi -L lists them)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("driver", "image", "ok"),
+    [
+        ("13.0", "9.2", True),
+        ("13.0", "13.0", True),
+        ("7.0", "7.5", False),
+        ("13.0", "13.1", False),
+        ("12.10", "12.9", True),
+    ],
+)
+async def test_cuda_check_is_numeric(
+    docker: Docker, agent: Agent, driver: str, image: str, ok: bool
+) -> None:
+    agent.cuda = driver
+    docker.image(
+        "cuda", {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": image}
+    )
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_HOST=f"127.0.0.1:{agent.port}", DOCKER_HOST="h:"
+    )
+    if ok:
+        assert result.code == 0, result.stderr
+        assert result.executed is not None
+    else:
+        assert result.code == 1
+        assert result.executed is None
+        assert result.error() == f"unsupported CUDA version: driver {driver} < image {image}"
+        assert agent.queries == []  # refused before asking for devices
+
+
+async def test_missing_image_is_pulled_to_stderr(docker: Docker, agent: Agent) -> None:
+    docker.image("nvidia/cuda", GPU_LABELS, in_registry=True)
+    result = await nvidia_docker(
+        docker,
+        "-H",
+        "tcp://127.0.0.1:2375",
+        "run",
+        "--platform=linux/amd64",
+        "nvidia/cuda",
+        NV_HOST=f"127.0.0.1:{agent.port}",
+    )
+    assert result.code == 0, result.stderr
+    assert "pulling nvidia/cuda: done" in result.stderr
+    assert "pulling" not in result.stdout
+    calls = docker.calls()
+    # the wrapper's own docker calls keep the global options
+    assert ["-H", "tcp://127.0.0.1:2375", "pull", "--platform", "linux/amd64", "nvidia/cuda"] in (
+        calls
+    )
+    assert result.executed is not None
+    assert result.executed[:3] == ["-H", "tcp://127.0.0.1:2375", "run"]
+
+
+async def test_pull_failure(docker: Docker) -> None:
+    result = await nvidia_docker(docker, "run", "nosuch/image")
+    assert result.code == 1
+    assert result.executed is None
+    assert "cannot pull the image nosuch/image" in result.stderr.splitlines()[-1]
+
+
+async def test_pull_never_leaves_it_to_docker(docker: Docker) -> None:
+    result = await nvidia_docker(docker, "run", "--pull", "never", "absent")
+    assert result.executed == ["run", "--pull", "never", "absent"]
+
+
+async def test_warns_when_nv_host_set_without_docker_host(docker: Docker, agent: Agent) -> None:
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(docker, "run", "cuda", NV_HOST=f"127.0.0.1:{agent.port}")
+    assert result.code == 0
+    assert re.match(
+        r"^nvidia-docker \| \S+ \S+ Warning: NV_HOST is set but DOCKER_HOST is not", result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NV_HOST": "ftp://10.0.0.1:"}, "invalid remote host URI 'ftp://10.0.0.1:' (NV_HOST)"),
+        ({"DOCKER_HOST": "fd://"}, "invalid remote host URI 'fd://' (DOCKER_HOST)"),
+    ],
+)
+async def test_bad_endpoint(docker: Docker, env: dict[str, str], message: str) -> None:
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(docker, "run", "cuda", **env)
+    assert result.code == 1
+    assert result.executed is None
+    assert result.error().startswith(message)
+    assert "Traceback" not in result.stderr
+
+
+async def test_agent_down(docker: Docker) -> None:
+    docker.image("cuda", GPU_LABELS)
+    port = free_port()
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_HOST=f"127.0.0.1:{port}", DOCKER_HOST="h:"
+    )
+    assert result.code == 1
+    assert result.executed is None
+    assert "(connection refused): is nvidia-docker-plugin running there" in result.error()
+
+
+async def test_nv_debug_shows_the_traceback(docker: Docker) -> None:
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(docker, "run", "cuda", NV_HOST="ftp://x", NV_DEBUG="1")
+    assert result.code == 1
+    assert "Traceback" in result.stderr
+    assert ERROR_LINE.match(result.stderr.strip().splitlines()[-1])
+
+
+async def test_docker_daemon_down(docker: Docker) -> None:
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_DOCKER="docker", DOCKER_HOST="unix:///nonexistent.sock"
+    )
+    assert result.code == 1
+    assert "docker image inspect cuda failed: " in result.error()
+    # pass-through still works with the daemon down (docker's own answer)
+    version = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "controller.wrapper", "--version"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": "unix:///nonexistent.sock"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert version.returncode == 0
+    assert version.stdout.startswith("Docker version")
+
+
+# --- speed: the pass-through imports nothing heavy ------------------------------------------
+
+
+def test_pass_through_imports_nothing_heavy() -> None:
+    probe = (
+        "import os, sys\n"
+        "before = set(sys.modules)\n"
+        "from controller import wrapper\n"
+        "os.execvp = lambda *a: (_ for _ in ()).throw(SystemExit(0))\n"
+        "for args in (['ps'], ['inspect', 'x'], ['logs', 'x'], ['stop', 'x'], ['rm', 'x'],"
+        " ['--version'], ['version']):\n"
+        "    try:\n"
+        "        wrapper.main(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('aiohttp', 'paramiko', 'pynvml', 'click', 'asyncio', 'json', 'dataclasses',"
+        " 'controller.gpu_args', 'controller.transport')\n"
+        "new = set(sys.modules) - before\n"
+        "sys.stderr.write(repr(sorted(m for m in new if m.split('.')[0] in heavy or m in heavy)))"
+        "\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stderr == "[]"
