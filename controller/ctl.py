@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from controller.endpoint_command import endpoint
 from controller.mesos_commands import mesos
 
 
@@ -16,6 +17,7 @@ def main() -> None:
 
 
 main.add_command(mesos)
+main.add_command(endpoint)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,61 @@
+"""``nvidia-docker-ctl endpoint``: what an operator sees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from controller.ctl import main
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    base = {"NV_HOST": "", "DOCKER_HOST": "", "USER": "alice"}
+    result = CliRunner().invoke(main, ["endpoint", *args], env={**base, **(env or {})})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_environment_local() -> None:
+    code, out, _ = run()
+    assert code == 0
+    assert "transport  local" in out
+    assert "source     default" in out
+
+
+def test_environment_ssh_with_warning() -> None:
+    code, out, err = run(env={"NV_HOST": "ssh://admin@10.0.0.1:22:80"})
+    assert code == 0
+    assert "route      SSH to 10.0.0.1:22 as admin, then http://localhost:80 on that node" in out
+    assert "Warning: NV_HOST is set but DOCKER_HOST is not" in err
+
+
+def test_docker_host_port_is_not_the_agents() -> None:
+    code, out, _ = run("--json", env={"DOCKER_HOST": "tcp://10.0.0.1:2375"})
+    assert code == 0
+    assert json.loads(out) == {
+        "transport": "http",
+        "host": "10.0.0.1",
+        "ssh_port": 22,
+        "http_port": 3476,
+        "user": None,
+        "source": "DOCKER_HOST",
+        "uri": "http://10.0.0.1:3476",
+    }
+
+
+@pytest.mark.parametrize("value", ["ssh://[fd00::1]:", "node7:", "http://127.0.0.1:8080"])
+def test_given_value_round_trips(value: str) -> None:
+    code, out, _ = run("--json", value)
+    assert code == 0
+    uri = json.loads(out)["uri"]
+    again = json.loads(run("--json", uri)[1])
+    assert again["uri"] == uri
+
+
+def test_invalid_value_is_one_line() -> None:
+    code, out, err = run("ftp://x")
+    assert code == 1
+    assert out == ""
+    assert err.startswith("Error: invalid remote host URI 'ftp://x': unknown scheme ftp://")
+    assert err.count("\n") == 1
