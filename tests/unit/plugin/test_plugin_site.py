@@ -1,0 +1,97 @@
+"""The plugin's unix socket: permissions, stale and live sockets, cleanup, spec file."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agent.plugin_site import (
+    PluginSiteError,
+    prepare_volumes,
+    spec_file_needed,
+    start_plugin_site,
+)
+from plugin.volumes import VolumeStore
+from tests.support.fake_driver import FakeDriver
+
+
+async def _activate(sock: Path) -> dict[str, object]:
+    connector = aiohttp.UnixConnector(path=str(sock))
+    headers = {"Accept": "application/vnd.docker.plugins.v1.2+json"}
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post("http://plugin/Plugin.Activate", headers=headers) as resp,
+    ):
+        answer: dict[str, object] = await resp.json(content_type=None)
+        return answer
+
+
+async def test_serves_on_a_0660_socket_and_cleans_up(store: VolumeStore, tmp_path: Path) -> None:
+    socket_dir = tmp_path / "run" / "plugins"  # created when missing
+    spec = tmp_path / "etc" / "nvidia-docker.spec"
+    runner = await start_plugin_site(store, socket_dir, spec_file=spec)
+    sock = socket_dir / "nvidia-docker.sock"
+    try:
+        mode = sock.lstat().st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o660
+        assert spec.read_text() == f"unix://{sock}\n"
+        assert await _activate(sock) == {"Implements": ["VolumeDriver"]}
+        assert sorted(p.name for p in socket_dir.iterdir()) == ["nvidia-docker.sock"]
+    finally:
+        await runner.cleanup()
+    assert not sock.exists()
+    assert not spec.exists()
+
+
+async def test_refuses_a_socket_another_process_serves(store: VolumeStore, tmp_path: Path) -> None:
+    runner = await start_plugin_site(store, tmp_path)
+    try:
+        with pytest.raises(PluginSiteError, match="another process is serving"):
+            await start_plugin_site(store, tmp_path)
+        assert await _activate(tmp_path / "nvidia-docker.sock") == {"Implements": ["VolumeDriver"]}
+    finally:
+        await runner.cleanup()
+
+
+async def test_replaces_a_stale_socket(store: VolumeStore, tmp_path: Path) -> None:
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(tmp_path / "nvidia-docker.sock"))
+    stale.close()  # the file stays, nobody listens: what a killed agent leaves
+    runner = await start_plugin_site(store, tmp_path)
+    try:
+        assert await _activate(tmp_path / "nvidia-docker.sock") == {"Implements": ["VolumeDriver"]}
+    finally:
+        await runner.cleanup()
+
+
+async def test_refuses_to_replace_what_is_not_a_socket(store: VolumeStore, tmp_path: Path) -> None:
+    (tmp_path / "nvidia-docker.sock").write_text("precious")
+    with pytest.raises(PluginSiteError, match="is not a socket"):
+        await start_plugin_site(store, tmp_path)
+    assert (tmp_path / "nvidia-docker.sock").read_text() == "precious"
+
+
+def test_prepare_volumes_finds_the_driver_and_logs_counts(
+    fake_driver: FakeDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "nvidia-docker-plugin")
+    store = prepare_volumes(
+        tmp_path / "volumes",
+        fake_driver.version,
+        ldcache=fake_driver.ldcache,
+        search_path=str(fake_driver.bin),
+    )
+    assert store.driver_version == "580.159.04"
+    line = next(r.getMessage() for r in caplog.records if "Driver files found" in r.getMessage())
+    assert "2 binaries" in line
+    assert f"{len(store.files.libraries_64)} 64-bit" in line
+
+
+def test_spec_file_needed_outside_the_docker_directory(tmp_path: Path) -> None:
+    assert spec_file_needed(tmp_path)
+    assert not spec_file_needed(Path("/run/docker/plugins"))
