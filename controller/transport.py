@@ -23,6 +23,9 @@ Public API::
 - Timeouts: ``timeout_s`` (default 10 s) bounds each request, including connecting and the
   SSH login; ``connect_timeout_s`` can be shorter (the wrapper probes the local agent with a
   short one).
+- ``session``: an aiohttp ``ClientSession`` shared by many clients (HTTP nodes only), so that
+  a fleet query keeps one connection pool for a thousand nodes instead of one per node; the
+  client never closes a session it was given. SSH nodes always get their own (the tunnel).
 
 Many requests may run concurrently on one client: over SSH they share the one SSH connection.
 A fleet query makes one client per node and runs them concurrently (``asyncio.gather``).
@@ -95,6 +98,7 @@ class AgentClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float | None = None,
         ssh: SshOptions | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
@@ -102,6 +106,7 @@ class AgentClient:
         self._ssh_options = ssh
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._shared_session = session if endpoint.transport != "ssh" else None
 
     @property
     def node(self) -> str:
@@ -128,6 +133,9 @@ class AgentClient:
         """Make the session; over SSH, log in now (so login errors come first)."""
         if self._session is not None:
             return
+        if self._shared_session is not None:
+            self._session = self._shared_session
+            return
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
         connector: aiohttp.BaseConnector
         if self.endpoint.transport == "ssh":
@@ -150,7 +158,7 @@ class AgentClient:
 
     async def close(self) -> None:
         session, self._session = self._session, None
-        if session is not None:
+        if session is not None and session is not self._shared_session:
             await session.close()
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
