@@ -22,6 +22,7 @@ import pytest
 
 from mesos.blob import decode
 from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.sshd import SshServer
 from tests.unit.mesos import mesos_rules
 
 pytestmark = pytest.mark.e2e
@@ -246,3 +247,14 @@ def test_exec_refuses_the_legacy_line_with_the_gpu_isolator(agent: Agent, fake_a
     assert result.stdout == b""  # the agent never ran
     assert result.stderr.count(b"\n") == 1
     assert b"use the native format" in result.stderr
+
+
+def test_ctl_flags_through_ssh_to_the_nodes_localhost(
+    agent: Agent, sshd_server: SshServer, tmp_path: Path
+) -> None:
+    home = sshd_server.client_home(tmp_path / "home")
+    node = f"ssh://{sshd_server.user}@{sshd_server.host}:{sshd_server.port}:{agent.port}"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    result = ctl("flags", "--format", "native", "--dev", "7", node, env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode() == agent.get("/mesos/cli?format=native&dev=7")[1].decode() + "\n"
