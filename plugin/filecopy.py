@@ -4,12 +4,15 @@ A hard link costs nothing but needs the same filesystem (and a writable one: a r
 squashfs refuses even that). A reflink (``FICLONE``) shares the blocks on btrfs, XFS and
 other copy-on-write filesystems. Otherwise the data is copied by the kernel
 (``copy_file_range``, or ``sendfile`` where the kernel refuses copy_file_range across
-filesystems) without passing through Python, and the mode and times are kept.
+filesystems) without passing through Python, and the mode and times are kept. After a build
+that copied, ``sync_filesystem`` makes the copies durable before the volume is renamed into
+place, so a power cut cannot leave a complete-looking volume of empty files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import errno
 import fcntl
@@ -49,7 +52,6 @@ def place_file(source: Path, target: Path, progress: Progress | None = None) -> 
             method = Method.REFLINK if _reflink(src.fileno(), fd) else Method.COPY
             if method is Method.COPY:
                 _kernel_copy(src.fileno(), fd, progress)
-                os.fsync(fd)
             elif progress is not None:
                 progress(stat.st_size)
             os.fchmod(fd, stat.st_mode & 0o7777)
@@ -61,6 +63,30 @@ def place_file(source: Path, target: Path, progress: Progress | None = None) -> 
             raise
         os.close(fd)
     return method
+
+
+def sync_filesystem(path: Path) -> None:
+    """Write the dirty data of the filesystem holding ``path`` to disk (``syncfs``): one
+    call after many copies, instead of an fsync per file that waits for each in turn."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc is not None and _libc.syncfs(fd) == 0:
+            return
+        os.sync()  # no syncfs: the whole machine's dirty data, correct but wider
+    finally:
+        os.close(fd)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syncfs.argtypes = [ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_libc = _load_libc()
 
 
 def _reflink(src_fd: int, dst_fd: int) -> bool:

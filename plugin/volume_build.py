@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.discovery import DriverFile, DriverFiles
-from plugin.filecopy import Method, place_file
+from plugin.filecopy import Method, place_file, sync_filesystem
 
 log = logging.getLogger("nvidia-docker-plugin.volumes")
 
@@ -102,6 +102,8 @@ def build_tree(
         if sub != "bin":
             symlinks += _library_links(directory, items)
     root.chmod(DIR_MODE)
+    if methods[Method.COPY]:
+        sync_filesystem(root)
     return BuildReport(
         files=len(files.all_files),
         size_bytes=files.size_bytes,
