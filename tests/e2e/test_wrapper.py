@@ -1,0 +1,550 @@
+"""``nvidia-docker`` end to end: the real docker CLI and a private dockerd, real agent processes
+(simulated GPUs, fake driver root, the volume plugin), and a real OpenSSH sshd.
+
+This machine has no GPU, so ``/dev/nvidia*`` do not exist; docker's ``--device`` needs the
+host node to exist, so a module fixture makes character device nodes with the real numbers
+(195:N, 195:255 for nvidiactl) for the names that are missing, and removes exactly those
+afterwards, under a machine-wide lock. Nothing opens them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import select
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.dockerd import DockerEngine
+from tests.support.fake_driver import FakeDriver
+from tests.support.plugin_agent import PluginAgent
+from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.sshd import SshServer
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
+DEVICE_LOCK = Path("/run/lock/nvd-test-devices.lock")
+LOCAL_AGENT_LOCK = Path("/run/lock/nvd-test-agent-3476.lock")
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node nobody opens
+ERROR_PREFIX = "nvidia-docker | "
+
+
+@contextlib.contextmanager
+def _flock(path: Path, timeout_s: float = 600) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} is held by another test run") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def nvidia_devices() -> Iterator[None]:
+    """Character device nodes /dev/nvidia0..7, nvidiactl, nvidia-uvm where missing."""
+    wanted = {f"/dev/nvidia{i}": (NVIDIA_MAJOR, i) for i in range(8)}
+    wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
+    wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
+    created: list[tuple[str, int]] = []
+    with _flock(DEVICE_LOCK):
+        try:
+            for path, (major, minor) in wanted.items():
+                if os.path.lexists(path):
+                    continue  # a real (or another run's) node: never touched
+                rdev = os.makedev(major, minor)
+                os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
+                created.append((path, rdev))
+            yield
+        finally:
+            for path, rdev in created:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.lstat(path).st_rdev == rdev:
+                        os.unlink(path)
+
+
+@pytest.fixture(scope="module")
+def images(docker_engine: DockerEngine) -> dict[str, str]:
+    return {
+        "gpu": docker_engine.import_busybox("nvd-wrapper/cuda:12.4", GPU_LABELS),
+        "plain": docker_engine.import_busybox("nvd-wrapper/plain", {"maintainer": "tests"}),
+        "future": docker_engine.import_busybox(
+            "nvd-wrapper/cuda:99.0",
+            {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "99.0"},
+        ),
+    }
+
+
+@dataclass
+class Agent:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@contextlib.contextmanager
+def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
+    """A REST-only agent process (its plugin socket is private: dockerd uses plugin_agent's)."""
+    base = Path(tempfile.mkdtemp(prefix="nvd-wrapper-agent-"))
+    log = base / "agent.log"
+    env = {**os.environ, "PATH": driver.search_path, "PYTHONPATH": str(REPO)}
+    env.pop("NV_DEBUG", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "agent.daemon",
+                "-l", f"127.0.0.1:{port}",
+                "-s", str(base / "plugins"),
+                "-d", str(base / "volumes"),
+                "--simulate", simulate,
+                "--ldcache", str(driver.ldcache),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: port_open(port), what=f"agent (log: {log})", timeout_s=60, proc=proc)
+        yield Agent(port, proc, log)
+    finally:
+        stop_process(proc)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hgx_agent(fake_driver: FakeDriver) -> Iterator[Agent]:
+    """An agent with eight simulated H200s."""
+    with _agent(fake_driver, "hgx-h200-8", free_port()) as agent:
+        yield agent
+
+
+@pytest.fixture
+def local_agent_port() -> Iterator[int]:
+    """Port 3476 of this machine, for this test only (skipped when someone else uses it)."""
+    with _flock(LOCAL_AGENT_LOCK):
+        if port_open(3476) or port_open(3476, "::1"):
+            pytest.skip("something else listens on localhost:3476")
+        yield 3476
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    argv: list[str] | None  # what docker was exec'd with (recording NV_DOCKER), if it was
+
+    def error_line(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        assert len(lines) == 1, self.stderr
+        assert lines[0].startswith(ERROR_PREFIX), lines[0]
+        assert " Error: " in lines[0]
+        return lines[0].split(" Error: ", 1)[1]
+
+
+def wrapper_command() -> list[str]:
+    """The installed console script when there is one, else the module."""
+    script = Path(sys.executable).with_name("nvidia-docker")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper"]
+
+
+def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -> Result:
+    """Run the wrapper with NV_DOCKER recording the final argv, then exec'ing real docker."""
+    record = tmp_path / f"argv-{time.monotonic_ns()}"
+    recorder = tmp_path / "record-docker"
+    if not recorder.exists():
+        recorder.write_text(
+            '#!/bin/sh\n[ -n "$NVD_RECORD" ] && [ "$1" != image ] && [ "$1" != volume ] && '
+            'printf \'%s\\0\' "$@" > "$NVD_RECORD"\nexec docker "$@"\n'
+        )
+        recorder.chmod(0o755)
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NV_", "DOCKER_")) and k != "SSH_AUTH_SOCK"
+    }
+    environ.update(
+        DOCKER_HOST=engine.host,
+        NV_DOCKER=str(recorder),
+        NVD_RECORD=str(record),
+        PYTHONPATH=str(REPO),
+    )
+    environ.update(env)
+    done = subprocess.run(
+        [*wrapper_command(), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    argv = record.read_text().split("\0")[:-1] if record.exists() else None
+    return Result(done.returncode, done.stdout, done.stderr, argv)
+
+
+def containers(engine: DockerEngine) -> list[str]:
+    return engine.docker("ps", "-aq").stdout.split()
+
+
+def gpu_args_of(argv: list[str], after: int) -> list[str]:
+    """The arguments the wrapper inserted at ``after``."""
+    out = []
+    for arg in argv[after:]:
+        if not arg.startswith(("--volume-driver=", "--volume=nvidia_driver", "--device=/dev/nv")):
+            break
+        out.append(arg)
+    return out
+
+
+# --- working runs -------------------------------------------------------------------------
+
+
+def test_local_node(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    fake_driver: FakeDriver,
+    nvidia_devices: None,
+    images: dict[str, str],
+    local_agent_port: int,
+    tmp_path: Path,
+) -> None:
+    with _agent(fake_driver, "h200", local_agent_port):
+        first = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/usr/local/nvidia/lib64"
+        )
+        assert first.code == 0, first.stderr
+        assert "libcuda.so.580.159.04" in first.stdout.split()
+        assert first.argv is not None
+        volume = "--volume=nvidia_driver_580.159.04:/usr/local/nvidia:ro"
+        # the volume now exists: the second run names it without the volume driver
+        second = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/usr/local/nvidia/lib64"
+        )
+        assert second.code == 0, second.stderr
+        assert second.argv is not None
+        assert gpu_args_of(second.argv, 1) == [
+            volume,
+            "--device=/dev/nvidiactl",
+            "--device=/dev/nvidia-uvm",
+            "--device=/dev/nvidia0",
+        ]
+        assert second.stdout == first.stdout
+
+
+def test_local_node_without_agent_or_nvml(
+    docker_engine: DockerEngine, images: dict[str, str], local_agent_port: int, tmp_path: Path
+) -> None:
+    before = containers(docker_engine)
+    result = nvidia_docker(docker_engine, tmp_path, "run", "--rm", images["gpu"], "true")
+    assert result.code == 1
+    message = result.error_line()
+    assert message.startswith("no GPU facts: the local agent does not answer on localhost:3476")
+    assert "start nvidia-docker-plugin, or set NV_HOST" in message
+    assert containers(docker_engine) == before
+
+
+def test_http_node(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    result = nvidia_docker(
+        docker_engine,
+        tmp_path,
+        "run",
+        "--rm",
+        images["gpu"],
+        "ls",
+        "/usr/local/nvidia/lib64",
+        NV_HOST=f"http://127.0.0.1:{plugin_agent.port}:",
+    )
+    assert result.code == 0, result.stderr
+    assert "libcuda.so.580.159.04" in result.stdout.split()
+    assert result.argv is not None
+    assert gpu_args_of(result.argv, 1)[0] == "--volume-driver=nvidia-docker"  # the agent's answer
+
+
+def test_ssh_node(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    sshd_server: SshServer,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    home = sshd_server.client_home(tmp_path / "home")
+    result = nvidia_docker(
+        docker_engine,
+        tmp_path,
+        "run",
+        "--rm",
+        images["gpu"],
+        "ls",
+        "/usr/local/nvidia/lib64",
+        HOME=str(home),
+        NV_HOST=f"ssh://{sshd_server.user}@127.0.0.1:{sshd_server.port}:{plugin_agent.port}",
+    )
+    assert result.code == 0, result.stderr
+    assert "libcuda.so.580.159.04" in result.stdout.split()
+
+
+def _nvidia_nodes(listing: str) -> list[str]:
+    return sorted(name for name in listing.split() if name.startswith("nvidia"))
+
+
+def test_nv_gpu_by_index_and_uuid_prefix(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    hgx_agent: Agent,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    nv_host = f"http://127.0.0.1:{hgx_agent.port}"
+    every = nvidia_docker(
+        docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/dev", NV_HOST=nv_host
+    )
+    assert every.code == 0, every.stderr
+    assert _nvidia_nodes(every.stdout) == sorted(
+        [f"nvidia{i}" for i in range(8)] + ["nvidia-uvm", "nvidiactl"]
+    )
+    by_index = nvidia_docker(
+        docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/dev",
+        NV_HOST=nv_host, NV_GPU="6,1",
+    )  # fmt: skip
+    assert by_index.code == 0, by_index.stderr
+    assert _nvidia_nodes(by_index.stdout) == ["nvidia-uvm", "nvidia1", "nvidia6", "nvidiactl"]
+
+    info = json.loads(
+        subprocess.run(
+            ["curl", "-sf", f"{nv_host}/gpu/info/json"], capture_output=True, check=True
+        ).stdout
+    )
+    prefix = info["Devices"][3]["UUID"][:13]  # "GPU-" + 9 characters
+    by_uuid = nvidia_docker(
+        docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/dev",
+        NV_HOST=nv_host, NV_GPU=f"{prefix} 0",
+    )  # fmt: skip
+    assert by_uuid.code == 0, by_uuid.stderr
+    assert _nvidia_nodes(by_uuid.stdout) == ["nvidia-uvm", "nvidia0", "nvidia3", "nvidiactl"]
+
+
+def test_image_without_label_is_unchanged(
+    docker_engine: DockerEngine, images: dict[str, str], tmp_path: Path
+) -> None:
+    args = ["run", "--rm", "-e", "X=1", images["plain"], "sh", "-c", "echo $X; ls /usr/local"]
+    # no agent anywhere: the label alone decides that none is needed
+    result = nvidia_docker(docker_engine, tmp_path, *args, NV_HOST=f"127.0.0.1:{free_port()}")
+    assert result.code == 0, result.stderr
+    assert result.argv == args
+    assert result.stdout.split() == ["1"]  # /usr/local is empty: no driver volume
+
+
+def test_newer_cuda_is_refused_before_any_container(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    before = containers(docker_engine)
+    result = nvidia_docker(
+        docker_engine, tmp_path, "run", "--name", "nvd-too-new", images["future"], "true",
+        NV_HOST=f"http://127.0.0.1:{plugin_agent.port}",
+    )  # fmt: skip
+    assert result.code == 1
+    assert result.error_line() == "unsupported CUDA version: driver 13.0 < image 99.0"
+    assert result.argv is None
+    assert containers(docker_engine) == before
+
+
+def test_mesos_command_line(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    (sandbox / "task.txt").write_text("from the sandbox\n")
+    socket_path = docker_engine.host
+    args = [
+        "-H", socket_path, "run",
+        "--cpu-shares", "1024", "--memory", "256m", "-e", "A=B",
+        "-v", f"{sandbox}:/mnt/mesos/sandbox", "--net", "host",
+        "--entrypoint", "/bin/sh", "--name", "mesos-abc", images["gpu"],
+        "-c", "echo A=$A; cat /mnt/mesos/sandbox/task.txt; ls /usr/local/nvidia/lib64; ls /dev",
+    ]  # fmt: skip
+    try:
+        result = nvidia_docker(
+            docker_engine, tmp_path, *args,
+            NV_HOST=f"http://127.0.0.1:{plugin_agent.port}", DOCKER_HOST="",
+        )  # fmt: skip
+        assert result.code == 0, result.stderr
+        assert result.stderr == ""  # -H counts as the docker address: no warning
+        assert result.argv is not None
+        inserted = gpu_args_of(result.argv, 3)
+        assert inserted == [
+            "--volume-driver=nvidia-docker",
+            "--volume=nvidia_driver_580.159.04:/usr/local/nvidia:ro",
+            "--device=/dev/nvidiactl",
+            "--device=/dev/nvidia-uvm",
+            "--device=/dev/nvidia0",
+        ]
+        assert result.argv == [*args[:3], *inserted, *args[3:]]
+        out = result.stdout.split()
+        assert out[:4] == ["A=B", "from", "the", "sandbox"]
+        assert "libcuda.so.580.159.04" in out
+        assert {"nvidia0", "nvidiactl", "nvidia-uvm"} <= set(out)
+        state = json.loads(docker_engine.docker("inspect", "mesos-abc").stdout)[0]
+        assert state["Config"]["Entrypoint"] == ["/bin/sh"]
+        assert state["HostConfig"]["CpuShares"] == 1024
+        assert state["HostConfig"]["Memory"] == 256 * 1024 * 1024
+        assert state["HostConfig"]["NetworkMode"] == "host"
+    finally:
+        docker_engine.docker("rm", "-f", "mesos-abc", check=False)
+
+
+# --- bad input: one line, exit 1, no traceback, no container ----------------------------------
+
+
+@pytest.mark.parametrize("case", ["malformed", "unknown_gpu", "agent_down", "ssh_refused",
+                                  "unknown_host_key"])  # fmt: skip
+def test_bad_input(
+    case: str,
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    sshd_server: SshServer,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    ssh = f"ssh://{sshd_server.user}@127.0.0.1"
+    env, expected = {
+        "malformed": (
+            {"NV_HOST": "ssh://user@10.0.0.1:22:80:90"},
+            "invalid remote host URI 'ssh://user@10.0.0.1:22:80:90' (NV_HOST): at most two",
+        ),
+        "unknown_gpu": (
+            {"NV_HOST": f"127.0.0.1:{plugin_agent.port}", "NV_GPU": "0,5"},
+            "NV_GPU names an unknown GPU: 5 (",
+        ),
+        "agent_down": (
+            {"NV_HOST": f"http://127.0.0.1:{free_port()}"},
+            "(connection refused): is nvidia-docker-plugin running there",
+        ),
+        "ssh_refused": (
+            {"NV_HOST": f"{ssh}:{free_port()}:{plugin_agent.port}"},
+            "refused: is sshd running on the node",
+        ),
+        "unknown_host_key": (
+            {"NV_HOST": f"{ssh}:{sshd_server.port}:{plugin_agent.port}"},
+            "unknown SSH host key ssh-ed25519 SHA256:",
+        ),
+    }[case]
+    home = sshd_server.client_home(tmp_path / "home", knows_host=False)
+    before = containers(docker_engine)
+    result = nvidia_docker(
+        docker_engine, tmp_path, "run", "--rm", images["gpu"], "true", HOME=str(home), **env
+    )
+    assert result.code == 1
+    assert expected in result.error_line()
+    assert "Traceback" not in result.stderr
+    assert result.argv is None
+    assert containers(docker_engine) == before
+
+
+def test_wrong_password_on_a_terminal(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    sshd_server: SshServer,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """No key anywhere: the wrapper asks for a password on its terminal (a pty here)."""
+    home = sshd_server.client_home(tmp_path / "home", with_key=False)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NV_", "DOCKER_")) and k != "SSH_AUTH_SOCK"
+    }
+    env.update(
+        HOME=str(home),
+        DOCKER_HOST=docker_engine.host,
+        PYTHONPATH=str(REPO),
+        NV_HOST=f"ssh://{sshd_server.user}@127.0.0.1:{sshd_server.port}:{plugin_agent.port}",
+    )
+    before = containers(docker_engine)
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [*wrapper_command(), "run", "--rm", images["gpu"], "true"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        preexec_fn=controlling_terminal,  # noqa: PLW1509 (a test: the child needs a tty)
+    )
+    os.close(slave)
+    output = b""
+    answered = False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not answered and b"password: " in output:
+                os.write(master, b"certainly-not-the-password\n")
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        code = proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert answered, text
+    assert f"{sshd_server.user}@127.0.0.1's password: " in text
+    assert code == 1
+    lines = [line for line in text.replace("\r", "").splitlines() if line.strip()]
+    assert lines[-1].startswith(ERROR_PREFIX)
+    assert "SSH login failed: wrong password" in lines[-1]
+    assert "Traceback" not in text
+    assert containers(docker_engine) == before
