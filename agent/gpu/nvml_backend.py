@@ -15,18 +15,17 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.gpu import architecture
+from agent.gpu import architecture, cuda_probe
 from agent.gpu import nvml_query as nvml
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.cuda_driver import (
     UNKNOWN_FACTS,
     CudaDeviceFacts,
     CudaFacts,
-    LibCuda,
     cuda_bus_id,
 )
 from agent.gpu.model import (
@@ -133,20 +132,21 @@ class NvmlBackend:
     def start(
         cls,
         *,
-        cuda: Callable[[], CudaFacts | None] | None = None,
+        cuda: Callable[[Sequence[str]], CudaFacts | None] | None = None,
         sysfs: Path = Path("/sys"),
         proc: Path = Path("/proc"),
     ) -> NvmlBackend:
         """Initialise NVML and read the node's static facts; ``GpuBackendError`` if impossible.
 
-        ``cuda`` opens the CUDA driver (default ``LibCuda.open``; when it gives ``None``, the
-        CUDA facts are null); ``sysfs`` and ``proc`` are where the kernel's files are (tests
+        ``cuda`` reads the CUDA driver's facts for the given bus ids (default
+        ``cuda_probe.probe``, in a child process; when it gives ``None``, the CUDA facts are
+        null); ``sysfs`` and ``proc`` are where the kernel's files are (tests
         point them elsewhere).
         """
         prepare_environment()
         _init_nvml()
         try:
-            return cls._read_node(cuda or LibCuda.open, sysfs, proc)
+            return cls._read_node(cuda or cuda_probe.probe, sysfs, proc)
         except BaseException:
             with contextlib.suppress(nvml.NvmlCallError):
                 nvml.call("nvmlShutdown")
@@ -154,7 +154,7 @@ class NvmlBackend:
 
     @classmethod
     def _read_node(
-        cls, open_cuda: Callable[[], CudaFacts | None], sysfs: Path, proc: Path
+        cls, open_cuda: Callable[[Sequence[str]], CudaFacts | None], sysfs: Path, proc: Path
     ) -> NvmlBackend:
         try:
             driver = str(nvml.call("nvmlSystemGetDriverVersion"))
@@ -165,7 +165,6 @@ class NvmlBackend:
                 "check the driver with nvidia-smi, " + _SIMULATE_HINT
             ) from None
         nvml_version = _text(nvml.query("nvmlSystemGetNVMLVersion")) or "unknown"
-        cuda = open_cuda()
         cuda_version = nvml.attempt_first(_CUDA_VERSION).value
         if not isinstance(cuda_version, int) or cuda_version <= 0:
             raise GpuBackendError(
@@ -183,6 +182,7 @@ class NvmlBackend:
                 )
             handles.append(outcome.value)
         bus_ids = [_bus_id(handle) for handle in handles]
+        cuda = open_cuda([bus for bus in bus_ids if bus])
         topology = node_topology(handles, bus_ids, cuda)
         devices = tuple(
             _device_info(index, handles[index], bus_ids[index], topology[index], cuda, sysfs)

@@ -186,7 +186,7 @@ def parse_topo(text: str, count: int) -> list[list[str]]:
     """The GPU x GPU cells of an ``nvidia-smi topo`` matrix, in NVML index order."""
     rows: dict[int, list[str]] = {}
     for line in ANSI.sub("", text).splitlines():
-        match = re.match(r"GPU(\d+)\s+(.*)", line)  # rows start the line; the header does not
+        match = re.match(r"\s*GPU(\d+)\s+(?!GPU)(.*)", line)  # the header row names GPUs
         if match:
             rows[int(match.group(1))] = match.group(2).split()[:count]
     assert sorted(rows) == list(range(count)), f"cannot parse nvidia-smi topo output:\n{text}"

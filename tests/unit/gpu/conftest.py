@@ -43,7 +43,7 @@ def start_backend(tmp_path: Path) -> Iterator[StartBackend]:
     def start(fake: FakeNvml, *, cuda: bool = True, proc: Path | None = None) -> NvmlBackend:
         cuda_facts = FakeCuda(fake.capture) if cuda else None
         backend = NvmlBackend.start(
-            cuda=lambda: cuda_facts, sysfs=tmp_path / "sys", proc=proc or tmp_path / "proc"
+            cuda=lambda _bus_ids: cuda_facts, sysfs=tmp_path / "sys", proc=proc or tmp_path / "proc"
         )
         started.append(backend)
         return backend

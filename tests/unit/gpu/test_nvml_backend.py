@@ -244,7 +244,7 @@ def test_failure_after_init_shuts_nvml_down(make_fake: MakeFake) -> None:
     fake = make_fake("h200")
     fake.fail("nvmlDeviceGetCount", 999)
     with pytest.raises(GpuBackendError, match="cannot list the GPUs"):
-        NvmlBackend.start(cuda=lambda: None)
+        NvmlBackend.start(cuda=lambda _bus_ids: None)
     assert (fake.initialised, fake.shutdowns) == (1, 1)
 
 
@@ -389,7 +389,7 @@ def test_concurrent_status_of_different_gpus(
 
 def test_close_shuts_nvml_down_once(make_fake: MakeFake) -> None:
     fake = make_fake("h200")
-    backend = NvmlBackend.start(cuda=lambda: None)
+    backend = NvmlBackend.start(cuda=lambda _bus_ids: None)
     backend.close()
     backend.close()
     assert fake.shutdowns == 1

@@ -1,0 +1,129 @@
+"""The CUDA driver facts, read in a short-lived child process.
+
+Loading ``libcuda`` and running ``cuInit`` maps tens of megabytes into a process and keeps
+them there; the agent needs the answers only once, at start. So a child process
+(``python -m agent.gpu.cuda_probe BUS_ID...``) opens libcuda, reads the facts of the given
+GPUs and their peer access, prints them as JSON and exits; the daemon keeps the answers
+(``ProbedCuda``) and never maps libcuda itself. A crash or hang in the CUDA driver cannot
+take the daemon with it either: the child has a timeout, and any failure means the CUDA
+facts are null, with one log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, LibCuda, cuda_bus_id
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 60.0
+
+
+class ProbedCuda:
+    """``CudaFacts`` answered from what the child process read."""
+
+    def __init__(
+        self,
+        facts: dict[str, CudaDeviceFacts],
+        peers: dict[tuple[str, str], bool | None],
+    ) -> None:
+        self._facts = facts
+        self._peers = peers
+
+    def device_facts(self, bus_id: str) -> CudaDeviceFacts:
+        return self._facts.get(cuda_bus_id(bus_id), UNKNOWN_FACTS)
+
+    def can_access_peer(self, bus_id: str, peer_bus_id: str) -> bool | None:
+        return self._peers.get((cuda_bus_id(bus_id), cuda_bus_id(peer_bus_id)))
+
+
+def read_facts(bus_ids: Sequence[str]) -> dict[str, Any] | None:
+    """In the child: the facts of ``bus_ids`` and every ordered pair's peer access."""
+    cuda = LibCuda.open()
+    if cuda is None:
+        return None
+    devices = {}
+    for bus in bus_ids:
+        facts = cuda.device_facts(bus)
+        devices[cuda_bus_id(bus)] = {
+            "l2_cache_bytes": facts.l2_cache_bytes,
+            "shared_memory_per_mp_bytes": facts.shared_memory_per_mp_bytes,
+            "constant_memory_bytes": facts.constant_memory_bytes,
+            "multiprocessor_count": facts.multiprocessor_count,
+        }
+    peers = [
+        [cuda_bus_id(a), cuda_bus_id(b), cuda.can_access_peer(a, b)]
+        for a in bus_ids
+        for b in bus_ids
+        if a != b
+    ]
+    return {"devices": devices, "peers": peers}
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_answer(text: str) -> ProbedCuda | None:
+    """The child's JSON as ``ProbedCuda``; ``None`` when it could not open CUDA."""
+    data = json.loads(text)
+    if data is None:
+        return None
+    facts = {
+        bus: CudaDeviceFacts(
+            l2_cache_bytes=_int_or_none(entry.get("l2_cache_bytes")),
+            shared_memory_per_mp_bytes=_int_or_none(entry.get("shared_memory_per_mp_bytes")),
+            constant_memory_bytes=_int_or_none(entry.get("constant_memory_bytes")),
+            multiprocessor_count=_int_or_none(entry.get("multiprocessor_count")),
+        )
+        for bus, entry in data["devices"].items()
+    }
+    peers = {
+        (str(a), str(b)): (can if isinstance(can, bool) else None) for a, b, can in data["peers"]
+    }
+    return ProbedCuda(facts, peers)
+
+
+def probe(bus_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S) -> ProbedCuda | None:
+    """Run the child for ``bus_ids``; ``None`` (and one log line) on any failure."""
+    known = [bus for bus in bus_ids if bus]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "agent.gpu.cuda_probe", *known],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("Reading the CUDA facts failed (%s): they are reported as null", err)
+        return None
+    for line in done.stderr.splitlines():  # the child's own warnings, passed on
+        log.warning("CUDA: %s", line)
+    if done.returncode != 0:
+        log.warning(
+            "Reading the CUDA facts failed (exit code %d): they are reported as null",
+            done.returncode,
+        )
+        return None
+    try:
+        return parse_answer(done.stdout)
+    except (ValueError, KeyError, TypeError) as err:
+        log.warning("The CUDA facts could not be read (%s): they are reported as null", err)
+        return None
+
+
+def main(argv: Sequence[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    print(json.dumps(read_facts(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
