@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from controller.endpoint_command import endpoint
+from controller.fleet_commands import docker_cli, info, status
 from controller.mesos_commands import mesos
 
 
@@ -18,6 +19,9 @@ def main() -> None:
 
 main.add_command(mesos)
 main.add_command(endpoint)
+main.add_command(info)
+main.add_command(status)
+main.add_command(docker_cli)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,155 @@
+"""Which nodes a fleet command asks: NODE arguments, a nodes file, an Ansible inventory.
+
+- A NODE argument or a nodes-file line is an address in the ``NV_HOST`` grammar
+  (``node1:``, ``http://10.0.0.1:3476``, ``ssh://admin@node2:``); the node's name is the
+  text as written. Nodes files take one per line; ``#`` starts a comment; blank lines are
+  skipped; ``-`` reads standard input.
+- An inventory host becomes an endpoint from its variables (``inventory_endpoint``).
+
+Every mistake raises ``ControllerError`` with one line naming the file and line or host.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from controller.endpoint import DEFAULT_HTTP_PORT, DEFAULT_SSH_PORT, Endpoint, default_user
+from controller.endpoint import parse_endpoint as _parse
+from controller.errors import ControllerError, EndpointError
+from controller.fleet import FleetNode
+from controller.inventory import InventoryError, InventoryHost, load_inventory
+
+TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http
+PORT_VAR = "nvidia_docker_agent_port"  # the agent's HTTP port (default 3476)
+ENDPOINT_VAR = "nvidia_docker_endpoint"  # a whole NV_HOST address, wins over the rest
+INVENTORY_TRANSPORTS = ("ssh", "http")
+
+_Bad = Callable[[str], InventoryError]
+
+
+def nodes_from_arguments(values: Iterable[str]) -> list[FleetNode]:
+    nodes = []
+    for value in values:
+        try:
+            nodes.append(FleetNode(value, _parse(value, source="NODE")))
+        except EndpointError as exc:
+            raise ControllerError(f"NODE {exc}") from None
+    return nodes
+
+
+def nodes_from_file(path: str) -> list[FleetNode]:
+    """One node per line (``NV_HOST`` grammar); ``#`` comments; ``-`` is standard input."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ControllerError(f"nodes file {path}: cannot read it: {why}") from None
+    nodes = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        value = line.split("#", 1)[0].strip()
+        if not value:
+            continue
+        if len(value.split()) > 1:
+            raise ControllerError(
+                f"nodes file {path}, line {number}: one node per line, got {value!r}"
+            )
+        try:
+            nodes.append(FleetNode(value, _parse(value, source=f"{path}:{number}")))
+        except EndpointError as exc:
+            raise ControllerError(f"nodes file {path}, line {number}: {exc}") from None
+    return nodes
+
+
+def nodes_from_inventory(path: str, limit: str | None) -> list[FleetNode]:
+    inventory = load_inventory(path)
+    hosts = inventory.select(limit)
+    if not hosts:
+        what = f"--limit {limit!r} selects" if limit else "it lists"
+        raise InventoryError(f"inventory {path}: {what} no hosts")
+    return [FleetNode(h.name, inventory_endpoint(h, path), _identity(h)) for h in hosts]
+
+
+def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
+    """Where a host's agent answers, from its inventory variables.
+
+    ``nvidia_docker_endpoint`` (an ``NV_HOST`` address) wins. Otherwise the address is
+    ``ansible_host`` (else the inventory name), the transport ``nvidia_docker_transport``
+    (``ssh``, the default: what reaches Ansible reaches the agent, which may listen on the
+    node's localhost only; or ``http``), the agent's port ``nvidia_docker_agent_port``, and
+    over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them.
+    """
+    variables = host.vars
+
+    def bad(message: str) -> InventoryError:
+        return InventoryError(f"inventory {path}, host {host.name}: {message}")
+
+    if ENDPOINT_VAR in variables:
+        value = _text(variables, ENDPOINT_VAR, bad)
+        try:
+            return _parse(value, source=f"{ENDPOINT_VAR} of {host.name}")
+        except EndpointError as exc:
+            raise bad(str(exc)) from None
+    if variables.get("ansible_connection") == "local":
+        return Endpoint("http", "localhost", http_port=_port(variables, PORT_VAR, 0, bad))
+    transport = _text(variables, TRANSPORT_VAR, bad, "ssh").lower()
+    if transport not in INVENTORY_TRANSPORTS:
+        raise bad(f"{TRANSPORT_VAR} must be ssh or http, not {transport!r}")
+    address = _text(variables, "ansible_host", bad, "") or _text(
+        variables, "ansible_ssh_host", bad, host.name
+    )
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    if not address or any(c.isspace() for c in address) or "/" in address:
+        raise bad(f"bad address {address!r} in ansible_host")
+    http_port = _port(variables, PORT_VAR, DEFAULT_HTTP_PORT, bad)
+    if transport == "http":
+        return Endpoint("http", address, http_port=http_port, source=path)
+    ssh_port = _port(variables, "ansible_port", 0, bad) or _port(
+        variables, "ansible_ssh_port", DEFAULT_SSH_PORT, bad
+    )
+    user = _text(variables, "ansible_user", bad, "") or _text(
+        variables, "ansible_ssh_user", bad, ""
+    )
+    return Endpoint(
+        "ssh",
+        address,
+        ssh_port=ssh_port,
+        http_port=http_port,
+        user=user or default_user(),
+        source=path,
+    )
+
+
+def _identity(host: InventoryHost) -> str | None:
+    value = host.vars.get("ansible_ssh_private_key_file") or host.vars.get(
+        "ansible_private_key_file"
+    )
+    return str(Path(str(value)).expanduser()) if value else None
+
+
+def _text(variables: Mapping[str, Any], key: str, bad: _Bad, default: str | None = None) -> str:
+    value = variables.get(key, default)
+    if value is None:
+        raise bad(f"{key} is not set")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise bad(f"{key} must be a string, not {value!r}")
+    text = str(value).strip()
+    if "{{" in text or "{%" in text:
+        raise bad(
+            f"{key} is a Jinja2 template ({text!r}), which this tool does not evaluate; "
+            "set the value itself"
+        )
+    return text
+
+
+def _port(variables: Mapping[str, Any], key: str, default: int, bad: _Bad) -> int:
+    value = variables.get(key)
+    if value is None or value == "":
+        return default
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 0 < int(text) < 65536:
+        raise bad(f"{key} must be a port number (1 to 65535), not {value!r}")
+    return int(text)

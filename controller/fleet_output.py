@@ -1,0 +1,274 @@
+"""What a fleet query shows: one table across the fleet, one JSON document, JSON lines.
+
+- ``table_lines(query, results, width)``: one row per GPU (``info``, ``status``) or per node
+  (``docker-cli``); a node that failed gets one row with its reason in a few words. Fits
+  ``width`` columns (80 when not on a terminal): node and model names are cut with ``…``.
+- ``json_document(query, results)``: ``{"command", "nodes": {name: {"endpoint", <the agent's
+  JSON as-is under its key>, "error", "reason", "elapsed_s"}}, "summary"}``.
+- ``json_line(result)``: the same entry for one node, with ``"node"``, on one line.
+- ``Progress``: ``status  312/1000 nodes  3 failed`` redrawn on stderr, a terminal only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from controller.fleet import NodeResult, Query
+from controller.table import Column, Row, Span, render
+
+MIB_PER_GIB = 1024
+
+
+def _get(value: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _num(value: Any, suffix: str = "") -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:.0f}{suffix}"
+
+
+def _gib(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value / MIB_PER_GIB:.0f}"
+
+
+def _pair(used: Any, total: Any) -> str:
+    return f"{used}/{total}"
+
+
+def short_model(model: Any) -> str:
+    """``NVIDIA H200`` -> ``H200``; the vendor is the same on every row."""
+    if not isinstance(model, str) or not model:
+        return "-"
+    text: str = model
+    for prefix in ("NVIDIA ", "Tesla ", "Quadro "):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def _versions(info: Any) -> tuple[str, str]:
+    driver = _get(info, "Version", "Driver")
+    cuda = _get(info, "Version", "CUDA")
+    return (driver if isinstance(driver, str) else "-", cuda if isinstance(cuda, str) else "-")
+
+
+def _devices(answer: Any) -> list[Any]:
+    devices = _get(answer, "Devices")
+    return devices if isinstance(devices, list) else []
+
+
+STATUS_COLUMNS = (
+    Column("NODE", min_width=8),
+    Column("GPU", right=True),
+    Column("MODEL", min_width=6),
+    Column("MEM GiB", right=True),
+    Column("UTIL", right=True),
+    Column("POWER W", right=True),
+    Column("DRIVER"),
+    Column("CUDA"),
+)
+INFO_COLUMNS = (
+    Column("NODE", min_width=8),
+    Column("GPU", right=True),
+    Column("MODEL", min_width=6),
+    Column("MEM GiB", right=True),
+    Column("POWER W", right=True),
+    Column("UUID", min_width=8),
+    Column("DRIVER"),
+    Column("CUDA"),
+)
+DOCKER_COLUMNS = (
+    Column("NODE", min_width=8),
+    Column("GPUS", right=True),
+    Column("DEVICES", min_width=10),
+    Column("VOLUMES", min_width=12),
+)
+
+
+def _failed(result: NodeResult) -> Span:
+    # the reason in a few words; the whole message follows the table on stderr
+    return Span((result.node.name, "-"), f"error: {result.reason}")
+
+
+def status_rows(result: NodeResult) -> list[Row]:
+    if not result.ok:
+        return [_failed(result)]
+    info, status = result.answers.get("info"), result.answers.get("status")
+    driver, cuda = _versions(info)
+    infos, statuses = _devices(info), _devices(status)
+    if not infos:
+        return [Span((result.node.name, "-"), "no GPUs")]
+    rows: list[Row] = []
+    for index, device in enumerate(infos):
+        live = statuses[index] if index < len(statuses) else None
+        used = _gib(_get(live, "Memory", "GlobalUsed"))
+        total = _gib(_get(device, "Memory", "Global"))
+        power = _num(_get(live, "Power"))
+        limit = _num(_get(device, "Power"))
+        rows.append(
+            (
+                result.node.name,
+                str(index),
+                short_model(_get(device, "Model")),
+                _pair(used, total),
+                _num(_get(live, "Utilization", "GPU"), "%"),
+                _pair(power, limit),
+                driver,
+                cuda,
+            )
+        )
+    return rows
+
+
+def info_rows(result: NodeResult) -> list[Row]:
+    if not result.ok:
+        return [_failed(result)]
+    info = result.answers.get("info")
+    driver, cuda = _versions(info)
+    devices = _devices(info)
+    if not devices:
+        return [Span((result.node.name, "-"), "no GPUs")]
+    rows: list[Row] = []
+    for index, device in enumerate(devices):
+        uuid = _get(device, "UUID")
+        rows.append(
+            (
+                result.node.name,
+                str(index),
+                short_model(_get(device, "Model")),
+                _gib(_get(device, "Memory", "Global")),
+                _num(_get(device, "Power")),
+                uuid[4:12] if isinstance(uuid, str) and uuid.startswith("GPU-") else "-",
+                driver,
+                cuda,
+            )
+        )
+    return rows
+
+
+def docker_rows(result: NodeResult) -> list[Row]:
+    if not result.ok:
+        return [_failed(result)]
+    cli = result.answers.get("docker_cli")
+    devices = [d for d in _devices(cli) if isinstance(d, str)]
+    gpus = [d.removeprefix("/dev/nvidia") for d in devices if d[len("/dev/nvidia") :].isdigit()]
+    volumes = _get(cli, "Volumes")
+    names = (
+        [v.split(":", 1)[0] for v in volumes if isinstance(v, str)]
+        if isinstance(volumes, list)
+        else []
+    )
+    return [
+        (
+            result.node.name,
+            str(len(gpus)),
+            "nvidia" + ",".join(gpus) if gpus else "-",
+            " ".join(names) or "-",
+        )
+    ]
+
+
+def table_lines(
+    query: Query, results: Sequence[NodeResult], width: int, ellipsis: str = "…"
+) -> list[str]:
+    columns: tuple[Column, ...]
+    if query.name == "status":
+        columns, make = STATUS_COLUMNS, status_rows
+    elif query.name == "info":
+        columns, make = INFO_COLUMNS, info_rows
+    else:
+        columns, make = DOCKER_COLUMNS, docker_rows
+    rows = [row for result in results for row in make(result)]
+    return render(columns, rows, width, ellipsis=ellipsis)
+
+
+def node_entry(result: NodeResult) -> dict[str, Any]:
+    entry: dict[str, Any] = {"endpoint": result.node.endpoint.uri()}
+    entry.update(result.answers)
+    entry["error"] = result.error
+    entry["reason"] = result.reason
+    entry["elapsed_s"] = round(result.elapsed_s, 3)
+    return entry
+
+
+def gpu_count(result: NodeResult) -> int:
+    """GPUs the node reported (info), or GPU devices it handed to docker (docker-cli)."""
+    if not result.ok:
+        return 0
+    if "info" in result.answers:
+        return len(_devices(result.answers["info"]))
+    devices = _devices(result.answers.get("docker_cli"))
+    return sum(1 for d in devices if isinstance(d, str) and d[len("/dev/nvidia") :].isdigit())
+
+
+def summary(results: Sequence[NodeResult]) -> dict[str, int]:
+    answered = sum(1 for r in results if r.ok)
+    return {
+        "nodes": len(results),
+        "answered": answered,
+        "failed": len(results) - answered,
+        "gpus": sum(gpu_count(r) for r in results),
+    }
+
+
+def json_document(query: Query, results: Sequence[NodeResult]) -> str:
+    document = {
+        "command": query.name,
+        "nodes": {r.node.name: node_entry(r) for r in results},
+        "summary": summary(results),
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def json_line(result: NodeResult) -> str:
+    return json.dumps({"node": result.node.name, **node_entry(result)}, separators=(",", ":"))
+
+
+class Progress:
+    """``status  312/1000 nodes  3 failed  1.4 s`` on a terminal's stderr, at most 10 a second."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self.failed = 0
+        self.started = time.monotonic()
+        self._drawn_at = 0.0
+        self._shown = False
+
+    def update(self, result: NodeResult) -> None:
+        self.done += 1
+        self.failed += 0 if result.ok else 1
+        now = time.monotonic()
+        if now - self._drawn_at >= 0.1 or self.done == self.total:
+            self._drawn_at = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        width = 24
+        filled = width * self.done // max(self.total, 1)
+        bar = "#" * filled + "." * (width - filled)
+        failed = f"  {self.failed} failed" if self.failed else ""
+        self.stream.write(
+            f"\r{self.label} [{bar}] {self.done}/{self.total} nodes{failed}"
+            f"  {now - self.started:.1f} s\033[K"
+        )
+        self.stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()

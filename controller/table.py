@@ -1,0 +1,93 @@
+"""A plain text table that fits a terminal: shrink what may shrink, wrap nothing.
+
+``render(columns, rows, width)`` lays out the columns two spaces apart at their natural
+width; when that is too wide, the columns that have a ``min_width`` give up characters
+(the widest first) down to it, cut text ending in ``…``. A ``Span`` row fills its first
+cells and lets one text run across all the rest (a node that failed: its reason), cut to the
+width. Lines never carry trailing spaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+GAP = "  "
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    header: str
+    right: bool = False  # right-aligned (numbers)
+    min_width: int | None = None  # may shrink to this; None: never shrinks
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A row whose ``cells`` fill the first columns and whose ``text`` spans the others."""
+
+    cells: tuple[str, ...]
+    text: str
+
+
+Row = tuple[str, ...] | Span
+
+
+def cut(text: str, width: int, ellipsis: str = "…") -> str:
+    """``text`` in at most ``width`` characters, ending in ``ellipsis`` when cut."""
+    if len(text) <= width:
+        return text
+    if width <= len(ellipsis):
+        return text[:width]
+    return text[: width - len(ellipsis)] + ellipsis
+
+
+def _cell(text: str, width: int, right: bool, ellipsis: str) -> str:
+    text = cut(text, width, ellipsis)
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def fit_widths(columns: Sequence[Column], rows: Sequence[Row], width: int) -> list[int]:
+    """Each column's width: natural, then shrunk (widest shrinkable first) to fit ``width``."""
+    widths = [len(c.header) for c in columns]
+    for row in rows:
+        cells = row.cells if isinstance(row, Span) else row
+        for index, text in enumerate(cells):
+            widths[index] = max(widths[index], len(text))
+    excess = sum(widths) + len(GAP) * (len(columns) - 1) - width
+    while excess > 0:
+        shrinkable = [
+            i
+            for i, c in enumerate(columns)
+            if c.min_width is not None and widths[i] > max(c.min_width, len(c.header))
+        ]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda i: widths[i])
+        widths[widest] -= 1
+        excess -= 1
+    return widths
+
+
+def render(
+    columns: Sequence[Column], rows: Sequence[Row], width: int, *, ellipsis: str = "…"
+) -> list[str]:
+    """The table's lines (header first)."""
+    widths = fit_widths(columns, rows, width)
+    lines = [_line(columns, [c.header for c in columns], widths, ellipsis)]
+    for row in rows:
+        if isinstance(row, Span):
+            head = "".join(
+                _cell(text, widths[i], columns[i].right, ellipsis) + GAP
+                for i, text in enumerate(row.cells)
+            )
+            room = max(width - len(head), 8)
+            lines.append((head + cut(row.text, room, ellipsis)).rstrip())
+        else:
+            lines.append(_line(columns, list(row), widths, ellipsis))
+    return lines
+
+
+def _line(columns: Sequence[Column], cells: list[str], widths: list[int], ellipsis: str) -> str:
+    parts = [_cell(text, widths[i], columns[i].right, ellipsis) for i, text in enumerate(cells)]
+    return GAP.join(parts).rstrip()
