@@ -108,7 +108,6 @@ class Agent:
         self.backend: GpuBackend | None = None
         self.status: StatusService | None = None
         self.runners: list[web.AppRunner] = []
-        self.socket_path: Path | None = None  # set once we serve it; removed on stop
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
 
@@ -159,7 +158,6 @@ class Agent:
             )
         except OSError as err:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
-        self.socket_path = socket_path
 
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
         log.info("Serving the REST API on %s", where)
@@ -198,9 +196,6 @@ class Agent:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
         self.runners.clear()
-        if self.socket_path is not None:
-            self.socket_path.unlink(missing_ok=True)
-            self.socket_path = None
         if self.status is not None:
             await self.status.close()
         if self.backend is not None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.benchmarks.loadgen import LoadResult, run_load
+from tests.benchmarks.loadgen import LoadResult, run_load, run_load_processes
 from tests.support.services import free_port, port_open, stop_process, wait_until
 
 PATHS = ("/gpu/status/json", "/gpu/info/json", "/docker/cli")
@@ -88,12 +88,26 @@ async def _measure(port: int, duration_s: float) -> list[LoadResult]:
     return results
 
 
+def _measure_spread(port: int, duration_s: float, processes: int) -> list[LoadResult]:
+    """64 clients spread over several client processes: shows whether one client process
+    (the old tool's method) is what limits the rate."""
+    return [
+        run_load_processes("127.0.0.1", port, path, 64, duration_s, processes) for path in PATHS
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="serve the real GPUs (NVML)")
     parser.add_argument("--simulate", default="hgx-h200-8", help="node file or built-in name")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="also measure 64 clients spread over this many client processes",
+    )
     args = parser.parse_args()
     simulate = None if args.real else args.simulate
 
@@ -108,6 +122,9 @@ def main() -> int:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
         rss_idle, _ = _rss_mb(proc.pid)
         results = asyncio.run(_measure(port, args.duration))
+        spread = (
+            _measure_spread(port, args.duration, args.client_procs) if args.client_procs > 1 else []
+        )
         rss, peak = _rss_mb(proc.pid)
     finally:
         stop_process(proc)
@@ -118,6 +135,8 @@ def main() -> int:
     print(f"nvidia-docker-plugin benchmark: {where}; {platform.node()}, {os.cpu_count()} CPUs")
     for result in results:
         print(result.row() + _ratio_notes(result, args.real))
+    for result in spread:
+        print(result.row() + f"  [{args.client_procs} client processes]")
     status_1 = next(r for r in results if r.path == "/gpu/status/json" and r.clients == 1)
     print(
         f"status sweep the old way (serial, PCIe per request): {old_way_ms:.1f} ms; "
@@ -144,6 +163,16 @@ def main() -> int:
                             "errors": r.errors,
                         }
                         for r in results
+                    ],
+                    "spread_64_clients": [
+                        {
+                            "path": r.path,
+                            "processes": args.client_procs,
+                            "rate_per_s": round(r.rate_per_s),
+                            "p50_ms": round(r.p50_ms, 3),
+                            "p99_ms": round(r.p99_ms, 3),
+                        }
+                        for r in spread
                     ],
                     "old_way_sweep_ms": round(old_way_ms, 2),
                     "rss_mb": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 
@@ -93,7 +94,54 @@ async def run_load(
         *(_client(host, port, request, deadline, latencies, errors, budget) for _ in range(clients))
     )
     elapsed = time.perf_counter() - started
+    return _result(path, clients, latencies, errors[0], elapsed)
+
+
+def _result(
+    path: str, clients: int, latencies: list[float], errors: int, elapsed: float
+) -> LoadResult:
     latencies.sort()
     p50 = statistics.median(latencies) if latencies else float("nan")
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0
-    return LoadResult(path, clients, len(latencies), errors[0], elapsed, p50 * 1e3, p99 * 1e3)
+    return LoadResult(path, clients, len(latencies), errors, elapsed, p50 * 1e3, p99 * 1e3)
+
+
+def _load_in_child(
+    host: str, port: int, path: str, clients: int, duration_s: float
+) -> tuple[list[float], int, float]:
+    async def go() -> tuple[list[float], int, float]:
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+        warm_until = time.perf_counter() + 0.3
+        await asyncio.gather(
+            *(_client(host, port, request, warm_until, [], [0], [10_000]) for _ in range(clients))
+        )
+        latencies: list[float] = []
+        errors = [0]
+        started = time.perf_counter()
+        deadline = started + duration_s
+        await asyncio.gather(
+            *(
+                _client(host, port, request, deadline, latencies, errors, [2_000_000])
+                for _ in range(clients)
+            )
+        )
+        return latencies, errors[0], time.perf_counter() - started
+
+    return asyncio.run(go())
+
+
+def run_load_processes(
+    host: str, port: int, path: str, clients: int, duration_s: float, processes: int
+) -> LoadResult:
+    """The same closed loop spread over several client processes (is the client the limit?)."""
+    per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
+    with ProcessPoolExecutor(processes) as pool:
+        parts = list(
+            pool.map(
+                _load_in_child, *zip(*[(host, port, path, n, duration_s) for n in per], strict=True)
+            )
+        )
+    latencies = [lat for part in parts for lat in part[0]]
+    errors = sum(part[1] for part in parts)
+    elapsed = max(part[2] for part in parts)
+    return _result(path, clients, latencies, errors, elapsed)
