@@ -13,6 +13,7 @@ a user's machine looks, and nothing of the real ``~/.ssh`` is touched.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import shutil
@@ -35,6 +36,7 @@ class SshServer:
     root: Path  # private directory: keys, config, log
     user_key: Path  # private key whose public half is authorized
     host_key_pub: Path
+    extra_ports: tuple[int, ...] = ()  # more ports the same sshd listens on (fleet tests)
 
     @property
     def log(self) -> Path:
@@ -70,8 +72,22 @@ def _banner(host: str, port: int) -> bool:
         return sock.recv(64).startswith(b"SSH-2.0-")
 
 
-def start_sshd(base: Path | None = None) -> tuple[SshServer, subprocess.Popen[bytes]]:
-    """Start sshd; the caller stops it with ``stop_sshd``."""
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in taken and port not in ports:
+            ports.append(port)
+    return ports
+
+
+def start_sshd(
+    base: Path | None = None, extra_ports: int = 0
+) -> tuple[SshServer, subprocess.Popen[bytes]]:
+    """Start sshd; the caller stops it with ``stop_sshd``.
+
+    ``extra_ports``: listen on that many more free ports too (each one a node of a fleet test).
+    """
     if not SSHD.exists():
         raise RuntimeError("sshd is not installed: apt-get install openssh-server")
     root = Path(tempfile.mkdtemp(prefix="nvd-sshd-", dir=base))
@@ -80,11 +96,13 @@ def start_sshd(base: Path | None = None) -> tuple[SshServer, subprocess.Popen[by
     _keygen(root / "user_ed25519", "nvd-test-user")
     shutil.copyfile(root / "user_ed25519.pub", root / "authorized_keys")
     port = free_port()
+    more = _free_ports(extra_ports, taken={port})
     config = root / "sshd_config"
     config.write_text(
         "\n".join(
             [
                 f"Port {port}",
+                *(f"Port {p}" for p in more),
                 "ListenAddress 127.0.0.1",
                 f"HostKey {root / 'host_ed25519'}",
                 f"PidFile {root / 'sshd.pid'}",
@@ -116,9 +134,14 @@ def start_sshd(base: Path | None = None) -> tuple[SshServer, subprocess.Popen[by
         root=root,
         user_key=root / "user_ed25519",
         host_key_pub=root / "host_ed25519.pub",
+        extra_ports=tuple(more),
     )
     try:
         wait_until(lambda: _banner(server.host, port), what="sshd", timeout_s=30, proc=proc)
+        for extra in more:
+            wait_until(
+                functools.partial(_banner, server.host, extra), what="sshd", timeout_s=30, proc=proc
+            )
     except Exception:
         stop_sshd(server, proc)
         raise RuntimeError(f"sshd did not start; see {root / 'sshd.log'}") from None

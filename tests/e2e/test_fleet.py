@@ -1,0 +1,461 @@
+"""``nvidia-docker-ctl info|status|docker-cli`` end to end, as an operator runs it.
+
+Real transports only: simulated agents from ``tests.support.agent_farm`` (the real REST app,
+each node its own listening socket, some stopped to play dead nodes), a real OpenSSH sshd
+listening on several ports (each port an SSH node, tunnelling to a different agent), and
+small aiohttp servers that answer HTML, garbage or 500 the way a wrong service would. The
+ctl runs as a subprocess (``python -m controller.ctl``), its output read as a person would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.support.agent_farm import AgentFarm, start_farm
+from tests.support.services import require_root
+from tests.support.sshd import SshServer, start_sshd, stop_sshd
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+KINDS = ("h200", "hgx-h200-8")
+GPUS = {"h200": 1, "hgx-h200-8": 8}
+SSH_NODES = 4
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[AgentFarm]:
+    """Twelve agents, h200 and hgx-h200-8 in turn; the last two are stopped (dead nodes)."""
+    farm = start_farm(12, KINDS)
+    try:
+        farm.stop_nodes(farm.ports[-2:])
+        yield farm
+    finally:
+        farm.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet_sshd() -> Iterator[SshServer]:
+    """One real sshd on 1 + SSH_NODES loopback ports."""
+    require_root()
+    server, proc = start_sshd(extra_ports=SSH_NODES)
+    try:
+        yield server
+    finally:
+        stop_sshd(server, proc)
+
+
+def live(farm: AgentFarm) -> list[tuple[int, str]]:
+    return [(p, k) for p, k in zip(farm.ports, farm.kinds, strict=True) if p not in farm.stopped]
+
+
+def http_node(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def ssh_node(server: SshServer, ssh_port: int, agent_port: int) -> str:
+    return f"ssh://{server.user}@127.0.0.1:{ssh_port}:{agent_port}"
+
+
+def ssh_home(server: SshServer, base: Path, *, knows_host: bool = True) -> Path:
+    """A user's HOME: the key, and (if wanted) the host key for every port in known_hosts."""
+    server.client_home(base, knows_host=False)
+    if knows_host:
+        key = " ".join(server.host_key_pub.read_text().split()[:2])
+        lines = [f"[127.0.0.1]:{p} {key}\n" for p in (server.port, *server.extra_ports)]
+        (base / ".ssh" / "known_hosts").write_text("".join(lines))
+    return base
+
+
+def ctl_env(home: Path | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "SSH_AUTH"))}
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("COLUMNS", None)
+    if home is not None:
+        env["HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+async def ctl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``python -m controller.ctl ARGS`` without blocking this test's servers."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller.ctl",
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env or ctl_env(),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def agent_json(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+        return json.load(answer)
+
+
+def rows_of(stdout: str, node: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if line.split()[:1] == [node]]
+
+
+# --- servers that are not an agent ------------------------------------------------------------
+
+
+async def _html(request: web.Request) -> web.Response:
+    return web.Response(
+        text="<!DOCTYPE html><html><body>It works!</body></html>", content_type="text/html"
+    )
+
+
+async def _garbage(request: web.Request) -> web.Response:
+    return web.Response(body=b"\x00\xffgarbage\x01", content_type="application/octet-stream")
+
+
+async def _fail(request: web.Request) -> web.Response:
+    return web.Response(status=500, text="internal error: see the agent's log\n")
+
+
+async def _other_json(request: web.Request) -> web.Response:
+    return web.json_response({"hello": "world"})
+
+
+@pytest.fixture
+async def impostors() -> AsyncIterator[dict[str, int]]:
+    """Ports that answer HTML, bytes, 500 and foreign JSON, plus one that never answers."""
+    runners, ports = [], {}
+    for name, handler in (
+        ("html", _html),
+        ("garbage", _garbage),
+        ("http500", _fail),
+        ("json", _other_json),
+    ):
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock).start()
+        runners.append(runner)
+        ports[name] = sock.getsockname()[1]
+    silent = socket.socket()  # accepts (the kernel does) but never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    ports["silent"] = silent.getsockname()[1]
+    try:
+        yield ports
+    finally:
+        silent.close()
+        for runner in runners:
+            await runner.cleanup()
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+
+async def test_status_table_live_dead_and_wrong_nodes(
+    farm: AgentFarm, impostors: dict[str, int]
+) -> None:
+    nodes = [http_node(p) for p in farm.ports]
+    wrong = {name: http_node(port) for name, port in impostors.items()}
+    code, out, err = await ctl(
+        "status", "--timeout", "2", *nodes, *wrong.values(), "no-such-node.invalid:"
+    )
+    assert code == 1, err  # some nodes failed
+    assert "Traceback" not in out + err
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "NODE",
+        "GPU",
+        "MODEL",
+        "MEM",
+        "GiB",
+        "UTIL",
+        "POWER",
+        "W",
+        "DRIVER",
+        "CUDA",
+    ]
+    assert max(len(line) for line in lines) <= 80
+    for port, kind in live(farm):
+        rows = rows_of(out, http_node(port))
+        assert [r[1] for r in rows] == [str(i) for i in range(GPUS[kind])], out
+        assert all(r[2] == "H200" and r[-2:] == ["580.159.04", "13.0"] for r in rows)
+    # the hgx node's busy GPUs (2 and 3 run a training job) show as busy
+    hgx = next(p for p, k in live(farm) if k == "hgx-h200-8")
+    busy = {r[1]: r for r in rows_of(out, http_node(hgx))}
+    assert busy["2"][3:5] == ["118/140", "97%"]
+    assert busy["0"][4] == "0%"
+    reasons = {
+        http_node(farm.ports[-1]): "connection refused",
+        wrong["html"]: "HTML, not JSON",
+        wrong["garbage"]: "not JSON",
+        wrong["http500"]: "HTTP 500",
+        wrong["json"]: "not an agent",
+        wrong["silent"]: "timeout",
+        "no-such-node.invalid:": "unknown host",
+    }
+    for node, reason in reasons.items():
+        (row,) = [line for line in lines if line.startswith(node + " ")]
+        assert row.split(None, 2)[1:] == ["-", f"error: {reason}"], row
+        # the whole reason, one line, on stderr
+        assert any(e.startswith(f"nvidia-docker-ctl: {node}: ") for e in err.splitlines()), err
+    assert "within 2 s" in err
+    assert "HTML page" in err
+    gpus = sum(GPUS[k] for _, k in live(farm))
+    assert err.splitlines()[-1] == (
+        f"nvidia-docker-ctl: {len(nodes) + len(wrong) + 1} nodes, {len(live(farm))} answered "
+        f"({gpus} GPUs), {len(farm.stopped) + len(wrong) + 1} failed"
+    )
+
+
+async def test_json_document_holds_the_agents_answers_as_is(farm: AgentFarm) -> None:
+    nodes = [http_node(p) for p in farm.ports]
+    code, out, err = await ctl("status", "--json", *nodes)
+    assert code == 1, err
+    document = json.loads(out)
+    assert document["command"] == "status"
+    assert list(document["nodes"]) == nodes
+    for port, _kind in live(farm):
+        entry = document["nodes"][http_node(port)]
+        assert entry["error"] is None
+        assert entry["info"] == agent_json(port, "/gpu/info/json")
+        assert (
+            entry["status"]["Devices"][0].keys()
+            == agent_json(port, "/gpu/status/json")["Devices"][0].keys()
+        )
+    for port in farm.stopped:
+        entry = document["nodes"][http_node(port)]
+        assert entry["reason"] == "connection refused"
+        assert "cannot connect" in entry["error"]
+        assert "info" not in entry
+    assert document["summary"] == {
+        "nodes": 12,
+        "answered": 10,
+        "failed": 2,
+        "gpus": sum(GPUS[k] for _, k in live(farm)),
+    }
+
+
+async def test_jsonl_one_line_per_node(farm: AgentFarm) -> None:
+    nodes = [http_node(p) for p in farm.ports]
+    code, out, _ = await ctl("info", "--jsonl", *nodes)
+    assert code == 1
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert sorted(entry["node"] for entry in lines) == sorted(nodes)
+    by_node = {entry["node"]: entry for entry in lines}
+    for port, kind in live(farm):
+        assert len(by_node[http_node(port)]["info"]["Devices"]) == GPUS[kind]
+
+
+async def test_exit_codes_all_answered_and_none_answered(farm: AgentFarm) -> None:
+    alive = [http_node(p) for p, _ in live(farm)]
+    dead = [http_node(p) for p in farm.stopped]
+    assert (await ctl("info", *alive))[0] == 0
+    code, _out, err = await ctl("info", *dead)
+    assert code == 3
+    assert "0 answered" in err
+
+
+async def test_docker_cli_across_the_fleet(farm: AgentFarm) -> None:
+    port8 = next(p for p, k in live(farm) if k == "hgx-h200-8")
+    port1 = next(p for p, k in live(farm) if k == "h200")
+    code, out, _ = await ctl("docker-cli", "--dev", "0", http_node(port8), http_node(port1))
+    assert code == 0
+    assert rows_of(out, http_node(port8)) == [
+        [http_node(port8), "1", "nvidia0", "nvidia_driver_580.159.04"]
+    ]
+    code, out, err = await ctl("docker-cli", "--dev", "7", http_node(port8), http_node(port1))
+    assert code == 1  # the one-GPU node has no GPU 7: the agent's 400, per node
+    assert "invalid device: 7" in err
+    assert rows_of(out, http_node(port1))[0][1:] == ["-", "error:", "HTTP", "400"]
+
+
+async def test_ssh_nodes_one_login_each(
+    farm: AgentFarm, fleet_sshd: SshServer, tmp_path: Path
+) -> None:
+    home = ssh_home(fleet_sshd, tmp_path)
+    agents = live(farm)
+    nodes = [
+        ssh_node(fleet_sshd, ssh_port, agents[i][0])
+        for i, ssh_port in enumerate(fleet_sshd.extra_ports)
+    ]
+    dead_agent = ssh_node(fleet_sshd, fleet_sshd.port, farm.ports[-1])
+    before = fleet_sshd.log.read_text(errors="replace").count("Accepted publickey")
+    code, out, err = await ctl("status", "--json", *nodes, dead_agent, env=ctl_env(home))
+    assert code == 1, err
+    document = json.loads(out)["nodes"]
+    for i, node in enumerate(nodes):
+        assert document[node]["error"] is None, document[node]
+        assert len(document[node]["status"]["Devices"]) == GPUS[agents[i][1]]
+    # the SSH login worked, the agent behind it is dead
+    assert document[dead_agent]["reason"] == "no agent behind SSH"
+    # two requests per node, one SSH login per node
+    logins = fleet_sshd.log.read_text(errors="replace").count("Accepted publickey") - before
+    assert logins == len(nodes) + 1
+
+
+async def test_ssh_unknown_host_key_is_refused(
+    farm: AgentFarm, fleet_sshd: SshServer, tmp_path: Path
+) -> None:
+    home = ssh_home(fleet_sshd, tmp_path, knows_host=False)
+    node = ssh_node(fleet_sshd, fleet_sshd.extra_ports[0], live(farm)[0][0])
+    code, out, err = await ctl("status", node, env=ctl_env(home))
+    assert code == 3
+    assert "error: SSH host key unknown" in out
+    assert "ssh-keyscan" in err
+    assert "Traceback" not in err
+
+
+async def test_inventory_yaml_with_http_and_ssh_hosts(
+    farm: AgentFarm, fleet_sshd: SshServer, tmp_path: Path
+) -> None:
+    home = ssh_home(fleet_sshd, tmp_path / "home")
+    agents = live(farm)
+    inventory = tmp_path / "hosts.yml"
+    http_hosts = "\n".join(
+        f"        gpu{i:02d}: {{ansible_host: 127.0.0.1, nvidia_docker_agent_port: {port}}}"
+        for i, (port, _) in enumerate(agents[:3])
+    )
+    ssh_hosts = "\n".join(
+        f"        dgx{i}: {{ansible_port: {ssh_port}, nvidia_docker_agent_port: {agents[i][0]}}}"
+        for i, ssh_port in enumerate(fleet_sshd.extra_ports[:2])
+    )
+    inventory.write_text(
+        f"""all:
+  children:
+    web:
+      vars:
+        nvidia_docker_transport: http
+      hosts:
+{http_hosts}
+    dgx:
+      vars:
+        ansible_host: 127.0.0.1
+        ansible_user: {fleet_sshd.user}
+      hosts:
+{ssh_hosts}
+"""
+    )
+    code, out, err = await ctl("info", "-i", str(inventory), env=ctl_env(home))
+    assert code == 0, err
+    names = [row[0] for row in (line.split() for line in out.splitlines()[1:])]
+    assert list(dict.fromkeys(names)) == ["gpu00", "gpu01", "gpu02", "dgx0", "dgx1"]
+    code, out, err = await ctl(
+        "info", "--json", "-i", str(inventory), "--limit", "dgx,!dgx1", env=ctl_env(home)
+    )
+    assert code == 0, err
+    document = json.loads(out)["nodes"]
+    assert list(document) == ["dgx0"]
+    assert document["dgx0"]["endpoint"] == (
+        f"ssh://{fleet_sshd.user}@127.0.0.1:{fleet_sshd.extra_ports[0]}:{agents[0][0]}"
+    )
+
+
+async def test_inventory_ini_and_nodes_file(farm: AgentFarm, tmp_path: Path) -> None:
+    agents = live(farm)
+    inventory = tmp_path / "hosts"
+    inventory.write_text(
+        "[gpu]\n"
+        + "".join(
+            f"node{i} ansible_host=127.0.0.1 nvidia_docker_agent_port={port}\n"
+            for i, (port, _) in enumerate(agents[:2])
+        )
+        + "[gpu:vars]\nnvidia_docker_transport=http\n"
+    )
+    nodes_file = tmp_path / "nodes.txt"
+    nodes_file.write_text(f"# rack 7\n{http_node(agents[2][0])}   # the spare\n\n")
+    code, out, err = await ctl("info", "-i", str(inventory), "--nodes", str(nodes_file))
+    assert code == 0, err
+    names = list(dict.fromkeys(line.split()[0] for line in out.splitlines()[1:]))
+    # NODE arguments first, then --nodes files, then the inventory, each in its own order
+    assert names == [http_node(agents[2][0]), "node0", "node1"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("hosts.yml", "all:\n  hosts:\n    - node1\n", "hosts.yml, line 3: the hosts of group"),
+        ("hosts.yml", "all:\n  hosts: [\n", "hosts.yml, line 3: not valid YAML"),
+        ("hosts", "[gpu\nnode1\n", "hosts, line 1: bad section header"),
+        ("hosts", "[gpu]\nnode[3:1]\n", "hosts, line 2: empty host range"),
+    ],
+)
+async def test_malformed_inventory_is_one_line(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    inventory = tmp_path / name
+    inventory.write_text(text)
+    code, out, err = await ctl("status", "-i", str(inventory))
+    assert code == 2
+    assert out == ""
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"nvidia-docker-ctl: error: inventory {tmp_path}/")
+    assert message in err
+
+
+async def test_bad_node_argument_is_one_line() -> None:
+    code, _out, err = await ctl("status", "ftp://node1")
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "invalid remote host URI 'ftp://node1'" in err
+
+
+def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
+    nodes = [http_node(p) for p in farm.ports]
+    command = [sys.executable, "-m", "controller.ctl", "info", *nodes]
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.run(
+            command,
+            check=False,
+            stdout=subprocess.PIPE,
+            stderr=child,
+            cwd=REPO,
+            env=ctl_env(),
+            timeout=60,
+        )
+        os.close(child)
+        child = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(main)
+        if child >= 0:
+            os.close(child)
+    assert proc.returncode == 1
+    assert b"/12 nodes" in seen
+    assert b"\r" in seen
+    assert b"12/12 nodes  2 failed" in seen
+    # not on a pipe
+    piped = subprocess.run(
+        command, check=False, capture_output=True, cwd=REPO, env=ctl_env(), timeout=60
+    )
+    assert b"/12 nodes" not in piped.stderr
+    assert b"\r" not in piped.stderr + piped.stdout
