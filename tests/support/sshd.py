@@ -26,6 +26,7 @@ from pathlib import Path
 from tests.support.services import free_port, stop_process, wait_until
 
 SSHD = Path("/usr/sbin/sshd")
+MAX_EXTRA_PORTS = 15  # OpenSSH's MAX_LISTEN_SOCKS is 16
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,11 @@ def start_sshd(
 ) -> tuple[SshServer, subprocess.Popen[bytes]]:
     """Start sshd; the caller stops it with ``stop_sshd``.
 
-    ``extra_ports``: listen on that many more free ports too (each one a node of a fleet test).
+    ``extra_ports``: listen on that many more free ports too (each one a node of a fleet test);
+    at most 15, since sshd listens on at most 16 sockets (``MAX_LISTEN_SOCKS``).
     """
+    if not 0 <= extra_ports <= MAX_EXTRA_PORTS:
+        raise ValueError(f"sshd listens on at most {MAX_EXTRA_PORTS + 1} ports")
     if not SSHD.exists():
         raise RuntimeError("sshd is not installed: apt-get install openssh-server")
     root = Path(tempfile.mkdtemp(prefix="nvd-sshd-", dir=base))
