@@ -1,0 +1,221 @@
+"""Ansible inventories: INI, YAML and --list JSON, judged against ansible-inventory itself."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from controller.errors import ControllerError
+from controller.fleet_nodes import nodes_from_file, nodes_from_inventory
+from controller.inventory import InventoryError, expand_range, load_inventory
+
+INI = """\
+# fleet of rack 7
+lonely ansible_host=10.9.9.9
+
+[gpu]
+node[01:03] nvidia_docker_agent_port=3477
+node9:2222 ansible_host=10.0.0.9 ansible_user=admin  # trailing comment
+"quoted" x='a b'
+
+[gpu:vars]
+nvidia_docker_transport=ssh
+ansible_user=ops
+
+[dgx]
+dgx-[a:b].dc1 ansible_port=22
+
+[dgx:vars]
+nvidia_docker_transport=http
+
+[cluster:children]
+gpu
+dgx
+
+[cluster:vars]
+nvidia_docker_agent_port=3476
+ansible_user=clusteruser
+"""
+
+YAML = """\
+all:
+  vars:
+    nvidia_docker_transport: ssh
+  hosts:
+    head:
+      ansible_host: 10.1.0.1
+  children:
+    gpu:
+      vars: &gv
+        ansible_user: ops
+      hosts:
+        node[1:3]:
+        node9: {ansible_host: 10.0.0.9, ansible_port: 2222}
+      children:
+        h200:
+          hosts:
+            node1:
+              nvidia_docker_agent_port: 3477
+    other:
+      vars: *gv
+      hosts:
+        x:
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("name", "text"), [("hosts", INI), ("hosts.yml", YAML)])
+def test_same_hosts_groups_and_vars_as_ansible_inventory(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    if shutil.which("ansible-inventory") is None:
+        pytest.skip("ansible-core is not installed")
+    path = write(tmp_path, name, text)
+    listed = subprocess.run(
+        ["ansible-inventory", "-i", str(path), "--list"],
+        capture_output=True,
+        check=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin:" + str(Path(shutil.which("ansible-inventory") or "").parent),
+            "HOME": str(tmp_path),
+            "ANSIBLE_LOCAL_TEMP": str(tmp_path),
+        },
+    )
+    reference = json.loads(listed.stdout)
+    ours = load_inventory(path)
+    hostvars = reference["_meta"]["hostvars"]
+    assert sorted(h.name for h in ours.hosts) == sorted(hostvars)
+    for host in ours.hosts:
+        assert dict(host.vars) == hostvars[host.name], host.name
+
+    def members(group: str) -> set[str]:
+        entry = reference.get(group, {})
+        found = set(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            found |= members(child)
+        return found
+
+    for group in reference:
+        if group != "_meta":
+            assert set(ours.groups[group]) == members(group), group
+    # and the --list output itself reads back to the same hosts and variables
+    listed_file = write(tmp_path, "fleet.json", listed.stdout.decode())
+    again = load_inventory(listed_file)
+    assert {h.name: dict(h.vars) for h in again.hosts} == hostvars
+
+
+def test_ini_endpoints(tmp_path: Path) -> None:
+    nodes = {n.name: n for n in nodes_from_inventory(str(write(tmp_path, "hosts", INI)), None)}
+    # gpu's vars win over those of its parent group cluster
+    assert nodes["node01"].endpoint.uri() == "ssh://ops@node01:22:3477"
+    # the host's own user wins over its groups'; host:port is the SSH port
+    assert nodes["node9"].endpoint.uri() == "ssh://admin@10.0.0.9:2222:3476"
+    assert nodes["dgx-a.dc1"].endpoint.uri() == "http://dgx-a.dc1:3476"
+    assert list(nodes)[:2] == ["lonely", "node01"]  # file order
+
+
+def test_yaml_endpoints_and_limit(tmp_path: Path) -> None:
+    path = str(write(tmp_path, "hosts.yaml", YAML))
+    nodes = nodes_from_inventory(path, "gpu:!h200")
+    assert [n.name for n in nodes] == ["node2", "node3", "node9"]
+    assert nodes[2].endpoint.uri() == "ssh://ops@10.0.0.9:2222:3476"
+    assert [n.name for n in nodes_from_inventory(path, "node[12]")] == ["node1", "node2"]
+    with pytest.raises(InventoryError, match="--limit 'gpu:&other' selects no hosts"):
+        nodes_from_inventory(path, "gpu:&other")  # no host is in both
+    assert [n.name for n in nodes_from_inventory(path, "other,head")] == ["head", "x"]
+
+
+def test_limit_names_an_unknown_group(tmp_path: Path) -> None:
+    path = str(write(tmp_path, "hosts.yml", YAML))
+    with pytest.raises(InventoryError, match=r"--limit 'gpus': no such group or host.*gpu"):
+        nodes_from_inventory(path, "gpus")
+
+
+def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "hosts",
+        "a nvidia_docker_endpoint=ssh://root@10.0.0.1:2200:80\nb nvidia_docker_transport=telnet\n",
+    )
+    with pytest.raises(
+        InventoryError, match=r"host b: nvidia_docker_transport must be ssh or http"
+    ):
+        nodes_from_inventory(str(path), None)
+    assert nodes_from_inventory(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"
+    path.write_text("c nvidia_docker_agent_port=99999\n")
+    with pytest.raises(InventoryError, match=r"host c: nvidia_docker_agent_port must be a port"):
+        nodes_from_inventory(str(path), None)
+    path.write_text("d ansible_host='{{ inventory_hostname }}.mgmt'\n")
+    with pytest.raises(InventoryError, match=r"host d: ansible_host is a Jinja2 template"):
+        nodes_from_inventory(str(path), None)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("h.yml", "all:\n  hosts:\n    - node1\n", "h.yml, line 3: the hosts of group 'all' must"),
+        ("h.yml", "all:\n  hosts: [\n", "h.yml, line 3: not valid YAML"),
+        ("h.yml", "all:\n  hostz:\n    a:\n", "h.yml, line 3: unexpected key 'hostz'"),
+        ("h.yml", "- a\n- b\n", "h.yml, line 1: the top level must be a mapping"),
+        ("h.json", '{"all": {"hosts": ', "h.json, line 1: not valid JSON"),
+        ("h", "[gpu\nnode1\n", "h, line 1: bad section header"),
+        ("h", "[gpu:kids]\nnode1\n", "h, line 1: unknown section kind :kids"),
+        ("h", "[gpu]\nnode[3:1]\n", "h, line 2: empty host range"),
+        ("h", "[gpu]\nnode[01:100]\n", "h, line 2: range 01:100"),
+        ("h", "[gpu]\nnode1 port\n", "h, line 2: expected key=value after the host name"),
+        ("h", "[gpu:vars]\nx=1\n", "h, line 1: [gpu:vars] for a group that is never defined"),
+        ("h", "[a:children]\nb\n[b:children]\na\n", "groups contain each other: a -> b -> a"),
+        ("h", "[gpu:vars]\njust words\n", "h, line 2: expected key=value in [gpu:vars]"),
+        ("h", "#!/bin/sh\necho {}\n", "h: is a script; give its output instead"),
+    ],
+)
+def test_malformed_inventory_names_file_and_line(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert str(caught.value).startswith(f"inventory {tmp_path}/")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="cannot read it: No such file"):
+        load_inventory(tmp_path / "nope")
+    with pytest.raises(InventoryError, match=r"is a directory.*ansible-inventory"):
+        load_inventory(tmp_path)
+
+
+def test_ranges() -> None:
+    assert expand_range("node[01:03]") == ["node01", "node02", "node03"]
+    assert expand_range("r[a:c]n[1:2]") == ["ran1", "ran2", "rbn1", "rbn2", "rcn1", "rcn2"]
+    assert expand_range("n[0:6:3]") == ["n0", "n3", "n6"]
+    assert expand_range("plain") == ["plain"]
+    with pytest.raises(ValueError, match="bad host range"):
+        expand_range("n[1:x]")
+
+
+def test_nodes_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "nodes", "# rack 7\nnode1:\n\n  ssh://admin@node2:  # spare\n")
+    nodes = nodes_from_file(str(path))
+    assert [(n.name, n.endpoint.uri()) for n in nodes] == [
+        ("node1:", "http://node1:3476"),
+        ("ssh://admin@node2:", "ssh://admin@node2:22:3476"),
+    ]
+    path.write_text("node1:\nftp://node3\n")
+    with pytest.raises(ControllerError, match=r"nodes file .*nodes, line 2: invalid remote host"):
+        nodes_from_file(str(path))
+    path.write_text("node1: node2:\n")
+    with pytest.raises(ControllerError, match=r"line 1: one node per line"):
+        nodes_from_file(str(path))
