@@ -237,7 +237,8 @@ def _run(
                 click.echo(f"{PROG}: {result.node.name}: {result.error}", err=True)
         counts = summary(results)
         click.echo(
-            f"{PROG}: {counts['nodes']} nodes, {counts['answered']} answered "
+            f"{PROG}: {counts['nodes']} node{'s' if counts['nodes'] != 1 else ''}, "
+            f"{counts['answered']} answered "
             f"({counts['gpus']} GPUs), {counts['failed']} failed",
             err=True,
         )

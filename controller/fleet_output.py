@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from controller.fleet import NodeResult, Query
@@ -173,10 +173,21 @@ def docker_rows(result: NodeResult) -> list[Row]:
         (
             result.node.name,
             str(len(gpus)),
-            "nvidia" + ",".join(gpus) if gpus else "-",
+            "nvidia" + number_ranges(int(g) for g in gpus) if gpus else "-",
             " ".join(names) or "-",
         )
     ]
+
+
+def number_ranges(numbers: Iterable[int]) -> str:
+    """0 1 2 3 5 -> ``0-3,5``."""
+    spans: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def table_lines(

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from controller.endpoint import parse_endpoint
 from controller.fleet import INFO, STATUS, FleetNode, NodeResult, query_fleet
-from controller.fleet_output import Progress, json_document, table_lines
+from controller.fleet_output import Progress, json_document, number_ranges, table_lines
 from controller.table import Column, Row, Span, cut, render
 
 INFO_BODY = {
@@ -204,3 +204,8 @@ def test_progress_draws_and_clears() -> None:
     text = stream.getvalue()
     assert "2/2 nodes  1 failed" in text
     assert text.endswith("\r\033[K")
+
+
+def test_number_ranges() -> None:
+    assert number_ranges([3, 0, 1, 2, 5, 7, 6]) == "0-3,5-7"
+    assert number_ranges([4]) == "4"
