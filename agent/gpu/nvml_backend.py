@@ -127,6 +127,11 @@ class NvmlBackend:
         self._lost_logged: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # BAR1 usage costs 160-360 us per read, most of a status read; it changes only when
+        # mappings change, so the background sampler reads it with the PCIe counters
+        # (pcie_throughput) and status serves that sample once there is one.
+        self._bar1_sampled = [False] * len(handles)
+        self._bar1_used_mib: list[int | None] = [None] * len(handles)
 
     @classmethod
     def start(
@@ -227,7 +232,10 @@ class NvmlBackend:
         encoder = nvml.query("nvmlDeviceGetEncoderUtilization", handle)
         decoder = nvml.query("nvmlDeviceGetDecoderUtilization", handle)
         memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
-        bar1 = nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle)
+        if self._bar1_sampled[index]:
+            bar1_used_mib = self._bar1_used_mib[index]
+        else:
+            bar1_used_mib = self._read_bar1_used(handle)
         return DeviceStatus(
             power_w=_watts(power.value),
             temperature_c=_int(nvml.query("nvmlDeviceGetTemperature", handle, TEMPERATURE_GPU)),
@@ -247,7 +255,7 @@ class NvmlBackend:
                 cores_mhz=_int(nvml.query("nvmlDeviceGetClockInfo", handle, CLOCK_SM)),
                 memory_mhz=_int(nvml.query("nvmlDeviceGetClockInfo", handle, CLOCK_MEM)),
             ),
-            bar1_used_mib=_mib(_field(bar1, "bar1Used")),
+            bar1_used_mib=bar1_used_mib,
             processes=self._processes(handle),
         )
 
@@ -285,7 +293,13 @@ class NvmlBackend:
             self._log_lost(index, "GPU is lost (fell off the bus? see dmesg for Xid errors)")
             return UNKNOWN_THROUGHPUT
         tx = nvml.query("nvmlDeviceGetPcieThroughput", handle, PCIE_UTIL_TX_BYTES)
+        self._bar1_used_mib[index] = self._read_bar1_used(handle)
+        self._bar1_sampled[index] = True
         return PcieThroughput(rx_mbps=_kbps_to_mbps(rx.value), tx_mbps=_kbps_to_mbps(tx))
+
+    @staticmethod
+    def _read_bar1_used(handle: Any) -> int | None:
+        return _mib(_field(nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle), "bar1Used"))
 
     def close(self) -> None:
         with self._lock:

@@ -40,13 +40,14 @@ OLD_TOOL = {
 OLD_TOOL_RSS_MB = 57.0
 
 
-def _rss_mb(pid: int) -> tuple[float, float]:
-    """Resident and peak resident memory of a process, MB."""
+def _memory_mb(pid: int) -> dict[str, float]:
+    """Resident memory of a process, MB: total, peak, anonymous (heap, stacks) and file."""
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         fields[key] = value.strip()
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    keys = {"rss": "VmRSS", "peak": "VmHWM", "anon": "RssAnon", "file": "RssFile"}
+    return {name: int(fields[key].split()[0]) / 1024 for name, key in keys.items() if key in fields}
 
 
 def _old_way_sweep_ms(simulate: str | None, rounds: int) -> float:
@@ -120,12 +121,12 @@ def main() -> int:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
-        rss_idle, _ = _rss_mb(proc.pid)
+        idle = _memory_mb(proc.pid)
         results = asyncio.run(_measure(port, args.duration))
         spread = (
             _measure_spread(port, args.duration, args.client_procs) if args.client_procs > 1 else []
         )
-        rss, peak = _rss_mb(proc.pid)
+        loaded = _memory_mb(proc.pid)
     finally:
         stop_process(proc)
         proc.communicate()
@@ -143,8 +144,10 @@ def main() -> int:
         f"ours p50 with 1 client {status_1.p50_ms:.3f} ms: {old_way_ms / status_1.p50_ms:.0f}x"
     )
     print(
-        f"resident memory: {rss_idle:.1f} MB idle, {rss:.1f} MB after load (peak {peak:.1f} MB);"
-        f" 1.0.1: {OLD_TOOL_RSS_MB:.0f} MB"
+        f"resident memory: {idle['rss']:.1f} MB idle (anonymous {idle.get('anon', 0):.1f}, "
+        f"file-backed {idle.get('file', 0):.1f}), {loaded['rss']:.1f} MB after load (peak "
+        f"{loaded['peak']:.1f} MB); 1.0.1: {OLD_TOOL_RSS_MB:.0f} MB, ratio "
+        f"{loaded['rss'] / OLD_TOOL_RSS_MB:.2f}"
     )
     if args.out:
         args.out.write_text(
@@ -175,11 +178,7 @@ def main() -> int:
                         for r in spread
                     ],
                     "old_way_sweep_ms": round(old_way_ms, 2),
-                    "rss_mb": {
-                        "idle": round(rss_idle, 1),
-                        "loaded": round(rss, 1),
-                        "peak": round(peak, 1),
-                    },
+                    "memory_mb": {"idle": idle, "loaded": loaded},
                 },
                 indent=1,
             )

@@ -101,6 +101,21 @@ def test_h200_status(make_fake: MakeFake, start_backend: StartBackend) -> None:
     assert status.processes == ()
 
 
+def test_bar1_usage_comes_from_the_background_sample_once_there_is_one(
+    make_fake: MakeFake, start_backend: StartBackend
+) -> None:
+    fake = make_fake("h200")
+    backend = start_backend(fake)
+    fake.calls.clear()
+    assert backend.device_status(0).bar1_used_mib == 1  # no sample yet: read live
+    assert "nvmlDeviceGetBAR1MemoryInfo" in fake.calls
+    fake.devices[0]["bar1"]["bar1Used"] = 64 * 2**20
+    backend.pcie_throughput(0)  # the sampler's read
+    fake.calls.clear()
+    assert backend.device_status(0).bar1_used_mib == 64
+    assert "nvmlDeviceGetBAR1MemoryInfo" not in fake.calls
+
+
 def test_pcie_throughput_in_mb_per_s(make_fake: MakeFake, start_backend: StartBackend) -> None:
     fake = make_fake("h200")
     fake.devices[0]["pcie_rx_KBps"] = 12_345_678
