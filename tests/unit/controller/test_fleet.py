@@ -91,7 +91,8 @@ async def test_parallel_bounds_nodes_in_flight(slow_agents: tuple[list[int], Cou
         timeout_s=5,
         on_result=lambda r: seen.append(r.node.name),
     )
-    assert counter.peak == 3  # never more than --parallel nodes at once, one request each
+    # never more than --parallel nodes at once (one request each), and more than one
+    assert 2 <= counter.peak <= 3
     assert [r.node.name for r in results] == [node(p).name for p in ports]  # input order
     assert sorted(seen) == sorted(node(p).name for p in ports)  # each reported once
     assert all(r.ok and r.answers["status"] == STATUS_BODY for r in results)
