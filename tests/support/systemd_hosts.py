@@ -105,7 +105,7 @@ def ensure_image(engine: DockerEngine) -> str:
         return tag
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tarball = CACHE_DIR / f"systemd-host-{SUITE}-{key}.tar.gz"
-    with _locked(CACHE_DIR / "systemd-host.lock"):
+    with locked(CACHE_DIR / "systemd-host.lock"):
         if not tarball.exists():
             _build_rootfs_tarball(tarball)
     engine.docker(
@@ -122,7 +122,7 @@ def ensure_image(engine: DockerEngine) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """Serialise image builds between concurrent test runs."""
     with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1,0 +1,487 @@
+"""The Ansible role and rollout playbook, run for real against hosts that boot systemd.
+
+Three Debian hosts (containers of the private dockerd that run /sbin/init, see
+``tests.support.systemd_hosts``) are reached by ``ansible-playbook`` over SSH on loopback
+ports only. The agent is installed from a wheel built from this checkout, its dependencies
+from a wheelhouse (the hosts have no route to a package index: the air-gapped set-up), and
+runs with the simulated backend. What a fleet operator would notice is checked on the hosts
+through ``docker exec``: the unit's state, its main PID and journal, files on disk, the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.dockerd import DockerEngine
+from tests.support.services import wait_until
+from tests.support.systemd_hosts import (
+    CACHE_DIR,
+    SystemdFleet,
+    SystemdHost,
+    ensure_image,
+    locked,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = REPO / "ansible"
+PLAYBOOK = ANSIBLE_DIR / "playbooks" / "rollout.yml"
+ROLE = ANSIBLE_DIR / "roles" / "nvidia_docker_agent"
+NODES = ("node1", "node2", "node3")
+# The simulated node each host serves on the baseline rollout, and its GPU count.
+BASELINE_SIMULATE = {"node1": "h200", "node2": "h200", "node3": "hgx-h200-8"}
+BASELINE_GPUS = {"node1": 1, "node2": 1, "node3": 8}
+TARGET_PYTHON = "3.11"  # Debian bookworm's python3, inside the hosts
+TARGET_GLIBC_MINOR = 36  # bookworm's glibc 2.36: the newest manylinux tag the hosts accept
+HANDLER = "RUNNING HANDLER [nvidia_docker_agent : Restart the NVIDIA Docker agent]"
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
+    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def _tool(name: str) -> str:
+    """A command installed next to this Python (the .venv), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed: pip install -e '.[test]'")
+    return found
+
+
+# --- static checks ---------------------------------------------------------------------
+
+
+def test_ansible_lint_production_profile_passes() -> None:
+    proc = subprocess.run(
+        [_tool("ansible-lint"), "--profile", "production", "--nocolor"],
+        cwd=ANSIBLE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1", "ANSIBLE_HOME": tempfile.gettempdir() + "/nvd-lint"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+def test_role_installs_the_projects_packaging_files() -> None:
+    """A manual install and the role use the same unit, defaults file and spec file."""
+    for name, packaged in (
+        ("nvidia-docker.service", "systemd/nvidia-docker.service"),
+        ("nvidia-docker.default", "default/nvidia-docker"),
+        ("nvidia-docker.spec", "docker/nvidia-docker.spec"),
+    ):
+        assert (ROLE / "files" / name).resolve() == REPO / "packaging" / packaged
+
+
+# --- the fleet -------------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    hosts: dict[str, SystemdHost]
+    systemd: SystemdFleet
+    workdir: Path
+    key: Path
+    wheel: Path
+    wheelhouse: Path
+
+    def inventory(self, host_vars: Mapping[str, Mapping[str, object]] | None = None) -> Path:
+        """An inventory of the hosts (loopback SSH ports), with the baseline host vars."""
+        lines = ["[gpu_nodes]"]
+        for name, host in self.hosts.items():
+            hv: dict[str, object] = {
+                "ansible_host": "127.0.0.1",
+                "ansible_port": host.ssh_port,
+                "nvidia_docker_agent_simulate": BASELINE_SIMULATE[name],
+            }
+            hv.update((host_vars or {}).get(name, {}))
+            lines.append(f"{name} " + " ".join(f"{k}={json.dumps(v)}" for k, v in hv.items()))
+        lines += [
+            "[gpu_nodes:vars]",
+            "ansible_user=root",
+            "ansible_python_interpreter=/usr/bin/python3",
+            f"ansible_ssh_private_key_file={self.key}",
+            f"ansible_ssh_common_args='-o UserKnownHostsFile={self.workdir / 'known_hosts'}"
+            " -o StrictHostKeyChecking=yes'",
+            f"nvidia_docker_agent_wheel={self.wheel}",
+            f"nvidia_docker_agent_wheelhouse={self.wheelhouse}",
+        ]
+        path = Path(tempfile.mkstemp(prefix="inventory-", suffix=".ini", dir=self.workdir)[1])
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def playbook(
+        self, *args: str, host_vars: Mapping[str, Mapping[str, object]] | None = None
+    ) -> Run:
+        env = {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
+            "ANSIBLE_HOME": str(self.workdir / "ansible-home"),
+            "ANSIBLE_LOCAL_TEMP": str(self.workdir / "ansible-tmp"),
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.workdir / "cp"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_HOST_KEY_CHECKING": "True",
+        }
+        proc = subprocess.run(
+            [_tool("ansible-playbook"), "-i", str(self.inventory(host_vars)), str(PLAYBOOK), *args],
+            capture_output=True,
+            text=True,
+            timeout=420,
+            check=False,
+            env=env,
+        )
+        return Run(proc.returncode, proc.stdout + proc.stderr)
+
+    def sh(self, node: str, script: str) -> str:
+        proc = self.systemd.exec(self.hosts[node].container, "sh", "-c", script)
+        assert proc.returncode == 0, f"{node}: {script}: {proc.stderr}"
+        return proc.stdout.strip()
+
+    def unit(self, node: str) -> dict[str, str]:
+        props = "MainPID,ActiveState,UnitFileState,NRestarts,ActiveEnterTimestampMonotonic"
+        text = self.sh(node, f"systemctl show -p {props} nvidia-docker.service")
+        return dict(line.split("=", 1) for line in text.splitlines())
+
+    def api_gpus(self, node: str) -> int:
+        body = self.sh(
+            node,
+            "python3 -c 'import urllib.request as u; "
+            'print(u.urlopen("http://127.0.0.1:3476/gpu/info/json", timeout=5).read().decode())\'',
+        )
+        devices: list[object] = json.loads(body)["Devices"]
+        return len(devices)
+
+    def journal_cursor(self, node: str) -> str:
+        text = self.sh(node, "journalctl -u nvidia-docker.service -n 0 --show-cursor")
+        return text.rsplit("-- cursor: ", 1)[1].strip()
+
+    def starts_since(self, node: str, cursor: str) -> int:
+        text = self.sh(
+            node, f"journalctl -u nvidia-docker.service -o cat --after-cursor '{cursor}'"
+        )
+        return sum(line.startswith("Started nvidia-docker.service") for line in text.splitlines())
+
+
+@dataclass(frozen=True)
+class Run:
+    rc: int
+    output: str
+
+    def recap(self) -> dict[str, dict[str, int]]:
+        return {
+            m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
+            for m in RECAP.finditer(self.output)
+        }
+
+    def assert_ok(self) -> None:
+        recap = self.recap()
+        assert self.rc == 0, self.output[-6000:]
+        assert sorted(recap) == sorted(NODES), self.output[-3000:]
+        assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values()), recap
+
+
+def _python_deps() -> list[str]:
+    deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    return deps
+
+
+def _platform_args(machine: str) -> list[str]:
+    """``--platform`` for every manylinux tag a glibc 2.36 host accepts (pip does not expand)."""
+    tags = [f"manylinux_2_{minor}_{machine}" for minor in range(TARGET_GLIBC_MINOR, 4, -1)]
+    tags += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}"]
+    return [arg for tag in tags for arg in ("--platform", tag)]
+
+
+def _wheelhouse() -> Path:
+    """Wheels of the agent's dependencies for the hosts' Python, cached by requirement set."""
+    machine = platform.machine()
+    key_text = json.dumps([_python_deps(), TARGET_PYTHON, TARGET_GLIBC_MINOR, machine])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    target = CACHE_DIR / f"wheelhouse-{key}"
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with locked(CACHE_DIR / "wheelhouse.lock"):
+        if target.is_dir():
+            return target
+        partial = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=CACHE_DIR))
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+                "--python-version",
+                TARGET_PYTHON,
+                *_platform_args(machine),
+                "--dest",
+                str(partial),
+                *_python_deps(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RuntimeError(f"pip download of the wheelhouse failed: {proc.stderr[-2000:]}")
+        partial.rename(target)
+    return target
+
+
+def _build_wheel(workdir: Path) -> Path:
+    """``pip wheel --no-deps`` of a copy of this checkout (no build files left in the repo)."""
+    source = workdir / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    source.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", source)
+    for extra in ("README.md", "LICENSE"):
+        if (REPO / extra).exists():
+            shutil.copy2(REPO / extra, source)
+    for package in ("agent", "plugin", "mesos", "controller"):
+        shutil.copytree(REPO / package, source / package, ignore=ignore)
+    dist = workdir / "dist"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"pip wheel failed: {proc.stderr[-2000:]}"
+    (wheel,) = dist.glob("nvidia_docker_agent-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def fleet(docker_engine: DockerEngine) -> Iterator[Fleet]:
+    # A short directory: ssh's ControlPath sockets must fit in 108 bytes.
+    workdir = Path(tempfile.mkdtemp(prefix="nvd-ans-"))
+    systemd = None
+    try:
+        (workdir / "cp").mkdir()
+        key = workdir / "id_ed25519"
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nvd-test", "-f", str(key)],
+            check=True,
+        )
+        wheel = _build_wheel(workdir)
+        wheelhouse = _wheelhouse()
+        systemd = SystemdFleet(
+            docker_engine, ensure_image(docker_engine), key.with_suffix(".pub").read_text()
+        )
+        hosts = systemd.start(NODES)
+        (workdir / "known_hosts").write_text(systemd.known_hosts())
+        yield Fleet({h.name: h for h in hosts}, systemd, workdir, key, wheel, wheelhouse)
+    finally:
+        if systemd is not None:
+            systemd.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def rolled_out(fleet: Fleet) -> Run:
+    """The first rollout, all nodes in one batch."""
+    run = fleet.playbook("-e", "nvidia_docker_rollout_batch=3")
+    run.assert_ok()
+    return run
+
+
+def _baseline(fleet: Fleet) -> None:
+    """Bring every node back to the baseline configuration (after a test changed it).
+
+    The GPU count is stated: a node that a test left with another count would otherwise
+    fail the health gate, which expects the count from before the run.
+    """
+    expected = {node: {"nvidia_docker_agent_expected_gpus": n} for node, n in BASELINE_GPUS.items()}
+    fleet.playbook("-e", "nvidia_docker_rollout_batch=3", host_vars=expected).assert_ok()
+
+
+# --- the tests -------------------------------------------------------------------------
+
+
+def _state(fleet: Fleet, node: str) -> str:
+    """What a role run would change on a node: files, users, the unit's process."""
+    return fleet.sh(
+        node,
+        "ls -la --time-style=full-iso /etc/default /etc/systemd/system /opt /etc/docker "
+        "/opt/nvidia-docker 2>&1; getent passwd nvidia-docker; "
+        "systemctl show -p MainPID,ActiveEnterTimestampMonotonic nvidia-docker.service",
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("extra_vars", "message"),
+    [
+        (
+            {"nvidia_docker_agent_listen_port": "http"},
+            "argument 'nvidia_docker_agent_listen_port' is of type str and we were unable "
+            "to convert to int",
+        ),
+        (
+            {"nvidia_docker_agent_source": "ftp"},
+            "value of nvidia_docker_agent_source must be one of: wheel, index, got: ftp",
+        ),
+    ],
+    ids=["wrong-type", "unknown-choice"],
+)
+def test_bad_variable_fails_validation_before_any_change(
+    fleet: Fleet, extra_vars: dict[str, str], message: str
+) -> None:
+    before = {node: _state(fleet, node) for node in NODES}
+    run = fleet.playbook("-e", json.dumps(extra_vars), "-e", "nvidia_docker_rollout_batch=3")
+
+    assert run.rc != 0
+    assert "Validation of arguments failed" in run.output
+    assert message in run.output
+    # Validation is the role's first task: nothing of the role ran, nothing changed.
+    assert "Check the role's variables" not in run.output
+    assert all(r["changed"] == 0 and r["failed"] == 1 for r in run.recap().values())
+    assert {node: _state(fleet, node) for node in NODES} == before
+
+
+@pytest.mark.e2e
+def test_rollout_installs_and_starts_the_agent_on_every_node(fleet: Fleet, rolled_out: Run) -> None:
+    for node in NODES:
+        unit = fleet.unit(node)
+        assert unit["ActiveState"] == "active"
+        assert unit["UnitFileState"] == "enabled"
+        pid = unit["MainPID"]
+        # Runs unprivileged, sandboxed: no capabilities, no new privileges.
+        assert fleet.sh(node, f"stat -c %U /proc/{pid}") == "nvidia-docker"
+        status = fleet.sh(node, f"grep -E '^(NoNewPrivs|CapEff)' /proc/{pid}/status")
+        assert re.search(r"NoNewPrivs:\s+1", status)
+        assert re.search(r"CapEff:\s+0+$", status, re.MULTILINE)
+        assert "video" in fleet.sh(node, "id -nG nvidia-docker").split()
+        # dockerd finds the plugin socket through the spec file.
+        spec = fleet.sh(node, "cat /etc/docker/plugins/nvidia-docker.spec")
+        assert spec == "unix:///run/nvidia-docker/nvidia-docker.sock"
+        fleet.sh(node, "test -S /run/nvidia-docker/nvidia-docker.sock")
+        fleet.sh(node, "test -d /var/lib/nvidia-docker/volumes")
+        assert fleet.api_gpus(node) == BASELINE_GPUS[node]
+    # The report play: one line per node.
+    assert "node1: 1 GPU(s), NVIDIA H200, driver 580." in rolled_out.output
+    assert "node2: 1 GPU(s), NVIDIA H200, driver 580." in rolled_out.output
+    assert "node3: 8 GPU(s), NVIDIA H200, driver 580." in rolled_out.output
+
+
+@pytest.mark.e2e
+def test_second_run_changes_nothing(fleet: Fleet, rolled_out: Run) -> None:
+    pids = {node: fleet.unit(node)["MainPID"] for node in NODES}
+    run = fleet.playbook("-e", "nvidia_docker_rollout_batch=3")
+    run.assert_ok()
+    assert {host: r["changed"] for host, r in run.recap().items()} == dict.fromkeys(NODES, 0)
+    assert HANDLER not in run.output
+    assert {node: fleet.unit(node)["MainPID"] for node in NODES} == pids
+
+
+@pytest.mark.e2e
+def test_check_mode_reports_the_change_and_makes_none(fleet: Fleet, rolled_out: Run) -> None:
+    before = {node: _state(fleet, node) for node in NODES}
+    run = fleet.playbook(
+        "--check",
+        "--diff",
+        "-e",
+        '{"nvidia_docker_agent_extra_opts": ["--pcie-interval", "2"]}',
+        "-e",
+        "nvidia_docker_rollout_batch=3",
+    )
+    run.assert_ok()
+    assert all(r["changed"] > 0 for r in run.recap().values())
+    assert "--simulate h200 --pcie-interval 2" in run.output  # the diff of the defaults file
+    assert {node: _state(fleet, node) for node in NODES} == before
+
+
+@pytest.mark.e2e
+def test_changing_a_variable_restarts_the_agent_once(fleet: Fleet, rolled_out: Run) -> None:
+    before = {node: fleet.unit(node)["MainPID"] for node in NODES}
+    cursors = {node: fleet.journal_cursor(node) for node in NODES}
+    try:
+        run = fleet.playbook(
+            "-e",
+            '{"nvidia_docker_agent_extra_opts": ["--pcie-interval", "2"]}',
+            "-e",
+            "nvidia_docker_rollout_batch=3",
+        )
+        run.assert_ok()
+        assert run.output.count(HANDLER) == 1
+        handler_part = run.output.split(HANDLER, 1)[1].split("TASK [", 1)[0]
+        for node in NODES:
+            assert f"changed: [{node}]" in handler_part
+            assert fleet.unit(node)["MainPID"] != before[node]
+            assert fleet.starts_since(node, cursors[node]) == 1
+            cmdline = fleet.sh(node, f"tr '\\0' ' ' < /proc/{fleet.unit(node)['MainPID']}/cmdline")
+            assert "--pcie-interval 2" in cmdline
+    finally:
+        _baseline(fleet)
+
+
+@pytest.mark.e2e
+def test_systemd_restarts_the_agent_after_a_crash(fleet: Fleet, rolled_out: Run) -> None:
+    pid = fleet.unit("node1")["MainPID"]
+    fleet.sh("node1", f"kill -KILL {pid}")
+
+    def restarted() -> bool:
+        unit = fleet.unit("node1")
+        return unit["ActiveState"] == "active" and unit["MainPID"] not in ("0", pid)
+
+    wait_until(restarted, what="nvidia-docker restarted by systemd", timeout_s=30, interval_s=0.3)
+    wait_until(lambda: fleet.api_gpus("node1") == 1, what="agent API after restart", timeout_s=30)
+
+
+@pytest.mark.e2e
+def test_health_gate_stops_the_rollout_at_the_unhealthy_batch(
+    fleet: Fleet, rolled_out: Run
+) -> None:
+    """node2 comes back with 8 GPUs where it had 1: its batch fails, node3 is never touched."""
+    node3_before = _state(fleet, "node3")
+    node1_pid = fleet.unit("node1")["MainPID"]
+    try:
+        run = fleet.playbook(
+            "-e",
+            '{"nvidia_docker_agent_extra_opts": ["--pcie-interval", "3"]}',
+            host_vars={"node2": {"nvidia_docker_agent_simulate": "hgx-h200-8"}},
+        )  # serial: 1, max_fail_percentage: 0 (the defaults)
+        assert run.rc != 0
+        assert "node2 is not healthy after the upgrade: the agent reports 8 GPU(s), 1 expected" in (
+            " ".join(run.output.split())
+        )
+        recap = run.recap()
+        assert recap["node1"]["failed"] == 0
+        assert recap["node1"]["changed"] > 0
+        assert recap["node2"]["failed"] == 1
+        assert "node3" not in recap
+        assert "[node3]" not in run.output
+        assert fleet.unit("node1")["MainPID"] != node1_pid  # the first batch was upgraded
+        assert _state(fleet, "node3") == node3_before
+        assert "--pcie-interval" not in fleet.sh("node3", "cat /etc/default/nvidia-docker")
+    finally:
+        _baseline(fleet)
