@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = """#!{python}
+LAUNCHER = REPO / "bin" / "nvidia-docker"  # installed with its shebang set to the venv's Python
+PIP_SCRIPT = """#!{python}
 # -*- coding: utf-8 -*-
 import re
 import sys
@@ -64,15 +65,15 @@ def _plain_venv(tmp: Path) -> Path:
     return python
 
 
-def _console_script(python: Path, where: Path, *, without_re: bool = False) -> list[str]:
-    """pip's console script; ``without_re``: the same minus its ``import re`` (which costs
-    several ms that are the template's, not ours), to show our own share."""
-    text = SCRIPT.format(python=python)
-    if without_re:
-        text = text.replace("import re\n", "").replace(
-            "sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])", "pass"
-        )
-    script = where / ("nvidia-docker-no-re" if without_re else "nvidia-docker")
+def _launcher(python: Path, where: Path, *, pip_template: bool = False) -> list[str]:
+    """Our launcher ``bin/nvidia-docker`` as pip installs it (shebang set to the venv's
+    Python); ``pip_template``: the console script pip would have written instead, whose
+    ``import re`` is why we ship a plain script."""
+    if pip_template:
+        text = PIP_SCRIPT.format(python=python)
+    else:
+        text = LAUNCHER.read_text().replace("#!python", f"#!{python}", 1)
+    script = where / ("nvidia-docker-pip-template" if pip_template else "nvidia-docker")
     script.write_text(text)
     script.chmod(0o755)
     return [str(script)]
@@ -103,8 +104,8 @@ def main() -> int:
         variants = {
             "docker": [docker],
             "python exec": [str(python), "-c", exec_only],
-            "nvidia-docker": _console_script(python, Path(tmp)),
-            "  minus re": _console_script(python, Path(tmp), without_re=True),
+            "nvidia-docker": _launcher(python, Path(tmp)),
+            "  pip launcher": _launcher(python, Path(tmp), pip_template=True),
             "old way": ["sh", "-c", 'docker version >/dev/null 2>&1; exec docker "$@"', "old"],
         }
         installed = Path(sys.executable).with_name("nvidia-docker")
