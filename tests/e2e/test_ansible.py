@@ -171,6 +171,13 @@ class Fleet:
         devices: list[object] = json.loads(body)["Devices"]
         return len(devices)
 
+    def installed_version(self, node: str) -> str:
+        return self.sh(
+            node,
+            "/opt/nvidia-docker/venv/bin/python -c "
+            "'import importlib.metadata as m; print(m.version(\"nvidia-docker-agent\"))'",
+        )
+
     def journal_cursor(self, node: str) -> str:
         text = self.sh(node, "journalctl -u nvidia-docker.service -n 0 --show-cursor")
         return text.rsplit("-- cursor: ", 1)[1].strip()
@@ -255,12 +262,21 @@ def _wheelhouse() -> Path:
     return target
 
 
-def _build_wheel(workdir: Path) -> Path:
-    """``pip wheel --no-deps`` of a copy of this checkout (no build files left in the repo)."""
+def _build_wheel(workdir: Path, version: str | None = None) -> Path:
+    """``pip wheel --no-deps`` of a copy of this checkout (no build files left in the repo).
+
+    ``version`` replaces the project's version: a newer release for upgrade tests.
+    """
     source = workdir / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    source.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", source)
+    source.mkdir(parents=True)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    if version is not None:
+        pyproject, count = re.subn(
+            r'^version = ".*"$', f'version = "{version}"', pyproject, flags=re.MULTILINE
+        )
+        assert count == 1, "pyproject.toml: no version line to replace"
+    (source / "pyproject.toml").write_text(pyproject)
     for extra in ("README.md", "LICENSE"):
         if (REPO / extra).exists():
             shutil.copy2(REPO / extra, source)
@@ -485,3 +501,33 @@ def test_health_gate_stops_the_rollout_at_the_unhealthy_batch(
         assert "--pcie-interval" not in fleet.sh("node3", "cat /etc/default/nvidia-docker")
     finally:
         _baseline(fleet)
+
+
+@pytest.mark.e2e
+def test_rolling_upgrade_then_rollback_to_the_previous_wheel(fleet: Fleet, rolled_out: Run) -> None:
+    baseline_version = fleet.installed_version("node1")
+    newer = _build_wheel(fleet.workdir / "newer", version="2099.1.0")
+    install_task = "TASK [nvidia_docker_agent : Install the agent's wheel and its dependencies]"
+    try:
+        upgrade = fleet.playbook("-e", f"nvidia_docker_agent_wheel={newer}")  # serial: 1
+        upgrade.assert_ok()
+        # One node per batch, in inventory order, each restarted once and healthy.
+        upgraded = re.findall(re.escape(install_task) + r" \*+\nchanged: \[(\w+)\]", upgrade.output)
+        assert upgraded == list(NODES)
+        assert upgrade.output.count(HANDLER) == len(NODES)
+        for node in NODES:
+            assert fleet.installed_version(node) == "2099.1.0"
+            assert fleet.api_gpus(node) == BASELINE_GPUS[node]
+
+        # Rollback: the same playbook with the previous wheel (the inventory's).
+        pids = {node: fleet.unit(node)["MainPID"] for node in NODES}
+        rollback = fleet.playbook("-e", "nvidia_docker_rollout_batch=3")
+        rollback.assert_ok()
+        assert rollback.output.count(HANDLER) == 1
+        for node in NODES:
+            assert fleet.installed_version(node) == baseline_version
+            assert fleet.unit(node)["MainPID"] != pids[node]
+            assert fleet.api_gpus(node) == BASELINE_GPUS[node]
+    except BaseException:
+        _baseline(fleet)
+        raise
