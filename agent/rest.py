@@ -71,28 +71,26 @@ def _bad_request(err: InvalidSelection) -> web.Response:
     return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
 
 
-async def gpu_info(request: web.Request) -> web.Response:
+async def _info(request: web.Request, as_json: bool) -> web.Response:
     facts = request.app[FACTS]
     dev = request.query.get("dev")
     if dev is None:
-        return _answer(facts.info_text, TEXT)
+        return _answer(facts.info_json, JSON) if as_json else _answer(facts.info_text, TEXT)
     try:
         node = _subset(facts.node, facts.devices(dev))
     except InvalidSelection as err:
         return _bad_request(err)
+    if as_json:
+        return _answer(render_json.info(node), JSON)
     return _answer(render_text.info(node).encode(), TEXT)
 
 
+async def gpu_info(request: web.Request) -> web.Response:
+    return await _info(request, as_json=False)
+
+
 async def gpu_info_json(request: web.Request) -> web.Response:
-    facts = request.app[FACTS]
-    dev = request.query.get("dev")
-    if dev is None:
-        return _answer(facts.info_json, JSON)
-    try:
-        node = _subset(facts.node, facts.devices(dev))
-    except InvalidSelection as err:
-        return _bad_request(err)
-    return _answer(render_json.info(node), JSON)
+    return await _info(request, as_json=True)
 
 
 def _subset(node: NodeInfo, devices: tuple[DeviceInfo, ...]) -> NodeInfo:

@@ -31,7 +31,7 @@ import pytest
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import file_lock, free_port, port_open, stop_process, wait_until
 from tests.support.sshd import SshServer
 
 pytestmark = pytest.mark.e2e
@@ -45,25 +45,6 @@ UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node n
 ERROR_PREFIX = "nvidia-docker | "
 
 
-@contextlib.contextmanager
-def _flock(path: Path, timeout_s: float = 600) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} is held by another test run") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
-
-
 @pytest.fixture(scope="module")
 def nvidia_devices() -> Iterator[None]:
     """Character device nodes /dev/nvidia0..7, nvidiactl, nvidia-uvm where missing."""
@@ -71,7 +52,7 @@ def nvidia_devices() -> Iterator[None]:
     wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
     wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
     created: list[tuple[str, int]] = []
-    with _flock(DEVICE_LOCK):
+    with file_lock(DEVICE_LOCK):
         try:
             for path, (major, minor) in wanted.items():
                 if os.path.lexists(path):
@@ -145,7 +126,7 @@ def hgx_agent(fake_driver: FakeDriver) -> Iterator[Agent]:
 @pytest.fixture
 def local_agent_port() -> Iterator[int]:
     """Port 3476 of this machine, for this test only (skipped when someone else uses it)."""
-    with _flock(LOCAL_AGENT_LOCK):
+    with file_lock(LOCAL_AGENT_LOCK):
         if port_open(3476) or port_open(3476, "::1"):
             pytest.skip("something else listens on localhost:3476")
         yield 3476

@@ -10,13 +10,11 @@ driver root (its ``--ldcache`` and a PATH with the fake binaries).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from pathlib import Path
 
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import file_lock, free_port, port_open, stop_process, wait_until
 
 LOCK_PATH = Path("/run/lock/nvd-test-plugin.lock")
 SPEC_FILE = Path("/etc/docker/plugins/nvidia-docker.spec")
@@ -58,24 +56,9 @@ class PluginAgent:
             return body
 
 
-@contextlib.contextmanager
-def plugin_lock(timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+def plugin_lock(timeout_s: float = LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
     """The machine-wide lock of the tests that own the nvidia-docker plugin name."""
-    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{LOCK_PATH} held by another test run") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(LOCK_PATH, timeout_s)
 
 
 @contextlib.contextmanager

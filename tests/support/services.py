@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +66,23 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (real services: dockerd, sshd)")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, timeout_s: float = 600) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (machine-wide, across concurrent test runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} is held by another test run") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
