@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import ctypes
 import gc
-import json
 import logging
 import os
 import signal
@@ -248,6 +247,7 @@ async def run(config: Config) -> int:
 def dump_node(simulate: str | None, target: str) -> int:
     """``--dump-node``: write this node's facts as a node file, for ``--simulate``."""
     from agent.gpu.dump import dump_node as dump  # noqa: PLC0415 - only for this command
+    from agent.gpu.dump import write_node_file  # noqa: PLC0415
 
     try:
         backend = open_backend(simulate)
@@ -255,13 +255,15 @@ def dump_node(simulate: str | None, target: str) -> int:
         log.error("Error: %s", err)
         return EXIT_STARTUP_FAILED
     try:
-        text = json.dumps(dump(backend), indent=1) + "\n"
+        data = dump(backend)
     finally:
         backend.close()
-    if target == "-":
-        sys.stdout.write(text)
-    else:
-        Path(target).write_text(text, encoding="utf-8")
+    try:
+        write_node_file(data, target)
+    except OSError as err:
+        log.error("Error: cannot write the node file %s: %s", target, err)
+        return EXIT_STARTUP_FAILED
+    if target != "-":
         log.info("Wrote the node file %s", target)
     return EXIT_OK
 

@@ -35,6 +35,9 @@ class MesosCli:
         return body
 
     def _render(self, fmt: str, indices: tuple[int, ...]) -> bytes:
+        # A GPU whose UUID NVML could not read (lost at start) cannot be offered: Mesos
+        # tasks would have no stable name for it. It stays in the blob, with null fields.
+        indices = tuple(i for i in indices if self._node.devices[i].uuid)
         uuids = [self._node.devices[i].uuid or "" for i in indices]
         if fmt == "native":
             return flags.native_flags(self._info_json, uuids, indices).encode()

@@ -139,7 +139,7 @@ class _Reader:
         value = self._get(key, False)
         if value is None:
             return []
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):
             raise NodeFileError(f"{self._path(key)}: expected a list")
         return [_Reader(item, f"{self._path(key)}[{i}]") for i, item in enumerate(value)]
 

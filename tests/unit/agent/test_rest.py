@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import zlib
 
 import pytest
 
+from agent.rest import NodeFacts
 from tests.unit.agent.conftest import CountingBackend, MakeClient
 
 ROUTES = [
@@ -183,3 +185,14 @@ async def test_mesos_cli_native_format_and_selection(make_client: MakeClient) ->
     bad = await client.get("/mesos/cli?dev=9")
     assert (bad.status, await bad.text()) == (400, "invalid device: 9\n")
     assert (await client.get("/mesos/cli?format=yaml")).status == 400
+
+
+def test_mesos_cli_leaves_out_a_gpu_without_uuid() -> None:
+    node = CountingBackend("hgx-h200-8").node_info()
+    lost = dataclasses.replace(node.devices[1], uuid=None)
+    node = dataclasses.replace(node, devices=(node.devices[0], lost, *node.devices[2:]))
+    facts = NodeFacts(node, ("/dev/nvidiactl",))
+    legacy = facts.mesos.answer(None, None).decode()
+    assert legacy.count("GPU-") == 7
+    native = facts.mesos.answer("native", "0 1 2").decode()
+    assert native.endswith("--resources=gpus:2 --nvidia_gpu_devices=0,2")
