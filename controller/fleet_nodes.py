@@ -23,7 +23,7 @@ from controller.fleet import FleetNode
 from controller.inventory import InventoryError, InventoryHost, load_inventory
 
 TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http
-PORT_VAR = "nvidia_docker_agent_port"  # the agent's HTTP port (default 3476)
+PORT_VAR = "nvidia_docker_agent_listen_port"  # the Ansible role's variable: the agent's HTTP port
 ENDPOINT_VAR = "nvidia_docker_endpoint"  # a whole NV_HOST address, wins over the rest
 INVENTORY_TRANSPORTS = ("ssh", "http")
 
@@ -78,7 +78,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     ``nvidia_docker_endpoint`` (an ``NV_HOST`` address) wins. Otherwise the address is
     ``ansible_host`` (else the inventory name), the transport ``nvidia_docker_transport``
     (``ssh``, the default: what reaches Ansible reaches the agent, which may listen on the
-    node's localhost only; or ``http``), the agent's port ``nvidia_docker_agent_port``, and
+    node's localhost only; or ``http``), the agent's port ``nvidia_docker_agent_listen_port``, and
     over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them.
     """
     variables = host.vars

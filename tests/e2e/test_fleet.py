@@ -333,11 +333,12 @@ async def test_inventory_yaml_with_http_and_ssh_hosts(
     agents = live(farm)
     inventory = tmp_path / "hosts.yml"
     http_hosts = "\n".join(
-        f"        gpu{i:02d}: {{ansible_host: 127.0.0.1, nvidia_docker_agent_port: {port}}}"
+        f"        gpu{i:02d}: {{ansible_host: 127.0.0.1, nvidia_docker_agent_listen_port: {port}}}"
         for i, (port, _) in enumerate(agents[:3])
     )
     ssh_hosts = "\n".join(
-        f"        dgx{i}: {{ansible_port: {ssh_port}, nvidia_docker_agent_port: {agents[i][0]}}}"
+        f"        dgx{i}: {{ansible_port: {ssh_port}, "
+        f"nvidia_docker_agent_listen_port: {agents[i][0]}}}"
         for i, ssh_port in enumerate(fleet_sshd.extra_ports[:2])
     )
     inventory.write_text(
@@ -377,7 +378,7 @@ async def test_inventory_ini_and_nodes_file(farm: AgentFarm, tmp_path: Path) -> 
     inventory.write_text(
         "[gpu]\n"
         + "".join(
-            f"node{i} ansible_host=127.0.0.1 nvidia_docker_agent_port={port}\n"
+            f"node{i} ansible_host=127.0.0.1 nvidia_docker_agent_listen_port={port}\n"
             for i, (port, _) in enumerate(agents[:2])
         )
         + "[gpu:vars]\nnvidia_docker_transport=http\n"

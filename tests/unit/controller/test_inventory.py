@@ -18,7 +18,7 @@ INI = """\
 lonely ansible_host=10.9.9.9
 
 [gpu]
-node[01:03] nvidia_docker_agent_port=3477
+node[01:03] nvidia_docker_agent_listen_port=3477
 node9:2222 ansible_host=10.0.0.9 ansible_user=admin  # trailing comment
 "quoted" x='a b'
 
@@ -37,7 +37,7 @@ gpu
 dgx
 
 [cluster:vars]
-nvidia_docker_agent_port=3476
+nvidia_docker_agent_listen_port=3476
 ansible_user=clusteruser
 """
 
@@ -59,7 +59,7 @@ all:
         h200:
           hosts:
             node1:
-              nvidia_docker_agent_port: 3477
+              nvidia_docker_agent_listen_port: 3477
     other:
       vars: *gv
       hosts:
@@ -152,8 +152,10 @@ def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
     ):
         nodes_from_inventory(str(path), None)
     assert nodes_from_inventory(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"
-    path.write_text("c nvidia_docker_agent_port=99999\n")
-    with pytest.raises(InventoryError, match=r"host c: nvidia_docker_agent_port must be a port"):
+    path.write_text("c nvidia_docker_agent_listen_port=99999\n")
+    with pytest.raises(
+        InventoryError, match=r"host c: nvidia_docker_agent_listen_port must be a port"
+    ):
         nodes_from_inventory(str(path), None)
     path.write_text("d ansible_host='{{ inventory_hostname }}.mgmt'\n")
     with pytest.raises(InventoryError, match=r"host d: ansible_host is a Jinja2 template"):
