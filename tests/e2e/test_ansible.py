@@ -163,12 +163,22 @@ class Fleet:
         return dict(line.split("=", 1) for line in text.splitlines())
 
     def api_gpus(self, node: str) -> int:
-        body = self.sh(
-            node,
-            "python3 -c 'import urllib.request as u; "
-            'print(u.urlopen("http://127.0.0.1:3476/gpu/info/json", timeout=5).read().decode())\'',
+        count = self.try_api_gpus(node)
+        assert count is not None, f"{node}: the agent does not answer /gpu/info/json"
+        return count
+
+    def try_api_gpus(self, node: str) -> int | None:
+        """The number of GPUs the node's agent reports, None if it does not answer."""
+        proc = self.systemd.exec(
+            self.hosts[node].container,
+            "python3",
+            "-c",
+            "import urllib.request as u; "
+            'print(u.urlopen("http://127.0.0.1:3476/gpu/info/json", timeout=5).read().decode())',
         )
-        devices: list[object] = json.loads(body)["Devices"]
+        if proc.returncode != 0:
+            return None
+        devices: list[object] = json.loads(proc.stdout)["Devices"]
         return len(devices)
 
     def installed_version(self, node: str) -> str:
@@ -262,14 +272,40 @@ def _wheelhouse() -> Path:
     return target
 
 
+def _copy_checkout(target: Path) -> None:
+    """The files ``pip wheel .`` would see: tracked and not-ignored files of the work tree."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode != 0:  # not a git checkout: everything but build products
+        shutil.copytree(
+            REPO,
+            target,
+            ignore=shutil.ignore_patterns(
+                ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
+            ),
+        )
+        return
+    for name in listed.stdout.decode().split("\0"):
+        path = REPO / name
+        if name and path.is_file() and not path.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / name)
+        elif name and path.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).symlink_to(os.readlink(path))
+
+
 def _build_wheel(workdir: Path, version: str | None = None) -> Path:
     """``pip wheel --no-deps`` of a copy of this checkout (no build files left in the repo).
 
     ``version`` replaces the project's version: a newer release for upgrade tests.
     """
     source = workdir / "source"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    source.mkdir(parents=True)
+    _copy_checkout(source)
     pyproject = (REPO / "pyproject.toml").read_text()
     if version is not None:
         pyproject, count = re.subn(
@@ -277,11 +313,6 @@ def _build_wheel(workdir: Path, version: str | None = None) -> Path:
         )
         assert count == 1, "pyproject.toml: no version line to replace"
     (source / "pyproject.toml").write_text(pyproject)
-    for extra in ("README.md", "LICENSE"):
-        if (REPO / extra).exists():
-            shutil.copy2(REPO / extra, source)
-    for package in ("agent", "plugin", "mesos", "controller"):
-        shutil.copytree(REPO / package, source / package, ignore=ignore)
     dist = workdir / "dist"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), "."],
@@ -470,7 +501,7 @@ def test_systemd_restarts_the_agent_after_a_crash(fleet: Fleet, rolled_out: Run)
         return unit["ActiveState"] == "active" and unit["MainPID"] not in ("0", pid)
 
     wait_until(restarted, what="nvidia-docker restarted by systemd", timeout_s=30, interval_s=0.3)
-    wait_until(lambda: fleet.api_gpus("node1") == 1, what="agent API after restart", timeout_s=30)
+    wait_until(lambda: fleet.try_api_gpus("node1") == 1, what="agent API again", timeout_s=30)
 
 
 @pytest.mark.e2e
