@@ -68,7 +68,7 @@ def _tool(name: str) -> str:
 # --- static checks ---------------------------------------------------------------------
 
 
-def test_ansible_lint_production_profile_passes() -> None:
+def test_ansible_lint_production_profile_passes(tmp_path: Path) -> None:
     proc = subprocess.run(
         [_tool("ansible-lint"), "--profile", "production", "--nocolor"],
         cwd=ANSIBLE_DIR,
@@ -76,7 +76,7 @@ def test_ansible_lint_production_profile_passes() -> None:
         text=True,
         timeout=300,
         check=False,
-        env={**os.environ, "NO_COLOR": "1", "ANSIBLE_HOME": tempfile.gettempdir() + "/nvd-lint"},
+        env={**os.environ, "NO_COLOR": "1", "ANSIBLE_HOME": str(tmp_path / "ansible-home")},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
