@@ -135,5 +135,13 @@ def stop_engine(engine: DockerEngine, proc: subprocess.Popen[bytes]) -> None:
     if ids:
         engine.docker("rm", "-f", *ids, check=False)
     stop_process(proc, timeout_s=30)
-    subprocess.run(["umount", "-R", str(engine.root / "data")], capture_output=True, check=False)
+    # dockerd leaves mounts behind (overlays under data/, the network namespace under
+    # exec/netns/): unmount everything below the engine's root, deepest first.
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(f"{engine.root}/")
+    ]
+    for mount in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
     shutil.rmtree(engine.root, ignore_errors=True)
