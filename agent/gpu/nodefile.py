@@ -30,7 +30,7 @@ from agent.gpu.model import (
 )
 
 SCHEMA = "nvidia-docker-node/1"
-BUILTIN_NODES = ("h200", "hgx-h200-8")
+BUILTIN_NODES = ("h200", "h200x2", "hgx-h200-8")
 
 
 class NodeFileError(ValueError):
