@@ -11,20 +11,21 @@ import shutil
 import subprocess
 
 UVM_DEVICE = "/dev/nvidia-uvm"
+CONTROL_DEVICE = "/dev/nvidiactl"  # present whenever the NVIDIA kernel module is loaded
 
 
 class UvmError(RuntimeError):
     pass
 
 
-def ensure_uvm_device(device: str = UVM_DEVICE) -> str:
+def ensure_uvm_device(device: str = UVM_DEVICE, control_device: str = CONTROL_DEVICE) -> str:
     """Make sure the UVM device exists; returns what was done, for the log."""
     if os.path.exists(device):
         return f"{device} present"
     modprobe = shutil.which("nvidia-modprobe")
-    if modprobe is None and not os.path.exists("/dev/nvidiactl"):
+    if modprobe is None and not os.path.exists(control_device):
         raise UvmError(
-            f"NVIDIA driver not found ({device} and /dev/nvidiactl are missing, nvidia-modprobe "
+            f"NVIDIA driver not found ({device} and {control_device} are missing, nvidia-modprobe "
             "is not installed): install the NVIDIA driver, or run with --simulate FILE to serve "
             "a simulated node"
         )
