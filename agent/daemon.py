@@ -350,12 +350,14 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     default="/etc/ld.so.cache",
     show_default=True,
     envvar="NVIDIA_DOCKER_PLUGIN_LDCACHE",
+    show_envvar=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="The dynamic linker cache that locates the driver's libraries.",
 )
 @click.option(
     "--spec-file",
     envvar="NVIDIA_DOCKER_PLUGIN_SPEC_FILE",
+    show_envvar=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write this Docker plugin spec file (unix://<socket>) while serving, for a socket "
     "outside /run/docker/plugins; e.g. /etc/docker/plugins/nvidia-docker.spec.",
@@ -367,7 +369,8 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     show_default=True,
     type=click.FloatRange(min=0.05),
     envvar="NVIDIA_DOCKER_PLUGIN_PCIE_INTERVAL",
-    help="Seconds between two samples of the PCIe throughput counters.",
+    show_envvar=True,
+    help="Seconds between two samples of the slow counters (PCIe throughput, BAR1 usage).",
 )
 @click.option(
     "--event-loop",
@@ -375,6 +378,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     default="auto",
     show_default=True,
     envvar="NVIDIA_DOCKER_PLUGIN_EVENT_LOOP",
+    show_envvar=True,
     help="auto: uvloop when it is installed (faster), else asyncio's own.",
 )
 @click.option(
