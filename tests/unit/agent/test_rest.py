@@ -135,14 +135,14 @@ async def test_a_lost_gpu_shows_nulls_not_a_500(make_client: MakeClient) -> None
 
 
 async def test_concurrent_requests_share_one_sweep(make_client: MakeClient) -> None:
-    backend = CountingBackend("hgx-h200-8", status_delay_s=0.05)
+    backend = CountingBackend("hgx-h200-8", status_delay_s=0.2)
     client = await make_client(backend)
     responses = await asyncio.gather(*(client.get("/gpu/status/json") for _ in range(20)))
     assert all(r.status == 200 for r in responses)
     bodies = {await r.read() for r in responses}
     assert len(bodies) == 1
     # 20 requests, each of 8 GPUs: far fewer than 160 device reads; typically one sweep.
-    assert backend.status_calls <= 8 * 3
+    assert backend.status_calls <= 8 * 4
     assert backend.status_calls % 8 == 0
 
 
