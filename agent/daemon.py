@@ -66,7 +66,6 @@ class Config:
     ldcache: Path
     pcie_interval_s: float
     spec_file: Path | None = None
-    event_loop: str = "auto"
 
 
 def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
@@ -421,7 +420,6 @@ def command(
         ldcache=ldcache,
         pcie_interval_s=pcie_interval_s,
         spec_file=spec_file,
-        event_loop=event_loop,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

@@ -24,10 +24,6 @@ class VolumeSpec:
         """``name_version:mountpoint:options``, the value of docker's ``--volume``."""
         return f"{self.docker_name(driver_version)}:{self.mountpoint}:{self.mount_options}"
 
-    def volume_arg(self, driver_version: str) -> str:
-        """The ``--volume=`` argument for ``docker run``."""
-        return f"--volume={self.binding(driver_version)}"
-
 
 VOLUMES: tuple[VolumeSpec, ...] = (
     VolumeSpec(name="nvidia_driver", mountpoint="/usr/local/nvidia", mount_options="ro"),

@@ -67,7 +67,7 @@ async def _client(
         await writer.wait_closed()
 
 
-async def run_load(
+async def _closed_loop(
     host: str,
     port: int,
     path: str,
@@ -75,8 +75,8 @@ async def run_load(
     duration_s: float,
     max_requests: int = 2_000_000,
     warmup_s: float = 0.3,
-) -> LoadResult:
-    """Closed-loop load for ``duration_s`` (after a short warm-up) with ``clients`` connections."""
+) -> tuple[list[float], int, float]:
+    """Warm up, then ``clients`` connections for ``duration_s``: latencies, errors, elapsed."""
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
     if warmup_s:
         await asyncio.gather(
@@ -93,8 +93,23 @@ async def run_load(
     await asyncio.gather(
         *(_client(host, port, request, deadline, latencies, errors, budget) for _ in range(clients))
     )
-    elapsed = time.perf_counter() - started
-    return _result(path, clients, latencies, errors[0], elapsed)
+    return latencies, errors[0], time.perf_counter() - started
+
+
+async def run_load(
+    host: str,
+    port: int,
+    path: str,
+    clients: int,
+    duration_s: float,
+    max_requests: int = 2_000_000,
+    warmup_s: float = 0.3,
+) -> LoadResult:
+    """Closed-loop load for ``duration_s`` (after a short warm-up) with ``clients`` connections."""
+    latencies, errors, elapsed = await _closed_loop(
+        host, port, path, clients, duration_s, max_requests, warmup_s
+    )
+    return _result(path, clients, latencies, errors, elapsed)
 
 
 def _result(
@@ -109,25 +124,7 @@ def _result(
 def _load_in_child(
     host: str, port: int, path: str, clients: int, duration_s: float
 ) -> tuple[list[float], int, float]:
-    async def go() -> tuple[list[float], int, float]:
-        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
-        warm_until = time.perf_counter() + 0.3
-        await asyncio.gather(
-            *(_client(host, port, request, warm_until, [], [0], [10_000]) for _ in range(clients))
-        )
-        latencies: list[float] = []
-        errors = [0]
-        started = time.perf_counter()
-        deadline = started + duration_s
-        await asyncio.gather(
-            *(
-                _client(host, port, request, deadline, latencies, errors, [2_000_000])
-                for _ in range(clients)
-            )
-        )
-        return latencies, errors[0], time.perf_counter() - started
-
-    return asyncio.run(go())
+    return asyncio.run(_closed_loop(host, port, path, clients, duration_s))
 
 
 def run_load_processes(
