@@ -15,7 +15,7 @@ from controller.endpoint import Endpoint, parse_endpoint
 from controller.errors import NodeError
 from controller.ssh_tunnel import SshOptions
 from controller.transport import AgentClient
-from tests.support.services import free_port, stop_process, wait_until
+from tests.support.services import free_port, serve_on_loopback, stop_process, wait_until
 from tests.support.sshd import SshServer
 
 pytestmark = pytest.mark.e2e
@@ -34,14 +34,8 @@ async def agent_port() -> AsyncIterator[int]:
     """A stand-in agent on 127.0.0.1 (this test is about the transport, not the agent)."""
     app = web.Application()
     app.router.add_get("/gpu/info/json", _info)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serve_on_loopback(app) as port:
         yield port
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,3 +87,16 @@ def file_lock(path: Path, timeout_s: float = 600) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.asynccontextmanager
+async def serve_on_loopback(app: web.Application) -> AsyncIterator[int]:
+    """Serve an aiohttp app on a free 127.0.0.1 port for the duration; yields the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()

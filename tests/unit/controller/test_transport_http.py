@@ -11,7 +11,7 @@ from aiohttp import web
 from controller.endpoint import parse_endpoint
 from controller.errors import NodeError
 from controller.transport import AgentClient, AgentHttpError
-from tests.support.services import free_port
+from tests.support.services import free_port, serve_on_loopback
 
 INFO = {"Version": {"Driver": "580.159.04", "CUDA": "13.0"}, "Devices": []}
 
@@ -42,14 +42,8 @@ async def agent_port() -> AsyncIterator[int]:
     app.router.add_get("/docker/cli", _cli)
     app.router.add_get("/slow", _slow)
     app.router.add_get("/html", _not_json)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serve_on_loopback(app) as port:
         yield port
-    finally:
-        await runner.cleanup()
 
 
 async def test_get_json_and_query(agent_port: int) -> None:
