@@ -4,7 +4,7 @@
 
     python -m tests.benchmarks.bench_fleet [--http-nodes 1000] [--ssh-nodes 100] [--runs 3]
 
-What an operator feels: the real ctl (``python -m controller.ctl status --json --nodes F``)
+What an operator feels: the real ctl (``python -m controller.ctl.main status --json --nodes F``)
 runs as a subprocess; its wall time (process start included) and its own peak resident
 memory (``os.wait4`` rusage of that one child) are printed, with the targets (1,000 HTTP nodes
 < 3 s, 100 SSH nodes < 10 s) as ratios. Every node is its own listening socket: the agents
@@ -51,7 +51,7 @@ def run_ctl(args: list[str], env: dict[str, str]) -> Run:
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.ctl", *args],
+            [sys.executable, "-m", "controller.ctl.main", *args],
             stdout=out,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,

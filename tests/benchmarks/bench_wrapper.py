@@ -40,7 +40,7 @@ PIP_SCRIPT = """#!{python}
 # -*- coding: utf-8 -*-
 import re
 import sys
-from controller.wrapper import main
+from controller.wrapper.cli import main
 if __name__ == '__main__':
     sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
     sys.exit(main())

@@ -4,7 +4,7 @@ Real transports only: simulated agents from ``tests.support.agent_farm`` (the re
 each node its own listening socket, some stopped to play dead nodes), a real OpenSSH sshd
 listening on several ports (each port an SSH node, tunnelling to a different agent), and
 small aiohttp servers that answer HTML, garbage or 500 the way a wrong service would. The
-ctl runs as a subprocess (``python -m controller.ctl``), its output read as a person would.
+ctl runs as a subprocess (``python -m controller.ctl.main``), its output read as a person would.
 """
 
 from __future__ import annotations
@@ -91,11 +91,11 @@ def ctl_env(home: Path | None = None, **extra: str) -> dict[str, str]:
 
 
 async def ctl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run ``python -m controller.ctl ARGS`` without blocking this test's servers."""
+    """Run ``python -m controller.ctl.main ARGS`` without blocking this test's servers."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "controller.ctl",
+        "controller.ctl.main",
         *args,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -423,7 +423,7 @@ async def test_bad_node_argument_is_one_line() -> None:
 
 def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
     nodes = [http_node(p) for p in farm.ports]
-    command = [sys.executable, "-m", "controller.ctl", "info", *nodes]
+    command = [sys.executable, "-m", "controller.ctl.main", "info", *nodes]
     main, child = pty.openpty()
     try:
         proc = subprocess.run(

@@ -28,7 +28,7 @@ from tests.unit.mesos import mesos_rules
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-CTL = [sys.executable, "-m", "controller.ctl", "mesos"]  # nvidia-docker-ctl mesos
+CTL = [sys.executable, "-m", "controller.ctl.main", "mesos"]  # nvidia-docker-ctl mesos
 FAKE_AGENT = """#!{python}
 import json, os, sys
 print(json.dumps({{"pid": os.getpid(), "argv": sys.argv}}))

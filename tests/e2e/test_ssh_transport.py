@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from controller.endpoint import Endpoint, parse_endpoint
 from controller.errors import NodeError
-from controller.ssh_tunnel import SshOptions
-from controller.transport import AgentClient
+from controller.transport.client import AgentClient
+from controller.transport.endpoint import Endpoint, parse_endpoint
+from controller.transport.ssh_tunnel import SshOptions
 from tests.support.services import free_port, serve_on_loopback, stop_process, wait_until
 from tests.support.sshd import SshServer
 

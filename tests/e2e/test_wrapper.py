@@ -150,7 +150,7 @@ class Result:
 def wrapper_command() -> list[str]:
     """The installed console script when there is one, else the module."""
     script = Path(sys.executable).with_name("nvidia-docker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
 
 
 def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -> Result:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from controller.docker_args import (
+from controller.wrapper.docker_args import (
     GLOBAL_BOOL_LONG,
     GLOBAL_BOOL_SHORT,
     RUN_BOOL_LONG,

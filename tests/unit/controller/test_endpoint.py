@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.endpoint import LOCAL, Endpoint, parse_endpoint, resolve
 from controller.errors import EndpointError
+from controller.transport.endpoint import LOCAL, Endpoint, parse_endpoint, resolve
 
 
 def http(host: str, port: int = 3476, source: str = "argument") -> Endpoint:

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from controller.ctl import main
+from controller.ctl.main import main
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

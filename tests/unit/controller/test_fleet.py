@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from controller.endpoint import parse_endpoint
-from controller.fleet import INFO, STATUS, FleetNode, NodeResult, query_fleet
-from controller.fleet_output import Progress, json_document, number_ranges, table_lines
-from controller.table import Column, Row, Span, cut, render
+from controller.fleet.output import Progress, json_document, number_ranges, table_lines
+from controller.fleet.query import INFO, STATUS, FleetNode, NodeResult, query_fleet
+from controller.fleet.table import Column, Row, Span, cut, render
+from controller.transport.endpoint import parse_endpoint
 
 INFO_BODY = {
     "Version": {"Driver": "580.159.04", "CUDA": "13.0"},

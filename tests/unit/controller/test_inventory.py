@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ControllerError
-from controller.fleet_nodes import nodes_from_file, nodes_from_inventory
-from controller.inventory import InventoryError, expand_range, load_inventory
+from controller.fleet.inventory import InventoryError, expand_range, load_inventory
+from controller.fleet.nodes import nodes_from_file, nodes_from_inventory
 
 INI = """\
 # fleet of rack 7

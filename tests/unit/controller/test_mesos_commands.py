@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller import mesos_commands
+from controller.ctl import mesos as mesos_commands
+from controller.ctl.mesos import fetch_flags, mesos, node_from_environment
 from controller.errors import ControllerError
-from controller.mesos_commands import fetch_flags, mesos, node_from_environment
 from mesos.blob import decode
 from mesos.flags import legacy_flags, native_flags
 

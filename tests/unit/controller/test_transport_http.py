@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from controller.endpoint import parse_endpoint
 from controller.errors import NodeError
-from controller.transport import AgentClient, AgentHttpError
+from controller.transport.client import AgentClient, AgentHttpError
+from controller.transport.endpoint import parse_endpoint
 from tests.support.services import free_port, serve_on_loopback
 
 INFO = {"Version": {"Driver": "580.159.04", "CUDA": "13.0"}, "Devices": []}

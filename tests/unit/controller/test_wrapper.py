@@ -148,7 +148,7 @@ async def nvidia_docker(docker: Docker, *args: str, **env: str) -> Result:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "controller.wrapper",
+        "controller.wrapper.cli",
         *args,
         env=environ,
         stdin=subprocess.DEVNULL,
@@ -388,7 +388,7 @@ async def test_docker_daemon_down(docker: Docker) -> None:
     # pass-through still works with the daemon down (docker's own answer)
     version = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "controller.wrapper", "--version"],
+        [sys.executable, "-m", "controller.wrapper.cli", "--version"],
         env={**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": "unix:///nonexistent.sock"},
         capture_output=True,
         text=True,
@@ -405,7 +405,7 @@ def test_pass_through_imports_nothing_heavy() -> None:
     probe = (
         "import os, sys\n"
         "before = set(sys.modules)\n"
-        "from controller import wrapper\n"
+        "from controller.wrapper import cli as wrapper\n"
         "os.execvp = lambda *a: (_ for _ in ()).throw(SystemExit(0))\n"
         "for args in (['ps'], ['inspect', 'x'], ['logs', 'x'], ['stop', 'x'], ['rm', 'x'],"
         " ['--version'], ['version']):\n"
@@ -414,7 +414,7 @@ def test_pass_through_imports_nothing_heavy() -> None:
         "    except SystemExit:\n"
         "        pass\n"
         "heavy = ('aiohttp', 'paramiko', 'pynvml', 'click', 'asyncio', 'json', 'dataclasses',"
-        " 'controller.gpu_args', 'controller.transport')\n"
+        " 'controller.wrapper.gpu_args', 'controller.transport.client')\n"
         "new = set(sys.modules) - before\n"
         "sys.stderr.write(repr(sorted(m for m in new if m.split('.')[0] in heavy or m in heavy)))"
         "\n"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import click
 
-from controller.endpoint_command import endpoint
-from controller.fleet_commands import docker_cli, info, status
-from controller.mesos_commands import mesos
+from controller.ctl.endpoint import endpoint
+from controller.ctl.fleet import docker_cli, info, status
+from controller.ctl.mesos import mesos
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,7 +10,7 @@
 - ``timeout_s`` bounds each node as a whole: connecting, the SSH login and every request.
 - HTTP nodes share one aiohttp session (one connection pool, one DNS cache); a node's requests
   follow one another on one keep-alive connection. SSH nodes each get one SSH connection, and
-  all of that node's requests go through it (``controller.transport.AgentClient``).
+  all of that node's requests go through it (``controller.transport.client.AgentClient``).
 - A node never raises: its ``NodeResult`` carries the answers, or ``error`` (one line, what
   failed and what to try) and ``reason`` (a few words for the table: ``connection refused``,
   ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...).
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from controller.endpoint import Endpoint
 from controller.errors import NodeError
-from controller.transport import AgentClient, AgentHttpError
+from controller.transport.client import AgentClient, AgentHttpError
+from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from controller.ssh_tunnel import SshOptions
+    from controller.transport.ssh_tunnel import SshOptions
 
 DEFAULT_PARALLEL = 64
 DEFAULT_TIMEOUT_S = 10.0
@@ -121,7 +121,7 @@ async def query_fleet(
     raise_fd_limit()
     base_ssh: SshOptions | None = None
     if any(node.endpoint.transport == "ssh" for node in nodes):
-        from controller.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko: SSH only)
+        from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko: SSH only)
 
         base_ssh = replace(
             ssh or SshOptions.from_environ(allow_password_prompt=False),

@@ -101,7 +101,7 @@ _EPILOG = (
 @_fleet_options
 def status(**options: Any) -> None:
     """Live GPU status of every node: memory, utilisation, power, driver, CUDA."""
-    from controller.fleet import STATUS  # noqa: PLC0415 (keep other commands fast)
+    from controller.fleet.query import STATUS  # noqa: PLC0415 (keep other commands fast)
 
     sys.exit(run_fleet_command(STATUS, **options))
 
@@ -110,7 +110,7 @@ def status(**options: Any) -> None:
 @_fleet_options
 def info(**options: Any) -> None:
     """Static GPU facts of every node: model, memory, power limit, UUID, driver, CUDA."""
-    from controller.fleet import INFO  # noqa: PLC0415
+    from controller.fleet.query import INFO  # noqa: PLC0415
 
     sys.exit(run_fleet_command(INFO, **options))
 
@@ -121,7 +121,7 @@ def info(**options: Any) -> None:
 @click.option("--vol", metavar="VOLUMES", help="Volumes (nvidia_driver).")
 def docker_cli(dev: str | None, vol: str | None, **options: Any) -> None:
     """The docker run arguments (devices, driver volume) each node's agent gives."""
-    from controller.fleet import docker_cli_query  # noqa: PLC0415
+    from controller.fleet.query import docker_cli_query  # noqa: PLC0415
 
     sys.exit(run_fleet_command(docker_cli_query(dev, vol), **options))
 
@@ -180,19 +180,19 @@ def _run(
     as_json: bool,
     as_jsonl: bool,
 ) -> int:
-    from controller.fleet import FleetNode, NodeResult, query_fleet  # noqa: PLC0415
-    from controller.fleet_nodes import (  # noqa: PLC0415
+    from controller.fleet.nodes import (  # noqa: PLC0415
         nodes_from_arguments,
         nodes_from_file,
         nodes_from_inventory,
     )
-    from controller.fleet_output import (  # noqa: PLC0415
+    from controller.fleet.output import (  # noqa: PLC0415
         Progress,
         json_document,
         json_line,
         summary,
         table_lines,
     )
+    from controller.fleet.query import FleetNode, NodeResult, query_fleet  # noqa: PLC0415
 
     nodes: list[FleetNode] = nodes_from_arguments(node)
     for path in nodes_files:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import sys
 
-from controller import docker_args
 from controller.errors import ControllerError
+from controller.wrapper import docker_args
 
 PROG = "nvidia-docker"
 TYPE_CHECKING = False
@@ -50,7 +50,7 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
     docker = docker_command(environ)
     command = docker_args.scan(args)
     if command.wants_gpus_check:
-        from controller.gpu_args import gpu_arguments  # noqa: PLC0415 (slow path only)
+        from controller.wrapper.gpu_args import gpu_arguments  # noqa: PLC0415 (slow path only)
 
         extra, warnings = gpu_arguments(command, docker, environ)
         for warning in warnings:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 
 import click
 
-from controller.endpoint import LOCAL, parse_endpoint
 from controller.errors import ControllerError
-from controller.transport import AgentClient
+from controller.transport.client import AgentClient
+from controller.transport.endpoint import LOCAL, parse_endpoint
 from mesos.agent_args import MergeError, merge_agent_args
 from mesos.blob import BlobError, decode
 from mesos.flags import FlagsError, parse_flag_line

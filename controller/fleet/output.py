@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from controller.fleet import NodeResult, Query
-from controller.table import Column, Row, Span, render
+from controller.fleet.query import NodeResult, Query
+from controller.fleet.table import Column, Row, Span, render
 
 MIB_PER_GIB = 1024
 

@@ -7,8 +7,8 @@ import os
 
 import click
 
-from controller.endpoint import parse_endpoint, resolve
 from controller.errors import EndpointError
+from controller.transport.endpoint import parse_endpoint, resolve
 
 
 @click.command()

@@ -6,7 +6,8 @@ wrapper imports it only for run/create):
 1. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
    output goes to stderr so that stdout stays the container's);
 2. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
-3. the node (``controller.endpoint.resolve``): remote nodes answer ``GET /gpu/info/json`` and
+3. the node (``controller.transport.endpoint.resolve``): remote nodes answer
+   ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
    it answers, else NVML directly (``agent.gpu``), and adds ``--volume-driver=nvidia-docker``
    only when ``docker volume inspect`` does not find the driver volume;
@@ -24,9 +25,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.docker_args import DockerCommand
-from controller.endpoint import Endpoint, resolve
 from controller.errors import DockerError, GpuError, NodeError
+from controller.transport.endpoint import Endpoint, resolve
+from controller.wrapper.docker_args import DockerCommand
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
 CUDA_LABEL = "com.nvidia.cuda.version"
@@ -151,7 +152,7 @@ def drop_volume_driver_when_present(
 async def _facts_from_agent(
     endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None, *, probe: bool
 ) -> GpuFacts:
-    from controller.transport import AgentClient, AgentHttpError  # noqa: PLC0415
+    from controller.transport.client import AgentClient, AgentHttpError  # noqa: PLC0415
 
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
     async with AgentClient(endpoint, connect_timeout_s=connect_s) as agent:
@@ -220,7 +221,7 @@ async def _node_facts(
     try:
         return await _facts_from_agent(local_agent, volumes, devices, cuda_needed, probe=True)
     except NodeError as err:
-        from controller.transport import AgentHttpError  # noqa: PLC0415
+        from controller.transport.client import AgentHttpError  # noqa: PLC0415
 
         if isinstance(err, AgentHttpError):
             raise

@@ -3,7 +3,7 @@
 ``SshTunnel(endpoint, options)`` logs in once (``connect()``); every ``open_socket(port)``
 then opens a ``direct-tcpip`` channel to ``localhost:port`` *on the node* and hands back one
 end of a local socket pair, whose other end a small thread copies to and from the channel.
-The caller (``controller.transport``) gives that socket to aiohttp, so HTTP over SSH is the
+The caller (``controller.transport.client``) gives that socket to aiohttp, so HTTP over SSH is the
 same HTTP client as plain HTTP; many requests (and keep-alive connections) share the one SSH
 connection. The agent therefore can keep listening on the node's localhost only.
 
@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from controller.endpoint import Endpoint
 from controller.errors import NodeError
+from controller.transport.endpoint import Endpoint
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 DEFAULT_TIMEOUT_S = 10.0

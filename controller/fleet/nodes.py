@@ -16,11 +16,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from controller.endpoint import DEFAULT_HTTP_PORT, DEFAULT_SSH_PORT, Endpoint, default_user
-from controller.endpoint import parse_endpoint as _parse
 from controller.errors import ControllerError, EndpointError
-from controller.fleet import FleetNode
-from controller.inventory import InventoryError, InventoryHost, load_inventory
+from controller.fleet.inventory import InventoryError, InventoryHost, load_inventory
+from controller.fleet.query import FleetNode
+from controller.transport.endpoint import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_SSH_PORT,
+    Endpoint,
+    default_user,
+)
+from controller.transport.endpoint import parse_endpoint as _parse
 
 TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http
 PORT_VAR = "nvidia_docker_agent_listen_port"  # the Ansible role's variable: the agent's HTTP port

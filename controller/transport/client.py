@@ -2,8 +2,8 @@
 
 Public API::
 
-    from controller.endpoint import parse_endpoint
-    from controller.transport import AgentClient
+    from controller.transport.endpoint import parse_endpoint
+    from controller.transport.client import AgentClient
 
     async with AgentClient(parse_endpoint("ssh://admin@node2:")) as agent:
         info = await agent.get_json("/gpu/info/json")
@@ -11,7 +11,7 @@ Public API::
 
 - ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...))`` is an async context manager.
   Transport ``http`` (and ``local``, the agent on localhost) uses aiohttp's TCP connector;
-  ``ssh`` logs in once (``controller.ssh_tunnel.SshTunnel``) and every HTTP connection is a
+  ``ssh`` logs in once (``ssh_tunnel.SshTunnel``) and every HTTP connection is a
   ``direct-tcpip`` channel to ``localhost:http_port`` on the node, given to aiohttp through a
   small connector. Everything above the connector (requests, keep-alive, timeouts, errors) is
   the same code for both.
@@ -30,7 +30,7 @@ Public API::
 Many requests may run concurrently on one client: over SSH they share the one SSH connection.
 A fleet query makes one client per node and runs them concurrently (``asyncio.gather``).
 
-Only this module and ``controller.ssh_tunnel`` import aiohttp / paramiko.
+Only this module and ``ssh_tunnel`` import aiohttp / paramiko.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from controller.endpoint import Endpoint
 from controller.errors import NodeError
+from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
     from aiohttp.client_reqrep import ClientRequest
     from aiohttp.tracing import Trace
 
-    from controller.ssh_tunnel import SshOptions, SshTunnel
+    from controller.transport.ssh_tunnel import SshOptions, SshTunnel
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -139,7 +139,7 @@ class AgentClient:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
         connector: aiohttp.BaseConnector
         if self.endpoint.transport == "ssh":
-            from controller.ssh_tunnel import SshOptions, SshTunnel  # noqa: PLC0415
+            from controller.transport.ssh_tunnel import SshOptions, SshTunnel  # noqa: PLC0415
 
             options = self._ssh_options or SshOptions.from_environ()
             self._tunnel = SshTunnel(self.endpoint, options)

@@ -1,0 +1,1 @@
+"""``nvidia-docker-ctl``: the operators' command (``main``) and its command groups."""
