@@ -9,7 +9,7 @@ library's; this module only selects and caches.
 from __future__ import annotations
 
 from agent.gpu.model import NodeInfo
-from agent.selection import select_devices
+from agent.selection import InvalidParameter, select_devices
 from mesos import flags
 
 FORMATS = ("legacy", "native")
@@ -22,10 +22,10 @@ class MesosCli:
         self._cache: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
     def answer(self, fmt: str | None, dev: str | None) -> bytes:
-        """The flags line; InvalidSelection for a bad ``dev``, ValueError for a bad format."""
+        """The flags line; ``InvalidParameter`` for a bad ``dev`` or ``format``."""
         fmt = fmt or "legacy"
         if fmt not in FORMATS:
-            raise ValueError(f"invalid format: {fmt} (expected legacy or native)")
+            raise InvalidParameter("format", fmt, " (expected legacy or native)")
         devices = select_devices(self._node.devices, dev)
         key = (fmt, tuple(d.index for d in devices))
         body = self._cache.get(key)

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent.config import SOCKET_NAME
 from plugin.discovery import find_driver_files
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
 
-SOCKET_NAME = "nvidia-docker.sock"
 DOCKER_SOCKET_DIR = Path("/run/docker/plugins")
 DEFAULT_SPEC_FILE = Path("/etc/docker/plugins/nvidia-docker.spec")
 SOCKET_MODE = 0o660

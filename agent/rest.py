@@ -7,17 +7,16 @@ status comes from the single-flight ``StatusService``.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
 from aiohttp import web
 
 from agent import render_json, render_text
-from agent.docker_cli import docker_cli
 from agent.gpu.model import DeviceInfo, NodeInfo
-from agent.mesos_cli import MesosCli
-from agent.selection import InvalidSelection, select_devices, select_volumes
+from agent.node_state import NodeState
+from agent.selection import InvalidParameter
 from agent.status_service import StatusService
 
 log = logging.getLogger("nvidia-docker-plugin.rest")
@@ -27,31 +26,7 @@ JSON = "application/json"
 TEXT = "text/plain"
 
 
-class NodeFacts:
-    """What the handlers serve: the static facts and their cached renderings."""
-
-    def __init__(self, node: NodeInfo, control_devices: tuple[str, ...]) -> None:
-        self.node = node
-        self.control_devices = control_devices
-        self.info_json = render_json.info(node)
-        self.info_text = render_text.info(node).encode()
-        self.mesos = MesosCli(node, self.info_json)
-
-    def devices(self, dev: str | None) -> tuple[DeviceInfo, ...]:
-        return select_devices(self.node.devices, dev)
-
-    @functools.lru_cache(maxsize=256)  # noqa: B019 - one instance per app, lives as long
-    def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
-        cli = docker_cli(
-            self.node.driver_version,
-            self.control_devices,
-            self.devices(dev),
-            select_volumes(vol),
-        )
-        return cli.json() if as_json else cli.text().encode()
-
-
-FACTS = web.AppKey("facts", NodeFacts)
+NODE = web.AppKey("node", NodeState)
 STATUS = web.AppKey("status", StatusService)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,18 +42,32 @@ def _answer(body: bytes, content_type: str) -> web.Response:
     return web.Response(body=body, headers=_HEADERS[content_type])
 
 
-def _bad_request(err: InvalidSelection) -> web.Response:
-    return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
+# A 400 names the parameter and the entry it refused in headers too, so that programs (the
+# nvidia-docker wrapper, fleet tools) need not parse the text, which stays the old tool's.
+INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
+INVALID_VALUE_HEADER = "X-Invalid-Value"  # percent-encoded (UTF-8)
+
+
+def _bad_request(err: InvalidParameter) -> web.Response:
+    return web.Response(
+        status=400,
+        text=f"{err}\n",
+        content_type=TEXT,
+        headers={
+            INVALID_PARAMETER_HEADER: err.parameter,
+            INVALID_VALUE_HEADER: quote(err.entry, safe=""),
+        },
+    )
 
 
 async def _info(request: web.Request, as_json: bool) -> web.Response:
-    facts = request.app[FACTS]
+    facts = request.app[NODE].facts
     dev = request.query.get("dev")
     if dev is None:
         return _answer(facts.info_json, JSON) if as_json else _answer(facts.info_text, TEXT)
     try:
         node = _subset(facts.node, facts.devices(dev))
-    except InvalidSelection as err:
+    except InvalidParameter as err:
         return _bad_request(err)
     if as_json:
         return _answer(render_json.info(node), JSON)
@@ -98,10 +87,10 @@ def _subset(node: NodeInfo, devices: tuple[DeviceInfo, ...]) -> NodeInfo:
 
 
 async def _status(request: web.Request, as_json: bool) -> web.Response:
-    facts = request.app[FACTS]
+    facts = request.app[NODE].facts
     try:
         devices = facts.devices(request.query.get("dev"))
-    except InvalidSelection as err:
+    except InvalidParameter as err:
         return _bad_request(err)
     sweep = await request.app[STATUS].sweep()
     if as_json:
@@ -122,10 +111,10 @@ async def gpu_status_json(request: web.Request) -> web.Response:
 
 
 async def _docker(request: web.Request, as_json: bool) -> web.Response:
-    facts = request.app[FACTS]
+    facts = request.app[NODE].facts
     try:
         body = facts.docker_cli(request.query.get("dev"), request.query.get("vol"), as_json)
-    except InvalidSelection as err:
+    except InvalidParameter as err:
         return _bad_request(err)
     return _answer(body, JSON if as_json else TEXT)
 
@@ -139,13 +128,11 @@ async def docker_cli_json(request: web.Request) -> web.Response:
 
 
 async def mesos_cli(request: web.Request) -> web.Response:
-    facts = request.app[FACTS]
+    facts = request.app[NODE].facts
     try:
         body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
-    except InvalidSelection as err:
+    except InvalidParameter as err:
         return _bad_request(err)
-    except ValueError as err:
-        return web.Response(status=400, text=f"{err}\n", content_type=TEXT)
     return _answer(body, TEXT)
 
 
@@ -160,14 +147,14 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
 )
 
 
-def create_app(facts: NodeFacts, status: StatusService) -> web.Application:
+def create_app(node: NodeState, status: StatusService) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
     No middleware: aiohttp itself answers an unexpected error with a 500 and logs it, and
     the daemon keeps serving; every handler here is one coroutine on the hot path.
     """
     app = web.Application()
-    app[FACTS] = facts
+    app[NODE] = node
     app[STATUS] = status
     for path, handler in ROUTES:
         app.router.add_get(path, handler)

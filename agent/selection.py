@@ -11,9 +11,20 @@ from collections.abc import Sequence
 from agent.gpu.model import DeviceInfo
 from plugin.volume_specs import VOLUMES, VolumeSpec, spec_by_name
 
+_NOUNS = {"dev": "device", "vol": "volume", "format": "format"}
 
-class InvalidSelection(ValueError):
-    """A ``dev`` or ``vol`` entry that names nothing; the message is the API's answer."""
+
+class InvalidParameter(ValueError):
+    """A query parameter entry that names nothing, with which parameter and which entry.
+
+    ``str(error)`` is the API's answer (``invalid device: 9``); ``parameter`` (``dev``,
+    ``vol``, ``format``) and ``entry`` are for programs, which never parse the text.
+    """
+
+    def __init__(self, parameter: str, entry: str, hint: str = "") -> None:
+        super().__init__(f"invalid {_NOUNS.get(parameter, parameter)}: {entry}{hint}")
+        self.parameter = parameter
+        self.entry = entry
 
 
 def _entries(value: str | None) -> list[str] | None:
@@ -47,7 +58,7 @@ def _match_device(devices: Sequence[DeviceInfo], entry: str) -> int:
         matches = [d.index for d in devices if d.uuid and d.uuid.lower().startswith(prefix)]
         if len(matches) == 1:
             return matches[0]
-    raise InvalidSelection(f"invalid device: {entry}")
+    raise InvalidParameter("dev", entry)
 
 
 def select_volumes(vol: str | None) -> tuple[VolumeSpec, ...]:
@@ -59,6 +70,6 @@ def select_volumes(vol: str | None) -> tuple[VolumeSpec, ...]:
     for entry in entries:
         spec = spec_by_name(entry)
         if spec is None:
-            raise InvalidSelection(f"invalid volume: {entry}")
+            raise InvalidParameter("vol", entry)
         chosen.add(spec.name)
     return tuple(spec for spec in VOLUMES if spec.name in chosen)

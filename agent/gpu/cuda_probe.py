@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, LibCuda, cuda_bus_id
@@ -23,6 +24,21 @@ from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, LibCuda, cuda_
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 60.0
+
+# The environment CUDA discovery runs in, as nvidia-docker 1.0 set it before it started:
+# every GPU visible whatever the caller's CUDA_VISIBLE_DEVICES, no JIT cache on disk, no
+# unified memory (docs/gpu-backends.md). Only the child process gets it: nothing of ours
+# changes the environment of the process that reads the facts (the nvidia-docker wrapper
+# execs docker with the user's environment unchanged).
+DISCOVERY_ENV_SET = {"CUDA_DISABLE_UNIFIED_MEMORY": "1", "CUDA_CACHE_DISABLE": "1"}
+DISCOVERY_ENV_REMOVED = ("CUDA_VISIBLE_DEVICES",)
+
+
+def discovery_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with every GPU visible and CUDA's cache and unified memory off."""
+    env = {k: v for k, v in environ.items() if k not in DISCOVERY_ENV_REMOVED}
+    env.update(DISCOVERY_ENV_SET)
+    return env
 
 
 class ProbedCuda:
@@ -96,6 +112,7 @@ def probe(bus_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S) -> ProbedC
     try:
         done = subprocess.run(
             [sys.executable, "-m", "agent.gpu.cuda_probe", *known],
+            env=discovery_environment(os.environ),
             capture_output=True,
             text=True,
             timeout=timeout_s,

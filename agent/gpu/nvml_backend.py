@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,9 +64,6 @@ AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t
 
 _SIMULATE_HINT = "or run with --simulate FILE to serve a simulated node"
 
-# Environment the old tool set before NVML started (SPEC section 1).
-_ENV_SET = {"CUDA_DISABLE_UNIFIED_MEMORY": "1", "CUDA_CACHE_DISABLE": "1"}
-_ENV_REMOVED = ("CUDA_VISIBLE_DEVICES",)
 
 _COMPUTE_PROCESSES = (
     "nvmlDeviceGetComputeRunningProcesses_v3",
@@ -75,13 +71,6 @@ _COMPUTE_PROCESSES = (
     "nvmlDeviceGetComputeRunningProcesses",
 )
 _CUDA_VERSION = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
-
-
-def prepare_environment() -> None:
-    """Make discovery see every GPU and keep CUDA from caching or using unified memory."""
-    for name in _ENV_REMOVED:
-        os.environ.pop(name, None)
-    os.environ.update(_ENV_SET)
 
 
 def format_cuda_version(version: int) -> str:
@@ -148,7 +137,6 @@ class NvmlBackend:
         null); ``sysfs`` and ``proc`` are where the kernel's files are (tests
         point them elsewhere).
         """
-        prepare_environment()
         _init_nvml()
         try:
             return cls._read_node(cuda or cuda_probe.probe, sysfs, proc)

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import resource
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from controller.errors import NodeError
-from controller.transport.client import AgentClient, AgentHttpError
+from controller.transport.client import AgentClient
 from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -225,46 +224,6 @@ def _preview(body: bytes) -> str:
     return repr(text + ("..." if len(body) > 40 else ""))
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def classify(exc: NodeError) -> str:
-    """A few words for the table's error column, from what actually failed."""
-    if isinstance(exc, AgentHttpError):
-        return f"HTTP {exc.status}"
-    for cause in _causes(exc):
-        names = {cls.__name__ for cls in type(cause).__mro__}
-        if isinstance(cause, (aiohttp.ClientConnectorDNSError, socket.gaierror)):
-            return "unknown host"
-        if isinstance(cause, aiohttp.ClientConnectorError):
-            if isinstance(cause.os_error, ConnectionRefusedError):
-                return "connection refused"
-            if isinstance(cause.os_error, socket.gaierror):
-                return "unknown host"
-            return "cannot connect"
-        if "_UnknownHostKey" in names:
-            return "SSH host key unknown"
-        if "BadHostKeyException" in names:
-            return "SSH host key CHANGED"
-        if "AuthenticationException" in names:
-            return "SSH login failed"
-        if "ChannelException" in names:
-            return "no agent behind SSH"
-        if isinstance(cause, TimeoutError):
-            return "timeout"
-        if isinstance(cause, ConnectionRefusedError):
-            return "SSH refused" if "ssh" in str(exc) else "connection refused"
-        if isinstance(cause, aiohttp.ServerDisconnectedError):
-            return "disconnected"
-    text = exc.reason.lower()
-    if "ssh login failed" in text:
-        return "SSH login failed"
-    if "ssh" in text:
-        return "SSH error"
-    return "error"
+    """A few words for the table's error column: the kind of failure the transport named."""
+    return exc.label

@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from controller.errors import NodeError
+from controller.errors import Failure, NodeError
 from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -56,13 +58,56 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 10.0
 
 
-class AgentHttpError(NodeError):
-    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``)."""
+# Headers of the agent's 400 answers (agent.rest): which query parameter, which entry.
+INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
+INVALID_VALUE_HEADER = "X-Invalid-Value"
 
-    def __init__(self, node: str, path: str, status: int, text: str) -> None:
+
+class AgentHttpError(NodeError):
+    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``).
+
+    ``status`` and ``agent_message`` (the first line of the body) as answered; for a 400 of
+    an agent that names what it refused, ``invalid_parameter`` (``dev``, ``vol``, ...) and
+    ``invalid_value`` (the entry), else None (an old agent: only the text says it).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        path: str,
+        status: int,
+        text: str,
+        *,
+        invalid_parameter: str | None = None,
+        invalid_value: str | None = None,
+    ) -> None:
         self.status = status
         self.agent_message = text
-        super().__init__(node, f"the agent answered {status} to GET {path}: {text}")
+        self.invalid_parameter = invalid_parameter
+        self.invalid_value = invalid_value
+        super().__init__(
+            node, f"the agent answered {status} to GET {path}: {text}", Failure.HTTP_STATUS
+        )
+
+    @property
+    def label(self) -> str:
+        return f"HTTP {self.status}"
+
+
+def _http_error(
+    node: str, path: str, response: aiohttp.ClientResponse, body: bytes
+) -> AgentHttpError:
+    text = body.decode("utf-8", "replace").strip().splitlines()
+    parameter = response.headers.get(INVALID_PARAMETER_HEADER)
+    value = response.headers.get(INVALID_VALUE_HEADER)
+    return AgentHttpError(
+        node,
+        path,
+        response.status,
+        text[0] if text else str(response.reason),
+        invalid_parameter=parameter,
+        invalid_value=unquote(value) if parameter and value is not None else None,
+    )
 
 
 class _TunnelConnector(aiohttp.BaseConnector):
@@ -147,7 +192,7 @@ class AgentClient:
                 await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
             except TimeoutError:
                 raise NodeError(
-                    self.node, f"SSH login took longer than {self.timeout_s:g} s"
+                    self.node, f"SSH login took longer than {self.timeout_s:g} s", Failure.TIMEOUT
                 ) from None
             connector = _TunnelConnector(self._tunnel, self.endpoint.http_port)
         else:
@@ -174,10 +219,7 @@ class AgentClient:
             async with self._session.get(url, params=params) as response:
                 body = await response.read()
                 if response.status != 200:
-                    text = body.decode("utf-8", "replace").strip().splitlines()
-                    raise AgentHttpError(
-                        self.node, path, response.status, text[0] if text else str(response.reason)
-                    )
+                    raise _http_error(self.node, path, response, body)
                 return body
         except NodeError:
             raise
@@ -186,12 +228,14 @@ class AgentClient:
                 self.node,
                 f"no answer to GET {path} within {self.timeout_s:g} s: is the agent "
                 "(nvidia-docker-plugin) healthy?",
+                Failure.TIMEOUT,
             ) from None
         except aiohttp.ClientConnectorError as exc:
             os_error = exc.os_error
+            failure = _connect_failure(exc)
             why = (
                 "connection refused"
-                if isinstance(os_error, ConnectionRefusedError)
+                if failure is Failure.REFUSED
                 else os_error.strerror or str(os_error)
             )
             raise NodeError(
@@ -199,6 +243,11 @@ class AgentClient:
                 f"cannot connect to the agent at {self.endpoint.agent_url} "
                 f"({why}): is nvidia-docker-plugin running "
                 "there, listening on that address (-l HOST:PORT)?",
+                failure,
+            ) from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            raise NodeError(
+                self.node, f"GET {path} failed: {exc or type(exc).__name__}", Failure.DISCONNECTED
             ) from exc
         except aiohttp.ClientError as exc:
             raise NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}") from exc
@@ -209,5 +258,17 @@ class AgentClient:
             return json.loads(body)
         except ValueError:
             raise NodeError(
-                self.node, f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?"
+                self.node,
+                f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?",
+                Failure.NOT_AN_AGENT,
             ) from None
+
+
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> Failure:
+    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(
+        exc.os_error, socket.gaierror
+    ):
+        return Failure.UNKNOWN_HOST
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return Failure.REFUSED
+    return Failure.CANNOT_CONNECT

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from controller.errors import NodeError
+from controller.errors import Failure, NodeError
 from controller.transport.endpoint import Endpoint
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
@@ -194,7 +194,8 @@ class SshTunnel:
                 raise self._error(
                     "SSH login failed (tried the SSH agent and the key files, and there is "
                     "no terminal to ask for a password): load a key into ssh-agent (ssh-add) "
-                    f"or install your public key in ~{ep.user}/.ssh/authorized_keys on the node"
+                    f"or install your public key in ~{ep.user}/.ssh/authorized_keys on the node",
+                    Failure.SSH_LOGIN_FAILED,
                 ) from exc
         except Exception as exc:
             client.close()
@@ -210,7 +211,8 @@ class SshTunnel:
             if isinstance(exc, paramiko.SSHException) and _is_auth_failure(exc):
                 raise self._error(
                     "SSH login failed: wrong password (or the node refuses passwords); "
-                    "try again, or log in with a key (ssh-add, ~/.ssh/authorized_keys)"
+                    "try again, or log in with a key (ssh-add, ~/.ssh/authorized_keys)",
+                    Failure.SSH_LOGIN_FAILED,
                 ) from exc
             raise self._translate(exc) from exc
         return client
@@ -263,7 +265,8 @@ class SshTunnel:
             raise self._error(
                 f"the agent does not answer on localhost:{port} of the node "
                 f"(SSH tunnel: {exc.text or exc}): is nvidia-docker-plugin running there "
-                f"with -l localhost:{port}, and does sshd allow TCP forwarding?"
+                f"with -l localhost:{port}, and does sshd allow TCP forwarding?",
+                Failure.SSH_NO_AGENT,
             ) from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise self._error(f"cannot open an SSH channel to localhost:{port}: {exc}") from exc
@@ -276,8 +279,8 @@ class SshTunnel:
 
     # --- errors -----------------------------------------------------------------------------
 
-    def _error(self, message: str) -> NodeError:
-        return NodeError(f"ssh://{self.endpoint.node}", message)
+    def _error(self, message: str, failure: Failure = Failure.SSH_ERROR) -> NodeError:
+        return NodeError(f"ssh://{self.endpoint.node}", message, failure)
 
     def _translate(self, exc: BaseException) -> NodeError:
         ep, timeout_s = self.endpoint, self.options.timeout_s
@@ -293,29 +296,37 @@ class SshTunnel:
                 f"{exc.name} (not in {files}): check the fingerprint on the node "
                 f"(ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub) and add it "
                 f"(ssh-keyscan -p {ep.ssh_port} {ep.host} >> ~/.ssh/known_hosts), or set "
-                "NV_SSH_STRICT_HOST_KEY_CHECKING=no to skip the check (test nodes only)"
+                "NV_SSH_STRICT_HOST_KEY_CHECKING=no to skip the check (test nodes only)",
+                Failure.SSH_HOST_KEY_UNKNOWN,
             )
         if isinstance(exc, paramiko.BadHostKeyException):
             return self._error(
                 f"the SSH host key of {where} has CHANGED ({exc.key.get_name()} "
                 f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}): "
                 "someone may be intercepting the connection; if the node was reinstalled, "
-                f"remove the old key with: ssh-keygen -R '[{ep.host}]:{ep.ssh_port}'"
+                f"remove the old key with: ssh-keygen -R '[{ep.host}]:{ep.ssh_port}'",
+                Failure.SSH_HOST_KEY_CHANGED,
             )
         if isinstance(exc, socket.gaierror):
-            return self._error(f"cannot resolve the host name {ep.host!r}: {exc.strerror}")
+            return self._error(
+                f"cannot resolve the host name {ep.host!r}: {exc.strerror}", Failure.UNKNOWN_HOST
+            )
         if isinstance(exc, TimeoutError):
             return self._error(
                 f"no SSH answer from {where} within {timeout_s:g} s: is the node up, "
-                "and is the port right (ssh://user@host:SSH_PORT:HTTP_PORT)?"
+                "and is the port right (ssh://user@host:SSH_PORT:HTTP_PORT)?",
+                Failure.TIMEOUT,
             )
         if isinstance(exc, ConnectionError):
             return self._error(
                 f"SSH connection to {where} refused: is sshd running on the node, and is the "
-                "port right (ssh://user@host:SSH_PORT:HTTP_PORT)?"
+                "port right (ssh://user@host:SSH_PORT:HTTP_PORT)?",
+                Failure.SSH_REFUSED,
             )
         if isinstance(exc, OSError):
-            return self._error(f"cannot connect to {where}: {exc.strerror or exc}")
+            return self._error(
+                f"cannot connect to {where}: {exc.strerror or exc}", Failure.CANNOT_CONNECT
+            )
         return self._error(f"SSH to {where} failed: {exc}")
 
 

@@ -167,15 +167,23 @@ async def _facts_from_agent(
         try:
             body = await agent.get("/docker/cli", params=params)
         except AgentHttpError as err:
-            if err.status == 400 and err.agent_message.startswith("invalid device"):
+            if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
                 count = len(info.get("Devices") or [])
-                raise _unknown_gpu(err.agent_message, count, agent.node) from None
+                raise _refused(
+                    err.invalid_parameter, err.invalid_value, count, agent.node
+                ) from None
             raise
     return GpuFacts(cuda_version=cuda, docker_args=tuple(body.decode().split()))
 
 
-def _unknown_gpu(message: str, count: int, node: str) -> GpuError:
-    entry = message.partition(":")[2].strip()
+def _refused(parameter: str, entry: str, count: int, node: str) -> GpuError:
+    """The agent (or the local NVML path) refused one entry of ``dev`` or ``vol``: say where
+    that entry came from (NV_GPU, or the image's label) and what the node offers."""
+    if parameter == "vol":
+        return GpuError(
+            f"the image's label {VOLUMES_LABEL} names an unknown volume: {entry} ({node} "
+            "offers nvidia_driver; fix the label, or ask the image's maintainer)"
+        )
     have = f"GPUs 0 to {count - 1}" if count else "no GPUs"
     return GpuError(
         f"NV_GPU names an unknown GPU: {entry} ({node} has {have}; use indices or UUID "
@@ -183,15 +191,30 @@ def _unknown_gpu(message: str, count: int, node: str) -> GpuError:
     )
 
 
+def _quiet_agent_logs() -> None:
+    """The agent's NVML warnings (a value this driver lacks) are the daemon's business: the
+    wrapper's stderr carries its own one-line errors only, unless NV_DEBUG is set."""
+    import logging  # noqa: PLC0415 (NVML path only)
+    import os  # noqa: PLC0415
+
+    if not os.environ.get("NV_DEBUG"):
+        quiet = logging.getLogger("agent")
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
+
+
 def _facts_from_nvml(volumes: str, devices: str, cuda_needed: str | None) -> GpuFacts:
     from agent.docker_cli import control_devices, docker_cli  # noqa: PLC0415
     from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
-    from agent.selection import InvalidSelection, select_devices, select_volumes  # noqa: PLC0415
+    from agent.selection import InvalidParameter, select_devices, select_volumes  # noqa: PLC0415
 
+    _quiet_agent_logs()
     try:
         from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415
 
-        backend = NvmlBackend.start()
+        # No CUDA facts: the wrapper needs paths, UUIDs and the CUDA version, all from NVML;
+        # reading L2 and shared memory sizes would start a CUDA child process per run.
+        backend = NvmlBackend.start(cuda=lambda _bus_ids: None)
     except GpuBackendError as err:
         raise GpuError(
             f"no GPU facts: the local agent does not answer on localhost:3476 and NVML "
@@ -206,8 +229,8 @@ def _facts_from_nvml(volumes: str, devices: str, cuda_needed: str | None) -> Gpu
     try:
         chosen = select_devices(info.devices, devices)
         specs = select_volumes(volumes)
-    except InvalidSelection as err:
-        raise _unknown_gpu(str(err), len(info.devices), "this node") from None
+    except InvalidParameter as err:
+        raise _refused(err.parameter, err.entry, len(info.devices), "this node") from None
     cli = docker_cli(info.driver_version, control_devices(), chosen, specs)
     return GpuFacts(cuda_version=info.cuda_version, docker_args=tuple(cli.text().split()))
 

@@ -45,7 +45,9 @@ from aiohttp import web
 
 from agent.docker_cli import control_devices
 from agent.gpu.simulated import SimulatedBackend
-from agent.rest import NodeFacts, create_app
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.rest import create_app
 from agent.status_service import StatusService
 from tests.support.services import stop_process, wait_until
 
@@ -73,7 +75,7 @@ async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
         status.start_sampler()
         services.append(status)
         runner = web.AppRunner(
-            create_app(NodeFacts(node, control_devices()), status),
+            create_app(NodeState(NodeFacts(node, control_devices())), status),
             access_log=None,
             handle_signals=False,
             shutdown_timeout=1.0,

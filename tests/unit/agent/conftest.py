@@ -12,7 +12,9 @@ from pytest_aiohttp import AiohttpClient
 from agent.gpu import nodefile
 from agent.gpu.model import DeviceStatus, PcieThroughput
 from agent.gpu.simulated import SimulatedBackend
-from agent.rest import NodeFacts, create_app
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.rest import create_app
 from agent.status_service import StatusService
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")
@@ -58,7 +60,7 @@ async def make_client(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeClient
         status = StatusService(backend, node, pcie_interval_s=60)
         services.append(status)
         await status.sample_pcie()
-        return await aiohttp_client(create_app(NodeFacts(node, CONTROL), status))
+        return await aiohttp_client(create_app(NodeState(NodeFacts(node, CONTROL)), status))
 
     yield make
     for service in services:

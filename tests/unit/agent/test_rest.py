@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from agent.rest import NodeFacts
+from agent.node_facts import NodeFacts
 from tests.unit.agent.conftest import CountingBackend, MakeClient
 
 ROUTES = [

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from agent.gpu.simulated import SimulatedBackend
-from agent.selection import InvalidSelection, select_devices, select_volumes
+from agent.selection import InvalidParameter, select_devices, select_volumes
 
 NODE = SimulatedBackend.from_file("hgx-h200-8").node_info()
 
@@ -29,15 +29,15 @@ def test_uuid_prefix_is_case_insensitive() -> None:
 
 @pytest.mark.parametrize("entry", ["8", "-1", "GPU-", "GPU-zzz", "gpu0", "nvidia0", "1.0"])
 def test_unknown_device_names_the_entry(entry: str) -> None:
-    with pytest.raises(InvalidSelection, match=f"^invalid device: {entry}$"):
+    with pytest.raises(InvalidParameter, match=f"^invalid device: {entry}$"):
         select_devices(NODE.devices, f"0 {entry}")
 
 
 def test_ambiguous_uuid_prefix_is_refused() -> None:
-    with pytest.raises(InvalidSelection, match="invalid device: GPU-"):
+    with pytest.raises(InvalidParameter, match="invalid device: GPU-"):
         select_devices(NODE.devices, "GPU-")
 
 
 def test_unknown_volume() -> None:
-    with pytest.raises(InvalidSelection, match=r"^invalid volume: nvidia_foo$"):
+    with pytest.raises(InvalidParameter, match=r"^invalid volume: nvidia_foo$"):
         select_volumes("nvidia_driver nvidia_foo")

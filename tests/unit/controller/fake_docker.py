@@ -4,7 +4,7 @@
 State lives in ``$FAKE_DOCKER_DIR``: ``calls`` (one JSON argv per line), ``images/<name>.json``
 (labels of present images), ``registry/<name>.json`` (what ``pull`` can fetch),
 ``volumes/<name>`` (volumes that exist). Any other command prints ``EXEC <argv as JSON>``:
-that is the command the wrapper finally executed.
+that is the command the wrapper finally executed; then ``ENV <its CUDA_* variables>``.
 """
 
 import json
@@ -49,3 +49,5 @@ elif args[:2] == ["volume", "inspect"]:
     print("[{}]")
 else:
     print("EXEC " + json.dumps(argv))
+    # the CUDA variables docker was given: the wrapper must pass the user's through unchanged
+    print("ENV " + json.dumps({k: v for k, v in os.environ.items() if k.startswith("CUDA_")}))

@@ -13,11 +13,14 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from aiohttp import web
 
-from tests.support.services import free_port
+from agent.docker_cli import control_devices
+from tests.support.services import free_port, port_open
+from tests.unit.gpu.fake_nvml import load_capture
 
 FAKE_DOCKER = Path(__file__).with_name("fake_docker.py")
 REPO = Path(__file__).resolve().parents[3]
@@ -31,6 +34,7 @@ class Agent:
     port: int
     cuda: str = "13.0"
     queries: list[dict[str, str]] = field(default_factory=list)
+    old: bool = False  # answer 400s as 1.0.1 did, without the X-Invalid-* headers
 
 
 def _info(agent: Agent) -> dict[str, object]:
@@ -49,7 +53,10 @@ def _cli(agent: Agent, query: dict[str, str]) -> web.Response:
         elif len(matches) == 1:
             chosen.append(matches[0])
         else:
-            return web.Response(status=400, text=f"invalid device: {entry}\n")
+            headers = {"X-Invalid-Parameter": "dev", "X-Invalid-Value": quote(entry, safe="")}
+            if agent.old:  # nvidia-docker-plugin 1.0.1 said it in the text only
+                headers = {}
+            return web.Response(status=400, text=f"invalid device: {entry}\n", headers=headers)
     devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [f"/dev/nvidia{i}" for i in sorted(chosen)]
     args = [
         "--volume-driver=nvidia-docker",
@@ -123,6 +130,15 @@ class Result:
             if line.startswith("EXEC "):
                 argv: list[str] = json.loads(line[5:])
                 return argv
+        return None
+
+    @property
+    def cuda_environment(self) -> dict[str, str] | None:
+        """The CUDA_* variables docker was exec'd with."""
+        for line in self.stdout.splitlines():
+            if line.startswith("ENV "):
+                env: dict[str, str] = json.loads(line[4:])
+                return env
         return None
 
     def error(self) -> str:
@@ -270,6 +286,20 @@ async def test_unknown_gpu(docker: Docker, agent: Agent) -> None:
     )
 
 
+async def test_unknown_gpu_on_an_old_agent(docker: Docker, agent: Agent) -> None:
+    """An agent that does not name the refused parameter: its own words, not a guess."""
+    agent.old = True
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_GPU="7", NV_HOST=f"127.0.0.1:{agent.port}", DOCKER_HOST="h:"
+    )
+    assert result.code == 1
+    assert result.error() == (
+        f"http://127.0.0.1:{agent.port}: the agent answered 400 to GET /docker/cli: "
+        "invalid device: 7"
+    )
+
+
 @pytest.mark.parametrize(
     ("driver", "image", "ok"),
     [
@@ -396,6 +426,78 @@ async def test_docker_daemon_down(docker: Docker) -> None:
     )
     assert version.returncode == 0
     assert version.stdout.startswith("Docker version")
+
+
+# --- the local node without an agent: NVML read in-process ----------------------------------
+
+# Loaded by the wrapper's interpreter at start (sitecustomize): NVML answers from the real
+# one-H200 capture instead of a driver.
+FAKE_NVML_SITE = """
+from agent.gpu import nvml_query
+from tests.unit.gpu.fake_nvml import FakeNvml, load_capture
+nvml_query.pynvml = FakeNvml(load_capture("h200")).module
+"""
+
+
+async def test_local_nvml_path_gives_gpus_and_keeps_the_users_environment(
+    docker: Docker, tmp_path: Path
+) -> None:
+    """No agent on localhost:3476: the GPU facts come from NVML in the wrapper's process, and
+    docker still receives the user's CUDA_VISIBLE_DEVICES and CUDA_CACHE_DISABLE as given."""
+    if port_open(3476, "localhost"):
+        pytest.skip("an agent listens on localhost:3476 here: the NVML path would not be taken")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAKE_NVML_SITE)
+    capture = load_capture("h200")
+    minor = capture["devices"][0]["minor"]
+    image = docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(
+        docker,
+        "run",
+        "-e",
+        "CUDA_VISIBLE_DEVICES",
+        image,
+        "nvidia-smi",
+        CUDA_VISIBLE_DEVICES="3",
+        CUDA_CACHE_DISABLE="0",
+        PYTHONPATH=f"{site}:{REPO}",
+    )
+    assert result.code == 0, result.stderr
+    driver = capture["driver"]
+    control = [f"--device={device}" for device in control_devices()]
+    assert result.executed is not None
+    assert result.executed == [
+        "run",
+        "--volume-driver=nvidia-docker",
+        f"--volume=nvidia_driver_{driver}:/usr/local/nvidia:ro",
+        *control,
+        f"--device=/dev/nvidia{minor}",
+        "-e",
+        "CUDA_VISIBLE_DEVICES",
+        "cuda",
+        "nvidia-smi",
+    ]
+    assert result.cuda_environment == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_CACHE_DISABLE": "0"}
+
+
+async def test_local_nvml_path_unknown_gpu_and_volume(docker: Docker, tmp_path: Path) -> None:
+    """NV_GPU and the image's volume label are told apart when the local node refuses them."""
+    if port_open(3476, "localhost"):
+        pytest.skip("an agent listens on localhost:3476 here: the NVML path would not be taken")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAKE_NVML_SITE)
+    image = docker.image("cuda", GPU_LABELS)
+    gpu = await nvidia_docker(docker, "run", image, NV_GPU="5", PYTHONPATH=f"{site}:{REPO}")
+    assert gpu.code == 1
+    assert gpu.error().startswith("NV_GPU names an unknown GPU: 5 (this node has GPUs 0 to 0;")
+    odd = docker.image("odd", {"com.nvidia.volumes.needed": "nvidia_driver nvidia_extra"})
+    vol = await nvidia_docker(docker, "run", odd, PYTHONPATH=f"{site}:{REPO}")
+    assert vol.code == 1
+    assert vol.error().startswith(
+        "the image's label com.nvidia.volumes.needed names an unknown volume: nvidia_extra"
+    )
 
 
 # --- speed: the pass-through imports nothing heavy ------------------------------------------

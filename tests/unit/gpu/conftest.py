@@ -17,7 +17,7 @@ MakeFake = Callable[[str], FakeNvml]
 @pytest.fixture
 def make_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeFake]:
     """Install a fake pynvml built from a fixture capture (``h200`` or ``h200x2``)."""
-    # start() changes the process environment; monkeypatch restores it afterwards.
+    # A user's CUDA settings, which start() must leave as they are.
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DISABLE_UNIFIED_MEMORY", "CUDA_CACHE_DISABLE"):
         monkeypatch.setenv(name, "test-value")
     nvml_query.reset_warnings()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 
 import pytest
 
@@ -54,3 +56,26 @@ def test_the_real_child_runs_and_answers() -> None:
     if result is not None:
         facts = result.device_facts("00000000:00:06.0")
         assert facts == UNKNOWN_FACTS or (facts.multiprocessor_count or 0) > 0
+
+
+def test_the_child_sees_every_gpu_whatever_the_callers_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA_VISIBLE_DEVICES of the caller must not hide GPUs from discovery, and the caller's
+    own environment stays as it was (the wrapper execs docker with it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
+    seen: dict[str, str] = {}
+
+    def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        env = kwargs["env"]
+        assert isinstance(env, dict)
+        seen.update(env)
+        return subprocess.CompletedProcess(args, 0, "null", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert cuda_probe.probe(["00000000:00:06.0"]) is None
+    assert "CUDA_VISIBLE_DEVICES" not in seen
+    assert (seen["CUDA_CACHE_DISABLE"], seen["CUDA_DISABLE_UNIFIED_MEMORY"]) == ("1", "1")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert os.environ["CUDA_CACHE_DISABLE"] == "0"

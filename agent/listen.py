@@ -1,0 +1,49 @@
+"""Binding the REST API's TCP address: every address a listen name resolves to."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+
+from aiohttp import web
+
+from agent.errors import StartupError
+
+log = logging.getLogger("nvidia-docker-plugin")
+
+# A name such as localhost can resolve to an address this node cannot bind (::1 where IPv6
+# is disabled): such addresses are skipped as long as one of the name's addresses works.
+_UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
+async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
+    """Serve ``runner`` on every address of ``host`` (all interfaces for None)."""
+    where = f"{host or '*'}:{port}"
+    if host is None:
+        addresses: list[str | None] = [None]
+    else:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError as err:
+            raise StartupError(f"cannot listen on {where}: {err} (check -l)") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    started = 0
+    for address in addresses:
+        try:
+            await web.TCPSite(runner, address, port, reuse_address=True).start()
+        except OSError as err:
+            if err.errno in _UNBINDABLE and len(addresses) > 1:
+                log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
+                continue
+            raise StartupError(
+                f"cannot listen on {where}: {err.strerror or err} (is another agent running? "
+                "choose another address with -l)"
+            ) from None
+        started += 1
+    if not started:
+        raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")

@@ -1,0 +1,166 @@
+"""One running agent: start-up in order, the two servers, the watch, and shutdown.
+
+Start-up, each step logged on one line: make sure the UVM device exists, initialise NVML
+(or load the simulated node), discover the GPUs, find the driver files of each volume,
+serve Docker's volume plugin API on the unix socket and the REST API on TCP. If either
+server stops, the other is stopped too. The first SIGINT/SIGTERM shuts down gracefully
+(the socket file is removed); a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from aiohttp import web
+
+from agent.backends import open_backend
+from agent.config import SOCKET_NAME, Config
+from agent.docker_cli import control_devices
+from agent.errors import StartupError
+from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
+from agent.gpu.backend import GpuBackend, GpuBackendError
+from agent.listen import listen
+from agent.memory import release_startup_memory
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.plugin_site import prepare_volumes, start_plugin_site
+from agent.rest import create_app
+from agent.status_service import StatusService
+from agent.uvm import UvmError, ensure_uvm_device
+
+log = logging.getLogger("nvidia-docker-plugin")
+
+SHUTDOWN_TIMEOUT_S = 5.0
+WATCH_INTERVAL_S = 2.0
+
+
+class Agent:
+    """One running agent: the backend, the node state, the two servers, and their shutdown."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.backend: GpuBackend | None = None
+        self.status: StatusService | None = None
+        self.node: NodeState | None = None
+        self.runners: list[web.AppRunner] = []
+        self.stopping = asyncio.Event()
+        self.exit_code = EXIT_OK
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        if cfg.simulate is None:
+            try:
+                log.info("Checking the NVIDIA unified memory device: %s", ensure_uvm_device())
+            except UvmError as err:
+                raise StartupError(str(err)) from None
+        else:
+            log.info("Simulated node: the UVM device check is skipped")
+
+        log.info("Initialising the GPU backend")
+        try:
+            self.backend = await loop.run_in_executor(None, open_backend, cfg.simulate)
+        except GpuBackendError as err:
+            raise StartupError(str(err)) from None
+        log.info("GPU backend: %s", self.backend.name)
+
+        node = self.backend.node_info()
+        models = sorted({d.model or "unknown model" for d in node.devices})
+        log.info(
+            "Discovered %d GPU(s): %s; driver %s, CUDA %s",
+            len(node.devices),
+            ", ".join(models) or "none",
+            node.driver_version,
+            node.cuda_version,
+        )
+
+        log.info("Finding the driver files of each volume (ld.so.cache: %s)", cfg.ldcache)
+        store = await loop.run_in_executor(
+            None,
+            lambda: prepare_volumes(cfg.volume_dir, node.driver_version, ldcache=cfg.ldcache),
+        )
+
+        self.status = StatusService(self.backend, node, pcie_interval_s=cfg.pcie_interval_s)
+        await self.status.sample_pcie()
+        self.status.start_sampler()
+        self.node = NodeState(NodeFacts(node, control_devices()))
+
+        socket_path = cfg.socket_dir / SOCKET_NAME
+        log.info("Serving the plugin API on unix://%s", socket_path)
+        try:
+            self.runners.append(
+                await start_plugin_site(store, cfg.socket_dir, spec_file=cfg.spec_file)
+            )
+        except OSError as err:
+            raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
+
+        where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
+        log.info("Serving the REST API on %s", where)
+        runner = web.AppRunner(
+            create_app(self.node, self.status),
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            handle_signals=False,
+        )
+        await runner.setup()
+        self.runners.append(runner)
+        await listen(runner, cfg.listen_host, cfg.listen_port)
+        release_startup_memory()
+        log.info("Ready")
+
+    async def watch(self) -> None:
+        """Wait for a signal, or for the plugin socket to vanish (then stop with an error)."""
+        socket_path = self.config.socket_dir / SOCKET_NAME
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), WATCH_INTERVAL_S)
+            if not self.stopping.is_set() and not socket_path.exists():
+                log.error(
+                    "The plugin socket %s was removed: stopping the REST API too", socket_path
+                )
+                self.exit_code = EXIT_SERVER_STOPPED
+                self.stopping.set()
+
+    async def stop(self) -> None:
+        for runner in reversed(self.runners):
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        self.runners.clear()
+        if self.status is not None:
+            await self.status.close()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+async def run(config: Config) -> int:
+    """Start, serve until a signal (or a server's end), stop; returns the exit code."""
+    agent = Agent(config)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            log.warning("Second %s: exiting now", signal.Signals(signum).name)
+            os._exit(EXIT_FORCED)
+        log.info("Received %s: shutting down", signal.Signals(signum).name)
+        agent.stopping.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await agent.start()
+        await agent.watch()
+    except StartupError as err:
+        log.error("Error: %s", err)
+        agent.exit_code = EXIT_STARTUP_FAILED
+    finally:
+        await agent.stop()
+    log.info("Stopped")
+    return agent.exit_code
