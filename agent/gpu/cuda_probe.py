@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.gpu import codec
 from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts, LibCuda, cuda_bus_id
 
 log = logging.getLogger(__name__)
@@ -64,15 +65,7 @@ def read_facts(bus_ids: Sequence[str]) -> dict[str, Any] | None:
     cuda = LibCuda.open()
     if cuda is None:
         return None
-    devices = {}
-    for bus in bus_ids:
-        facts = cuda.device_facts(bus)
-        devices[cuda_bus_id(bus)] = {
-            "l2_cache_bytes": facts.l2_cache_bytes,
-            "shared_memory_per_mp_bytes": facts.shared_memory_per_mp_bytes,
-            "constant_memory_bytes": facts.constant_memory_bytes,
-            "multiprocessor_count": facts.multiprocessor_count,
-        }
+    devices = {cuda_bus_id(bus): codec.to_json(cuda.device_facts(bus)) for bus in bus_ids}
     peers = [
         [cuda_bus_id(a), cuda_bus_id(b), cuda.can_access_peer(a, b)]
         for a in bus_ids
@@ -82,22 +75,13 @@ def read_facts(bus_ids: Sequence[str]) -> dict[str, Any] | None:
     return {"devices": devices, "peers": peers}
 
 
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def parse_answer(text: str) -> ProbedCuda | None:
     """The child's JSON as ``ProbedCuda``; ``None`` when it could not open CUDA."""
     data = json.loads(text)
     if data is None:
         return None
     facts = {
-        bus: CudaDeviceFacts(
-            l2_cache_bytes=_int_or_none(entry.get("l2_cache_bytes")),
-            shared_memory_per_mp_bytes=_int_or_none(entry.get("shared_memory_per_mp_bytes")),
-            constant_memory_bytes=_int_or_none(entry.get("constant_memory_bytes")),
-            multiprocessor_count=_int_or_none(entry.get("multiprocessor_count")),
-        )
+        bus: codec.from_json(CudaDeviceFacts, entry, f"devices[{bus}]", lenient=True)
         for bus, entry in data["devices"].items()
     }
     peers = {

@@ -2,12 +2,17 @@
 
 Every backend (NVML, simulated) produces these types and nothing else; the REST API only
 renders them. A value the hardware or driver does not report is ``None``.
+
+These declarations are also the schema of node files and of ``--dump-node`` (``codec``
+reads and writes them field by field): a new field needs a default, so that node files
+written before it existed still load. A field's JSON name is its own unless its metadata
+says otherwise.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class PciLink(enum.IntEnum):
@@ -43,8 +48,8 @@ class PeerLink:
     """A peer GPU this one can reach directly (P2P), and how."""
 
     bus_id: str
-    link: PciLink
-    nvlinks: int  # bonded NVLinks between the pair, 0 when none
+    link: PciLink = PciLink.UNKNOWN
+    nvlinks: int = 0  # bonded NVLinks between the pair, 0 when none
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +79,7 @@ class DeviceMemory:
 class DeviceInfo:
     """Static facts of one GPU, read once at start (``/gpu/info``)."""
 
-    index: int
+    index: int = field(metadata={"json": None})  # the position in the node, not stored
     uuid: str | None
     path: str | None  # "/dev/nvidia<minor>"
     model: str | None
@@ -115,7 +120,7 @@ class EccErrors:
 
     l1_cache: int | None
     l2_cache: int | None
-    global_: int | None
+    global_: int | None = field(metadata={"json": "global"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,30 @@ async def test_unknown_volume_is_a_400(make_client: MakeClient) -> None:
     resp = await client.get("/docker/cli", params={"vol": "nvidia_gl"})
     assert resp.status == 400
     assert await resp.text() == "invalid volume: nvidia_gl\n"
+    assert resp.headers["X-Invalid-Parameter"] == "vol"
+    assert resp.headers["X-Invalid-Value"] == "nvidia_gl"
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter", "value"),
+    [
+        ({"dev": "0 GPU-zz é"}, "dev", "GPU-zz"),
+        ({"dev": "é"}, "dev", "%C3%A9"),
+        ({"format": "yaml"}, "format", "yaml"),
+    ],
+)
+async def test_a_400_names_the_parameter_and_entry_in_headers(
+    make_client: MakeClient, query: dict[str, str], parameter: str, value: str
+) -> None:
+    """Programs read which entry was refused from the headers, never from the text."""
+    client = await make_client(CountingBackend("h200"))
+    path = "/mesos/cli" if "format" in query else "/docker/cli"
+    resp = await client.get(path, params=query)
+    assert resp.status == 400
+    assert (resp.headers["X-Invalid-Parameter"], resp.headers["X-Invalid-Value"]) == (
+        parameter,
+        value,
+    )
 
 
 async def test_unknown_routes_404_and_wrong_methods_405(make_client: MakeClient) -> None:

@@ -1,0 +1,153 @@
+"""The layering rules of the README ("Architecture"), checked on every import of our code.
+
+Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``. ``agent.gpu``,
+``plugin`` and ``mesos`` import nothing of ours; nothing imports ``controller``; only
+``agent/gpu/`` imports pynvml; in ``controller``, paramiko only in the SSH tunnel and
+aiohttp only in the HTTP client and the fleet query; the wrapper's fast path imports nothing
+but the standard library at module level. Every import counts, also one inside a function
+(a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent", "plugin", "mesos", "controller")
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the imported module, dotted
+    line: int
+    top_level: bool  # at module level (not inside a function or class body)
+
+    def __str__(self) -> str:
+        where = "" if self.top_level else " (inside a function)"
+        return f"{self.module.replace('.', '/')}.py:{self.line} imports {self.target}{where}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[Import]:
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    top = {id(node) for node in tree.body}
+    for statement in tree.body:  # `if TYPE_CHECKING:` and try/except at module level
+        if isinstance(statement, ast.If | ast.Try):
+            top.update(id(child) for child in ast.walk(statement))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base)
+                targets = [f"{prefix}.{node.module}" if node.module else prefix]
+            else:
+                targets = [node.module or ""]
+        else:
+            continue
+        found += [Import(module, t, node.lineno, id(node) in top) for t in targets]
+    return found
+
+
+def _all_imports() -> list[Import]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found += _imports(path)
+    return found
+
+
+IMPORTS = _all_imports()
+
+
+def _is(target: str, prefix: str) -> bool:
+    return target == prefix or target.startswith(prefix + ".")
+
+
+def _violations(
+    importer: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()
+) -> list[str]:
+    return [
+        str(imp)
+        for imp in IMPORTS
+        if _is(imp.module, importer)
+        and any(_is(imp.target, f) for f in forbidden)
+        and not any(_is(imp.target, a) for a in allowed)
+    ]
+
+
+def test_the_scan_sees_lazy_and_relative_imports() -> None:
+    """The checker must be able to fail: it finds the lazy imports we know are there."""
+    lazy = {(i.module, i.target) for i in IMPORTS if not i.top_level}
+    assert ("agent.backends", "agent.gpu.nvml_backend") in lazy
+    assert ("controller.wrapper.cli", "controller.wrapper.gpu_args") in lazy
+    assert len(IMPORTS) > 200
+
+
+@pytest.mark.parametrize(
+    ("importer", "forbidden", "allowed"),
+    [
+        ("plugin", ("agent", "mesos", "controller"), ()),
+        ("mesos", ("agent", "plugin", "controller"), ()),
+        ("agent.gpu", ("agent", "plugin", "mesos", "controller"), ("agent.gpu",)),
+        ("agent", ("controller",), ()),
+        ("controller", ("plugin",), ()),
+    ],
+)
+def test_imports_point_one_way(
+    importer: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
+) -> None:
+    assert _violations(importer, forbidden, allowed) == []
+
+
+@pytest.mark.parametrize(
+    ("library", "only_in"),
+    [
+        ("pynvml", ("agent.gpu",)),
+        ("paramiko", ("controller.transport.ssh_tunnel",)),
+        ("aiohttp", ("agent", "plugin", "controller.transport.client", "controller.fleet.query")),
+        ("click", ("agent.cli", "controller.ctl")),
+    ],
+)
+def test_libraries_stay_in_their_rooms(library: str, only_in: tuple[str, ...]) -> None:
+    outside = [
+        str(imp)
+        for imp in IMPORTS
+        if _is(imp.target, library) and not any(_is(imp.module, room) for room in only_in)
+    ]
+    assert outside == []
+
+
+FAST_PATH = ("controller.wrapper.cli", "controller.wrapper.docker_args", "controller.errors")
+
+
+def test_the_wrappers_fast_path_imports_only_the_standard_library_at_load() -> None:
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    ours = ("controller.wrapper", "controller.errors", "controller")
+    bad = [
+        str(imp)
+        for imp in IMPORTS
+        if imp.module in FAST_PATH
+        and imp.top_level
+        and imp.target.split(".")[0] not in stdlib
+        and imp.target not in ours
+        and not any(_is(imp.target, f) for f in FAST_PATH)
+    ]
+    assert bad == []
