@@ -8,10 +8,11 @@ status comes from the single-flight ``StatusService``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from agent import render_json, render_text
 from agent.gpu.model import DeviceInfo, NodeInfo
@@ -147,13 +148,15 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
 )
 
 
-def create_app(node: NodeState, status: StatusService) -> web.Application:
+def create_app(
+    node: NodeState, status: StatusService, *, middlewares: Sequence[Middleware] = ()
+) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
-    No middleware: aiohttp itself answers an unexpected error with a 500 and logs it, and
-    the daemon keeps serving; every handler here is one coroutine on the hot path.
+    ``middlewares`` wrap every route, outermost first (the daemon adds what its options ask
+    for); the handlers themselves stay one coroutine each on the hot path.
     """
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app[NODE] = node
     app[STATUS] = status
     for path, handler in ROUTES:

@@ -14,6 +14,8 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -38,6 +40,14 @@ SHUTDOWN_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class ReloadStep:
+    """One thing SIGHUP re-reads: ``name`` for the log, ``run`` does it (raises on failure)."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+
+
 class Agent:
     """One running agent: the backend, the node state, the two servers, and their shutdown."""
 
@@ -49,6 +59,10 @@ class Agent:
         self.runners: list[web.AppRunner] = []
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
+        # What SIGHUP re-reads, in order (each part of the agent that can be refreshed
+        # without a restart adds its step at start-up); see reload().
+        self.reload_steps: list[ReloadStep] = []
+        self._reloading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -112,6 +126,23 @@ class Agent:
         release_startup_memory()
         log.info("Ready")
 
+    def request_reload(self) -> None:
+        """SIGHUP: run the reload steps once; a SIGHUP during a reload is folded into it."""
+        if self._reloading is not None and not self._reloading.done():
+            log.info("Received SIGHUP during a reload: already re-reading")
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self.reload(), name="reload")
+
+    async def reload(self) -> None:
+        """Re-read what can change while the agent runs; a failing step is logged (one line)
+        and the agent keeps serving what it had."""
+        log.info("Received SIGHUP: re-reading (%d step(s))", len(self.reload_steps))
+        for step in self.reload_steps:
+            try:
+                await step.run()
+            except Exception as err:
+                log.error("Reload: %s failed: %s; keeping the previous one", step.name, err)
+
     async def watch(self) -> None:
         """Wait for a signal, or for the plugin socket to vanish (then stop with an error)."""
         socket_path = self.config.socket_dir / SOCKET_NAME
@@ -126,6 +157,10 @@ class Agent:
                 self.stopping.set()
 
     async def stop(self) -> None:
+        if self._reloading is not None:
+            self._reloading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reloading
         for runner in reversed(self.runners):
             with contextlib.suppress(Exception):
                 await runner.cleanup()
@@ -154,6 +189,7 @@ async def run(config: Config) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, agent.request_reload)
     try:
         await agent.start()
         await agent.watch()

@@ -104,6 +104,21 @@ def test_sigint_is_graceful_too(tmp_path: Path) -> None:
     assert "Received SIGINT" in err.decode()
 
 
+def test_sighup_rereads_and_keeps_serving(tmp_path: Path) -> None:
+    """SIGHUP is the operators' "re-read now"; it never stops the agent (its default would)."""
+    d = start_daemon(tmp_path, "--simulate", "h200")
+    try:
+        d.proc.send_signal(signal.SIGHUP)
+        d.proc.send_signal(signal.SIGHUP)
+        assert d.get("/gpu/info/json")[0] == 200
+        assert d.proc.poll() is None
+    finally:
+        code, log = d.stop()
+    assert code == 0
+    assert "Received SIGHUP: re-reading" in log
+    assert "Traceback" not in log
+
+
 def test_many_bad_requests_do_not_hurt_it(daemon: Daemon) -> None:
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as sock:
         sock.sendall(b"GARBAGE / HTTP/9\r\n\r\n")
