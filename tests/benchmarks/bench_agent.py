@@ -164,8 +164,9 @@ def main() -> int:
     old_way_ms = _old_way_sweep_ms(simulate, rounds=5 if simulate else 20)
 
     results = [result for _, result in measurements]
+    summary = summary_table(results, against_old_tool=args.real)
     print()
-    print("\n".join(summary_table(results, against_old_tool=args.real)))
+    print("\n".join(summary))
     if not args.real:
         print("(ratios against 1.0.1 only with --real: its figures are from the H200 machine)")
     print(
@@ -192,6 +193,7 @@ def main() -> int:
             "duration_s": args.duration,
             "rounds": args.rounds,
             "measurements": [{"round": n, **r.as_json()} for n, r in measurements],
+            "summary_markdown": summary,
             "old_way_sweep_ms": round(old_way_ms, 2),
             "memory_mb": {"idle": idle.as_json(), "loaded": loaded.as_json()},
             "old_tool": {

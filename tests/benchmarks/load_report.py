@@ -40,7 +40,9 @@ def summary_table(measurements: Sequence[Measurement], against_old_tool: bool) -
     rows = [head, rule]
     for group in _grouped(measurements):
         first = group[0]
-        bound = sorted({side for m in group for side in m.saturated}) or ["neither"]
+        seen = {side for m in group for side in m.saturated}
+        sides: tuple[str, ...] = ("server", "client", "machine")
+        bound = [side for side in sides if side in seen] or ["neither"]
         cells = [
             f"`{first.path}`",
             str(first.clients),

@@ -164,6 +164,7 @@ class Measurement:
             "server_cpu_s": None if self.server_cpu_s is None else round(self.server_cpu_s, 2),
             "server_cores": None if server is None else round(server, 2),
             "other_cores": round(self.other_cores, 2),
+            "machine_cores": round(self.machine_cores, 2),
             "cpus": self.cpus,
             "saturated": list(self.saturated),
         }
