@@ -123,13 +123,18 @@ def main() -> int:
     cpus = usable_cpus()
     where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
     procs_setting = "auto" if args.client_procs is None else str(args.client_procs)
+    procs_text = (
+        f"auto (one per connection, up to {max(1, cpus - 1)}: CPUs - 1)"
+        if args.client_procs is None
+        else f"{args.client_procs} (fewer for rows with fewer connections)"
+    )
     rows = len(PATHS) * len(args.clients) * args.rounds
     print(
         f"nvidia-docker-plugin benchmark: {where}; {platform.node()}, {cpus} CPUs, "
         f"Python {platform.python_version()}\n"
-        f"{rows} rows ({args.rounds} rounds), {args.duration:g} s each; client processes: "
-        f"{procs_setting} (auto: one per connection, up to {max(1, cpus - 1)}); "
-        f"about {rows * (args.duration + WARMUP_S + SETUP_S):.0f} s",
+        f"{rows} rows ({args.rounds} rounds), {args.duration:g} s each, "
+        f"about {rows * (args.duration + WARMUP_S + SETUP_S):.0f} s; "
+        f"client processes per row: {procs_text}",
         flush=True,
     )
 
