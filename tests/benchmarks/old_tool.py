@@ -2,9 +2,9 @@
 
 Where they come from: 1.0.1 built from its public source and ours, measured one after the
 other on the same H200 machine (one H200, 16 vCPUs), each loaded by 4 closed-loop client
-processes, one run of two rounds (docs/performance.md). That run gave the old tool's own rate only for
-``/gpu/info/json``; for the other routes it gave the ratio ours / old, so that is what is
-recorded here: no absolute figure is made up for the old tool.
+processes, one run of two rounds (docs/performance.md). That run gave the old tool's own
+rate only for ``/gpu/info/json``; for the other routes it gave the ratio ours / old, so
+that is what is recorded here: no absolute figure is made up for the old tool.
 """
 
 from __future__ import annotations
