@@ -38,6 +38,7 @@ from tests.benchmarks.loadgen import (
     Measurement,
     client_counts_option,
     client_procs_option,
+    describe_client_procs,
     plan_processes,
 )
 from tests.benchmarks.proc_usage import ResidentMemory, resident_memory, usable_cpus
@@ -123,11 +124,7 @@ def main() -> int:
     cpus = usable_cpus()
     where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
     procs_setting = "auto" if args.client_procs is None else str(args.client_procs)
-    procs_text = (
-        f"auto (one per connection, up to {max(1, cpus - 1)}: CPUs - 1)"
-        if args.client_procs is None
-        else f"{args.client_procs} (fewer for rows with fewer connections)"
-    )
+    procs_text = describe_client_procs(args.client_procs, cpus)
     rows = len(PATHS) * len(args.clients) * args.rounds
     print(
         f"nvidia-docker-plugin benchmark: {where}; {platform.node()}, {cpus} CPUs, "

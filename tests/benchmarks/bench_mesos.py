@@ -42,6 +42,7 @@ from tests.benchmarks.loadgen import (
     Measurement,
     client_counts_option,
     client_procs_option,
+    describe_client_procs,
     plan_processes,
     require_loopback,
 )
@@ -161,7 +162,8 @@ def main() -> int:
         return 2
     cpus = usable_cpus()
     where = args.url or f"simulated node {args.simulate}"
-    print(f"/mesos/cli benchmark: {where}; {platform.node()}, {cpus} CPUs")
+    print(f"/mesos/cli benchmark: {where}; {platform.node()}, {cpus} CPUs; client processes "
+          f"per row: {describe_client_procs(args.client_procs, cpus)}")  # fmt: skip
     print(f"Python {platform.python_version()}, zlib-ng {zlib_ng.ZLIBNG_VERSION}, "
           f"zlib {zlib.ZLIB_RUNTIME_VERSION}")  # fmt: skip
     try:

@@ -210,6 +210,13 @@ def plan_processes(clients: int, setting: int | None, cpus: int) -> int:
     return max(1, min(clients, setting))
 
 
+def describe_client_procs(setting: int | None, cpus: int) -> str:
+    """The ``--client-procs`` setting in words, for a benchmark's first lines."""
+    if setting is None:
+        return f"auto (one per connection, up to {max(1, cpus - 1)}: CPUs - 1)"
+    return f"{setting} (fewer for rows with fewer connections)"
+
+
 def require_loopback(host: str) -> None:
     """Refuse any target that is not this machine: the generator only loads loopback."""
     try:
