@@ -1,53 +1,54 @@
-"""REST API benchmark: requests per second and p50/p99 of the hot routes, and resident memory.
+"""REST API benchmark: requests per second, p50/p99 and CPU of both sides on the hot routes,
+and resident memory.
 
 Starts a real ``nvidia-docker-plugin`` process (simulated node by default, or the real
-GPUs with ``--real``) on a free loopback port, loads it with one closed-loop client process
-(1, 16 and 64 keep-alive connections, as the old tool was measured), and prints a table
-with the old tool's figures on an H200 beside ours, as ratios. Also times, in the same
+GPUs with ``--real``) on a free loopback port and loads each route with 1, 16, 64 and 256
+keep-alive connections (closed loop), spread over as many client processes as the machine
+allows (``--client-procs auto``: one per connection up to CPUs - 1), so that the client is
+not what limits the rate. Each row says how many client processes carried it and how many
+cores the clients and the server used over the measured window: the server is one Python
+process, so about one core is all it can use. Rounds are repeated (``--rounds``) and
+summed up as ranges, with the ratios against nvidia-docker-plugin 1.0.1's side-by-side
+figures (``tests/benchmarks/old_tool.py``) on a ``--real`` run. Also times, in the same
 run, a status sweep done the old way (every NVML call in series, PCIe counters included)
 against the backend directly.
 
-    python -m tests.benchmarks.bench_agent [--real] [--simulate NODE] [--out FILE]
+    python -m tests.benchmarks.bench_agent [--real] [--simulate NODE] [--rounds 2]
+        [--duration 3] [--clients 1,16,64,256] [--client-procs auto|N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from tests.benchmarks.loadgen import LoadResult, run_load, run_load_processes
+from tests.benchmarks import old_tool
+from tests.benchmarks.load_report import summary_table
+from tests.benchmarks.loadgen import (
+    LoadError,
+    LoadGenerator,
+    Measurement,
+    client_counts_option,
+    client_procs_option,
+    describe_client_procs,
+    plan_processes,
+)
+from tests.benchmarks.proc_usage import ResidentMemory, resident_memory, usable_cpus
 from tests.support.services import free_port, port_open, stop_process, wait_until
 
-PATHS = ("/gpu/status/json", "/gpu/info/json", "/docker/cli")
-CLIENTS = (1, 16, 64)
-
-# nvidia-docker-plugin 1.0.1 on one H200 (driver 580), one closed-loop client process.
-OLD_TOOL = {
-    ("/gpu/status/json", 1): {"rate": 23.0, "p50_ms": 43.0},
-    ("/gpu/status/json", 64): {"rate": 416.0, "p50_ms": 153.0, "p99_ms": 184.0},
-    ("/gpu/info/json", 64): {"rate": 25_700.0, "p99_ms": 5.6},
-    ("/docker/cli", 64): {"rate": 21_500.0},
-}
-OLD_TOOL_RSS_MB = 57.0
-
-
-def _memory_mb(pid: int) -> dict[str, float]:
-    """Resident memory of a process, MB: total, peak, anonymous (heap, stacks) and file."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    keys = {"rss": "VmRSS", "peak": "VmHWM", "anon": "RssAnon", "file": "RssFile"}
-    return {name: int(fields[key].split()[0]) / 1024 for name, key in keys.items() if key in fields}
+PATHS = ("/gpu/status/json", "/gpu/info/json", "/docker/cli", "/mesos/cli")
+CLIENTS = (1, 16, 64, 256)
+WARMUP_S = 0.3
+SETUP_S = 0.3
+"""Per row, besides the measured window and the warm-up: connecting, handing out the job."""
 
 
 def _old_way_sweep_ms(simulate: str | None, rounds: int) -> float:
@@ -69,121 +70,143 @@ def _old_way_sweep_ms(simulate: str | None, rounds: int) -> float:
         backend.close()
 
 
-def _ratio_notes(result: LoadResult, real: bool) -> str:
-    old = OLD_TOOL.get((result.path, result.clients))
-    if not old or not real:
-        return ""
-    notes = [f"rate x{result.rate_per_s / old['rate']:.1f} vs 1.0.1"]
-    if "p50_ms" in old:
-        notes.append(f"p50 {old['p50_ms'] / result.p50_ms:.0f}x lower")
-    if "p99_ms" in old:
-        notes.append(f"p99 {old['p99_ms'] / result.p99_ms:.1f}x lower")
-    return "  [" + ", ".join(notes) + "]"
-
-
-async def _measure(port: int, duration_s: float) -> list[LoadResult]:
-    results = []
-    for path in PATHS:
-        for clients in CLIENTS:
-            results.append(await run_load("127.0.0.1", port, path, clients, duration_s))
-    return results
-
-
-def _measure_spread(port: int, duration_s: float, processes: int) -> list[LoadResult]:
-    """64 clients spread over several client processes: shows whether one client process
-    (the old tool's method) is what limits the rate."""
-    return [
-        run_load_processes("127.0.0.1", port, path, 64, duration_s, processes) for path in PATHS
-    ]
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--real", action="store_true", help="serve the real GPUs (NVML)")
-    parser.add_argument("--simulate", default="hgx-h200-8", help="node file or built-in name")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    parser.add_argument("--out", type=Path, help="also write the results as JSON here")
-    parser.add_argument(
-        "--client-procs",
-        type=int,
-        default=1,
-        help="also measure 64 clients spread over this many client processes",
+def _memory_line(idle: ResidentMemory, loaded: ResidentMemory) -> str:
+    old, then = old_tool.OLD_MEMORY, old_tool.OURS_MEMORY_THEN
+    return (
+        f"resident memory: {idle.rss_mb:.1f} MB idle (anonymous {idle.anon_mb:.1f}, file-backed "
+        f"{idle.file_mb:.1f}), {loaded.rss_mb:.1f} MB after load, peak {loaded.peak_mb:.1f} MB\n"
+        f"  1.0.1 in the side-by-side run: {old.idle_mb:.0f} / {old.loaded_mb:.0f} / "
+        f"{old.peak_mb:.0f} MB (ours then {then.idle_mb:.0f} / {then.loaded_mb:.0f} / "
+        f"{then.peak_mb:.0f}); this run / 1.0.1: {idle.rss_mb / old.idle_mb:.2f}x idle, "
+        f"{loaded.rss_mb / old.loaded_mb:.2f}x loaded, {loaded.peak_mb / old.peak_mb:.2f}x peak"
     )
-    args = parser.parse_args()
-    simulate = None if args.real else args.simulate
 
-    port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="nvd-bench-"))
+
+def _start_agent(port: int, workdir: Path, simulate: str | None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "agent.daemon", "-l", f"127.0.0.1:{port}"]
     cmd += ["-s", str(workdir / "sock"), "-d", str(workdir / "volumes")]
     if simulate:
         cmd += ["--simulate", simulate]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bench_agent", description=(__doc__ or "").splitlines()[0]
+    )
+    parser.add_argument("--real", action="store_true", help="serve the real GPUs (NVML)")
+    parser.add_argument("--simulate", default="hgx-h200-8", help="node file or built-in name")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="times every row is measured")
+    parser.add_argument(
+        "--clients",
+        type=client_counts_option,
+        default=CLIENTS,
+        help="connection counts, comma-separated (default 1,16,64,256)",
+    )
+    parser.add_argument(
+        "--client-procs",
+        type=client_procs_option,
+        default=None,
+        metavar="auto|N",
+        help="client processes per row; auto (default): one per connection, up to CPUs - 1",
+    )
+    parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    return parser
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if args.rounds < 1 or args.duration <= 0:
+        print("bench_agent: --rounds must be 1 or more and --duration above 0", file=sys.stderr)
+        return 2
+    simulate = None if args.real else args.simulate
+    cpus = usable_cpus()
+    where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
+    procs_setting = "auto" if args.client_procs is None else str(args.client_procs)
+    procs_text = describe_client_procs(args.client_procs, cpus)
+    rows = len(PATHS) * len(args.clients) * args.rounds
+    print(
+        f"nvidia-docker-plugin benchmark: {where}; {platform.node()}, {cpus} CPUs, "
+        f"Python {platform.python_version()}\n"
+        f"{rows} rows ({args.rounds} rounds), {args.duration:g} s each, "
+        f"about {rows * (args.duration + WARMUP_S + SETUP_S):.0f} s; "
+        f"client processes per row: {procs_text}",
+        flush=True,
+    )
+
+    port = free_port()
+    workdir = tempfile.TemporaryDirectory(prefix="nvd-bench-")
+    proc = _start_agent(port, Path(workdir.name), simulate)
+    measurements: list[tuple[int, Measurement]] = []
     try:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
-        idle = _memory_mb(proc.pid)
-        results = asyncio.run(_measure(port, args.duration))
-        spread = (
-            _measure_spread(port, args.duration, args.client_procs) if args.client_procs > 1 else []
-        )
-        loaded = _memory_mb(proc.pid)
+        idle = resident_memory(proc.pid)
+        with LoadGenerator("127.0.0.1", port) as load:
+            for round_number in range(1, args.rounds + 1):
+                for path in PATHS:
+                    for clients in args.clients:
+                        processes = plan_processes(clients, args.client_procs, cpus)
+                        result = load.measure(
+                            path, clients, processes, args.duration, proc.pid, cpus, WARMUP_S
+                        )
+                        measurements.append((round_number, result))
+                        print(f"[{round_number}] {result.row()}", flush=True)
+        loaded = resident_memory(proc.pid)
+    except (LoadError, RuntimeError, TimeoutError) as error:
+        print(f"bench_agent: {error}", file=sys.stderr)
+        return 1
     finally:
         stop_process(proc)
-        proc.communicate()
+        _, stderr = proc.communicate()
+        if proc.returncode not in (0, None) and stderr:
+            last = stderr.decode(errors="replace").strip().splitlines()[-1:]
+            print(f"bench_agent: the agent said: {' '.join(last)}", file=sys.stderr)
+        workdir.cleanup()
     old_way_ms = _old_way_sweep_ms(simulate, rounds=5 if simulate else 20)
 
-    where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
-    print(f"nvidia-docker-plugin benchmark: {where}; {platform.node()}, {os.cpu_count()} CPUs")
-    for result in results:
-        print(result.row() + _ratio_notes(result, args.real))
-    for result in spread:
-        print(result.row() + f"  [{args.client_procs} client processes]")
-    status_1 = next(r for r in results if r.path == "/gpu/status/json" and r.clients == 1)
+    results = [result for _, result in measurements]
+    summary = summary_table(results, against_old_tool=args.real)
+    print()
+    print("\n".join(summary))
+    if not args.real:
+        print("(ratios against 1.0.1 only with --real: its figures are from the H200 machine)")
     print(
-        f"status sweep the old way (serial, PCIe per request): {old_way_ms:.1f} ms; "
-        f"ours p50 with 1 client {status_1.p50_ms:.3f} ms: {old_way_ms / status_1.p50_ms:.0f}x"
+        "The server is one Python process (one event loop): about one core is all it can use. "
+        "Rows marked 'server' are at that limit; 'client' means raise --client-procs."
     )
-    print(
-        f"resident memory: {idle['rss']:.1f} MB idle (anonymous {idle.get('anon', 0):.1f}, "
-        f"file-backed {idle.get('file', 0):.1f}), {loaded['rss']:.1f} MB after load (peak "
-        f"{loaded['peak']:.1f} MB); 1.0.1: {OLD_TOOL_RSS_MB:.0f} MB, ratio "
-        f"{loaded['rss'] / OLD_TOOL_RSS_MB:.2f}"
-    )
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "where": where,
-                    "host": platform.node(),
-                    "cpus": os.cpu_count(),
-                    "results": [
-                        {
-                            "path": r.path,
-                            "clients": r.clients,
-                            "rate_per_s": round(r.rate_per_s),
-                            "p50_ms": round(r.p50_ms, 3),
-                            "p99_ms": round(r.p99_ms, 3),
-                            "errors": r.errors,
-                        }
-                        for r in results
-                    ],
-                    "spread_64_clients": [
-                        {
-                            "path": r.path,
-                            "processes": args.client_procs,
-                            "rate_per_s": round(r.rate_per_s),
-                            "p50_ms": round(r.p50_ms, 3),
-                            "p99_ms": round(r.p99_ms, 3),
-                        }
-                        for r in spread
-                    ],
-                    "old_way_sweep_ms": round(old_way_ms, 2),
-                    "memory_mb": {"idle": idle, "loaded": loaded},
-                },
-                indent=1,
-            )
-            + "\n"
+    status_1 = [r for r in results if r.path == "/gpu/status/json" and r.clients == 1]
+    if status_1:
+        best_p50 = min(r.p50_ms for r in status_1)
+        print(
+            f"status sweep the old way (serial, PCIe per request): {old_way_ms:.1f} ms; "
+            f"ours p50 with 1 client {best_p50:.3f} ms: {old_way_ms / best_p50:.0f}x"
         )
+    print(_memory_line(idle, loaded))
+
+    if args.out:
+        report = {
+            "benchmark": "bench_agent",
+            "where": where,
+            "host": platform.node(),
+            "cpus": cpus,
+            "python": platform.python_version(),
+            "client_procs": procs_setting,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "measurements": [{"round": n, **r.as_json()} for n, r in measurements],
+            "summary_markdown": summary,
+            "old_way_sweep_ms": round(old_way_ms, 2),
+            "memory_mb": {"idle": idle.as_json(), "loaded": loaded.as_json()},
+            "old_tool": {
+                "client_processes": old_tool.CLIENT_PROCESSES,
+                "routes": [asdict(figure) for figure in old_tool.ROUTES],
+                "memory_mb": asdict(old_tool.OLD_MEMORY),
+                "ours_then_memory_mb": asdict(old_tool.OURS_MEMORY_THEN),
+            },
+        }
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"results written to {args.out}")
     return 0
 
 
