@@ -168,12 +168,14 @@ def process_owner(process: Any) -> str:
     name, container_id = _get(process, "ContainerName"), _get(process, "ContainerID")
     mesos = _get(process, "MesosContainer")
     short_id = container_id[:12] if isinstance(container_id, str) else None
+    if isinstance(mesos, str) and mesos:  # a Mesos task, whichever containerizer runs it
+        return f"mesos:{mesos}"
     if owner == "docker":
         return name if isinstance(name, str) and name else short_id or "docker"
     if owner == "podman":
         return f"podman:{short_id}" if short_id else "podman"
     if owner == "mesos":
-        return f"mesos:{mesos}" if isinstance(mesos, str) else "mesos"
+        return "mesos"
     pid, command = _get(process, "PID"), _get(process, "Name")
     label = f"{command}({pid})" if isinstance(command, str) else f"pid {pid}"
     if owner == "host":

@@ -66,6 +66,12 @@ def test_container_without_a_name_shows_its_short_id() -> None:
     assert process_owner(_process(1, "podman", ContainerID="f" * 64)) == "podman:" + "f" * 12
 
 
+def test_a_mesos_task_in_a_docker_container_shows_as_the_task() -> None:
+    process = _process(1, "docker", ContainerID="a" * 64, ContainerName="mesos-6b4a3f7e",
+                       MesosContainer="6b4a3f7e")  # fmt: skip
+    assert process_owner(process) == "mesos:6b4a3f7e"
+
+
 async def test_older_agents_answer_404_and_still_count_as_answered() -> None:
     async def old_agent(request: web.Request) -> web.Response:
         if request.path == "/gpu/info/json":
