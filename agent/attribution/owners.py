@@ -132,7 +132,9 @@ class Attributor:
         self.lookups += 1
         try:
             facts = await self.engine.inspect(container_id)
-        except DockerEngineError as err:
+        except Exception as err:  # DockerEngineError, or a client bug: never cost the scrape
+            if not isinstance(err, DockerEngineError):
+                log.exception("Asking the Docker engine about container %s failed", container_id)
             self.lookup_failures += 1
             if self._engine_down_until is None:
                 log.warning(
