@@ -17,6 +17,7 @@ import click
 
 from agent import __version__
 from agent.config import (
+    DEFAULT_DOCKER_SOCKET,
     DEFAULT_LDCACHE,
     DEFAULT_LISTEN,
     DEFAULT_PCIE_INTERVAL_S,
@@ -117,6 +118,17 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     help="Seconds between two samples of the slow counters (PCIe throughput, BAR1 usage).",
 )
 @click.option(
+    "--docker-socket",
+    default=DEFAULT_DOCKER_SOCKET,
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_DOCKER_SOCKET",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The Docker engine's API socket, asked for the name and image of containers "
+    "using GPUs (/metrics, /gpu/processes/json). If it does not answer, containers are "
+    "shown by id.",
+)
+@click.option(
     "--event-loop",
     type=click.Choice(EVENT_LOOPS),
     default="auto",
@@ -148,6 +160,7 @@ def command(
     ldcache: Path,
     spec_file: Path | None,
     pcie_interval_s: float,
+    docker_socket: Path,
     event_loop: str,
     dump_target: str | None,
 ) -> None:
@@ -167,6 +180,7 @@ def command(
         ldcache=ldcache,
         pcie_interval_s=pcie_interval_s,
         spec_file=spec_file,
+        docker_socket=docker_socket,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

@@ -13,6 +13,7 @@ DEFAULT_VOLUMES = "/var/lib/nvidia-docker/volumes"
 DEFAULT_SOCKET_DIR = "/run/docker/plugins"
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 DEFAULT_PCIE_INTERVAL_S = 1.0
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"  # asked for GPU processes' container names
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
 
 
@@ -30,6 +31,7 @@ class Config:
     ldcache: Path
     pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
     spec_file: Path | None = None
+    docker_socket: Path = Path(DEFAULT_DOCKER_SOCKET)
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

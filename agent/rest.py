@@ -16,6 +16,8 @@ from aiohttp.typedefs import Middleware
 
 from agent import render_json, render_text
 from agent.gpu.model import DeviceInfo, NodeInfo
+from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from agent.metrics.service import MetricsService
 from agent.node_state import NodeState
 from agent.selection import InvalidParameter
 from agent.status_service import StatusService
@@ -29,6 +31,7 @@ TEXT = "text/plain"
 
 NODE = web.AppKey("node", NodeState)
 STATUS = web.AppKey("status", StatusService)
+METRICS = web.AppKey("metrics", MetricsService)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -137,6 +140,21 @@ async def mesos_cli(request: web.Request) -> web.Response:
     return _answer(body, TEXT)
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format, from the same sweeps as status (docs/metrics.md)."""
+    body = await request.app[METRICS].scrape()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def gpu_processes_json(request: web.Request) -> web.Response:
+    facts = request.app[NODE].facts
+    try:
+        devices = facts.devices(request.query.get("dev"))
+    except InvalidParameter as err:
+        return _bad_request(err)
+    return _answer(await request.app[METRICS].processes(devices), JSON)
+
+
 ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/gpu/info", gpu_info),
     ("/gpu/info/json", gpu_info_json),
@@ -145,20 +163,29 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/docker/cli", docker_cli_text),
     ("/docker/cli/json", docker_cli_json),
     ("/mesos/cli", mesos_cli),
+    ("/gpu/processes/json", gpu_processes_json),
+    ("/metrics", metrics),
 )
 
 
 def create_app(
-    node: NodeState, status: StatusService, *, middlewares: Sequence[Middleware] = ()
+    node: NodeState,
+    status: StatusService,
+    *,
+    middlewares: Sequence[Middleware] = (),
+    metrics: MetricsService | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
     ``middlewares`` wrap every route, outermost first (the daemon adds what its options ask
-    for); the handlers themselves stay one coroutine each on the hot path.
+    for); the handlers themselves stay one coroutine each on the hot path. ``metrics``
+    serves ``/metrics`` and ``/gpu/processes/json`` (the daemon's has the Docker engine
+    and its counters; without one, a plain one over ``node`` and ``status``).
     """
     app = web.Application(middlewares=list(middlewares))
     app[NODE] = node
     app[STATUS] = status
+    app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
     for path, handler in ROUTES:
         app.router.add_get(path, handler)
         for version in API_VERSIONS:

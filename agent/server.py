@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from agent.attribution.docker_engine import DockerEngine
+from agent.attribution.owners import Attributor
 from agent.backends import open_backend
 from agent.config import SOCKET_NAME, Config
 from agent.docker_cli import control_devices
@@ -27,6 +29,8 @@ from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STA
 from agent.gpu.backend import GpuBackend, GpuBackendError
 from agent.listen import listen
 from agent.memory import release_startup_memory
+from agent.metrics.agent_metrics import AgentMetrics
+from agent.metrics.service import MetricsService
 from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
@@ -56,6 +60,7 @@ class Agent:
         self.backend: GpuBackend | None = None
         self.status: StatusService | None = None
         self.node: NodeState | None = None
+        self.metrics: MetricsService | None = None
         self.runners: list[web.AppRunner] = []
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
@@ -102,6 +107,15 @@ class Agent:
         await self.status.sample_pcie()
         self.status.start_sampler()
         self.node = NodeState(NodeFacts(node, control_devices()))
+        counters = AgentMetrics()
+        self.status.add_sweep_listener(counters.observe_sweep)
+        store.build_listeners.append(counters.observe_volume_build)
+        self.metrics = MetricsService(
+            self.node,
+            self.status,
+            attributor=Attributor(DockerEngine(cfg.docker_socket)),
+            agent=counters,
+        )
 
         socket_path = cfg.socket_dir / SOCKET_NAME
         log.info("Serving the plugin API on unix://%s", socket_path)
@@ -115,7 +129,9 @@ class Agent:
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
         log.info("Serving the REST API on %s", where)
         runner = web.AppRunner(
-            create_app(self.node, self.status),
+            create_app(
+                self.node, self.status, middlewares=[counters.middleware], metrics=self.metrics
+            ),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             handle_signals=False,
@@ -165,6 +181,9 @@ class Agent:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
         self.runners.clear()
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
         if self.status is not None:
             await self.status.close()
         if self.backend is not None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -90,6 +91,11 @@ class StatusService:
         self._sample: _Sample | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._failed: set[tuple[str, int]] = set()
+        self._sweep_listeners: list[Callable[[float], None]] = []
+
+    def add_sweep_listener(self, listener: Callable[[float], None]) -> None:
+        """Call ``listener(seconds)`` after every sweep, with how long it took (metrics)."""
+        self._sweep_listeners.append(listener)
 
     # -- status sweeps ---------------------------------------------------------------------
 
@@ -108,6 +114,7 @@ class StatusService:
 
     async def _sweep(self) -> Sweep:
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         if self._count == 1:
             statuses: tuple[DeviceStatus, ...] = (
                 await loop.run_in_executor(self._sweep_pool, self._read_status, 0),
@@ -121,6 +128,13 @@ class StatusService:
                     )
                 )
             )
+        if self._sweep_listeners:
+            elapsed_s = time.perf_counter() - started
+            for listener in self._sweep_listeners:
+                try:
+                    listener(elapsed_s)
+                except Exception:  # a listener must not cost anyone their status
+                    log.exception("A sweep listener failed")
         sample = self._sample
         if sample is None:
             return Sweep(self._node, statuses, (UNKNOWN_THROUGHPUT,) * self._count, None)

@@ -24,6 +24,7 @@ import re
 import secrets
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,9 @@ class VolumeStore:
         self.progress_interval_s = progress_interval_s
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # Called as listener(volume name, report) after each build this process completed,
+        # in the building thread (the agent counts builds for its metrics).
+        self.build_listeners: list[Callable[[str, BuildReport], None]] = []
 
     @property
     def driver_version(self) -> str:
@@ -151,6 +155,11 @@ class VolumeStore:
             report = self._build(ref, final)
         if report is not None:
             log.info("built volume %s: %s", ref.name, report.summary())
+            for listener in self.build_listeners:
+                try:
+                    listener(ref.name, report)
+                except Exception:
+                    log.exception("A volume build listener failed")
         return final
 
     def remove(self, name: str) -> None:

@@ -139,6 +139,48 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class FrameBuffer:
+    """Device memory as NVML's version-2 memory call splits it (what nvidia-smi shows).
+
+    ``used_mib`` excludes what the driver reserves for itself (``reserved_mib``), unlike
+    ``DeviceStatus.memory_used_mib`` (the old tool's ``GlobalUsed``, which includes it).
+    """
+
+    used_mib: int | None = None
+    free_mib: int | None = None
+    reserved_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """HBM row remapping (Ampere and later): spare rows that replaced faulty ones."""
+
+    correctable: int | None = None  # rows remapped after correctable errors
+    uncorrectable: int | None = None  # rows remapped after uncorrectable errors
+    pending: bool | None = None  # a remapping waits for the next GPU reset
+    failed: bool | None = None  # a remapping failed: the GPU needs service
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTelemetry:
+    """Live values that only ``/metrics`` exports (dcgm-exporter's fields).
+
+    Kept apart from the fields ``/gpu/status`` renders, so its bodies stay those of the old
+    tool; every field defaults to unknown, so node files without them still load.
+    """
+
+    power_mw: int | None = None  # the draw ``power_w`` rounds down, in milliwatts
+    memory_temperature_c: int | None = None  # HBM temperature
+    total_energy_mj: int | None = None  # since the driver was loaded, millijoules
+    pcie_replay_count: int | None = None  # PCIe link retries since the driver was loaded
+    framebuffer: FrameBuffer = FrameBuffer()
+    remapped_rows: RemappedRows = RemappedRows()
+
+
+UNKNOWN_TELEMETRY = DeviceTelemetry()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceStatus:
     """Live facts of one GPU (``/gpu/status``), except the PCIe throughput.
 
@@ -154,6 +196,7 @@ class DeviceStatus:
     clocks: Clocks  # current clocks
     bar1_used_mib: int | None
     processes: tuple[GpuProcess, ...]  # compute processes; empty when none
+    telemetry: DeviceTelemetry = UNKNOWN_TELEMETRY  # for /metrics only
 
 
 UNKNOWN_UTILIZATION = Utilization(None, None, None, None)

@@ -42,6 +42,7 @@ from agent.gpu.model import (
     PeerLink,
     Utilization,
 )
+from agent.gpu.nvml_telemetry import read_telemetry
 from agent.gpu.nvml_topology import node_topology, normalize_bus_id
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ class NvmlBackend:
             ),
             bar1_used_mib=bar1_used_mib,
             processes=self._processes(handle),
+            telemetry=read_telemetry(handle, _int(power.value), memory),
         )
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:

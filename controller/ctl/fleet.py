@@ -99,11 +99,19 @@ _EPILOG = (
 
 @click.command(epilog=_EPILOG)
 @_fleet_options
-def status(**options: Any) -> None:
+@click.option(
+    "--processes",
+    is_flag=True,
+    help="Also show what uses each GPU: container, Mesos task or host process.",
+)
+def status(processes: bool, **options: Any) -> None:
     """Live GPU status of every node: memory, utilisation, power, driver, CUDA."""
-    from controller.fleet.query import STATUS  # noqa: PLC0415 (keep other commands fast)
+    from controller.fleet.query import (  # noqa: PLC0415 (keep other commands fast)
+        STATUS,
+        STATUS_WITH_PROCESSES,
+    )
 
-    sys.exit(run_fleet_command(STATUS, **options))
+    sys.exit(run_fleet_command(STATUS_WITH_PROCESSES if processes else STATUS, **options))
 
 
 @click.command(epilog=_EPILOG)

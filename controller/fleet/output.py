@@ -78,6 +78,7 @@ STATUS_COLUMNS = (
     Column("DRIVER"),
     Column("CUDA"),
 )
+STATUS_PROCESS_COLUMNS = (*STATUS_COLUMNS, Column("USED BY", min_width=8))
 INFO_COLUMNS = (
     Column("NODE", min_width=8),
     Column("GPU", right=True),
@@ -129,6 +130,57 @@ def status_rows(result: NodeResult) -> list[Row]:
             )
         )
     return rows
+
+
+def status_process_rows(result: NodeResult) -> list[Row]:
+    """The status rows, each with what uses that GPU (``status --processes``)."""
+    rows = status_rows(result)
+    if not result.ok:
+        return rows
+    answer = result.answers.get("processes")
+    by_gpu: dict[int, list[Any]] = {}
+    for device in _devices(answer):
+        index = _get(device, "Index")
+        processes = _get(device, "Processes")
+        if isinstance(index, int) and isinstance(processes, list):
+            by_gpu[index] = processes
+    out: list[Row] = []
+    for row in rows:
+        if isinstance(row, Span):
+            out.append(row)
+            continue
+        used_by = "?" if answer is None else users(by_gpu.get(int(row[1]), []))
+        out.append((*row, used_by))
+    return out
+
+
+def users(processes: Sequence[Any]) -> str:
+    """``trainer, mesos:6b4a3f7e, host:python3(4242)``: each owner once, in order."""
+    seen: dict[str, None] = {}
+    for process in processes:
+        seen.setdefault(process_owner(process), None)
+    return ", ".join(seen) or "-"
+
+
+def process_owner(process: Any) -> str:
+    """A few words for who runs one process of ``/gpu/processes/json``."""
+    owner = _get(process, "Owner")
+    name, container_id = _get(process, "ContainerName"), _get(process, "ContainerID")
+    mesos = _get(process, "MesosContainer")
+    short_id = container_id[:12] if isinstance(container_id, str) else None
+    if isinstance(mesos, str) and mesos:  # a Mesos task, whichever containerizer runs it
+        return f"mesos:{mesos}"
+    if owner == "docker":
+        return name if isinstance(name, str) and name else short_id or "docker"
+    if owner == "podman":
+        return f"podman:{short_id}" if short_id else "podman"
+    if owner == "mesos":
+        return "mesos"
+    pid, command = _get(process, "PID"), _get(process, "Name")
+    label = f"{command}({pid})" if isinstance(command, str) else f"pid {pid}"
+    if owner == "host":
+        return f"host:{label}"
+    return f"unknown:{label}"
 
 
 def info_rows(result: NodeResult) -> list[Row]:
@@ -194,7 +246,9 @@ def table_lines(
     query: Query, results: Sequence[NodeResult], width: int, ellipsis: str = "…"
 ) -> list[str]:
     columns: tuple[Column, ...]
-    if query.name == "status":
+    if query.name == "status" and any(r.key == "processes" for r in query.requests):
+        columns, make = STATUS_PROCESS_COLUMNS, status_process_rows
+    elif query.name == "status":
         columns, make = STATUS_COLUMNS, status_rows
     elif query.name == "info":
         columns, make = INFO_COLUMNS, info_rows

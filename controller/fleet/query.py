@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from controller.errors import NodeError
-from controller.transport.client import AgentClient
+from controller.transport.client import AgentClient, AgentHttpError
 from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class Request:
     path: str
     params: Mapping[str, str] = field(default_factory=dict)
     must_have: str | None = None  # a top-level JSON key every agent answer has
+    optional: bool = False  # an agent without the route (HTTP 404) answers None: older agents
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,10 @@ class Query:
 
 INFO_REQUEST = Request("info", "/gpu/info/json", must_have="Devices")
 STATUS_REQUEST = Request("status", "/gpu/status/json", must_have="Devices")
+PROCESSES_REQUEST = Request("processes", "/gpu/processes/json", must_have="Devices", optional=True)
 INFO = Query("info", (INFO_REQUEST,))
 STATUS = Query("status", (INFO_REQUEST, STATUS_REQUEST))
+STATUS_WITH_PROCESSES = Query("status", (INFO_REQUEST, STATUS_REQUEST, PROCESSES_REQUEST))
 
 
 def docker_cli_query(dev: str | None = None, vol: str | None = None) -> Query:
@@ -167,7 +170,13 @@ async def _ask_node(
                     await client.open()
                 for request in query.requests:
                     step = f"GET {request.path}"
-                    body = await client.get(request.path, request.params or None)
+                    try:
+                        body = await client.get(request.path, request.params or None)
+                    except AgentHttpError as exc:
+                        if request.optional and exc.status == 404:
+                            answers[request.key] = None
+                            continue
+                        raise
                     answers[request.key] = _decode(request, body)
             finally:
                 await client.close()

@@ -2,10 +2,11 @@
 
 Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``. ``agent.gpu``,
 ``plugin`` and ``mesos`` import nothing of ours; nothing imports ``controller``; only
-``agent/gpu/`` imports pynvml; in ``controller``, paramiko only in the SSH tunnel and
-aiohttp only in the HTTP client and the fleet query; the wrapper's fast path imports nothing
-but the standard library at module level. Every import counts, also one inside a function
-(a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
+``agent/gpu/`` imports pynvml and only ``agent/metrics/`` prometheus_client; in
+``controller``, paramiko only in the SSH tunnel and aiohttp only in the HTTP client and the
+fleet query; the wrapper's fast path imports nothing but the standard library at module
+level. Every import counts, also one inside a function (a lazy import is still a
+dependency), and ``if TYPE_CHECKING`` blocks too.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def test_imports_point_one_way(
         ("paramiko", ("controller.transport.ssh_tunnel",)),
         ("aiohttp", ("agent", "plugin", "controller.transport.client", "controller.fleet.query")),
         ("click", ("agent.cli", "controller.ctl")),
+        ("prometheus_client", ("agent.metrics",)),
     ],
 )
 def test_libraries_stay_in_their_rooms(library: str, only_in: tuple[str, ...]) -> None:

@@ -67,6 +67,15 @@ class FakeNvml:
         self.shutdowns = 0
         self.remote_device_type: int | None = 0  # NVML_NVLINK_DEVICE_TYPE_GPU
         self.processes: dict[int, list[Struct]] = {}
+        # NVML field values per GPU, {field id: value}; a field not here is "not supported".
+        # The default is what nvidia-smi -q showed on the captured H200 (memory 38 C, one
+        # PCIe replay, no remapped rows; it does not print the energy counter, so that one
+        # is "not supported" unless a test sets it).
+        self.field_values: dict[int, dict[int, int]] = {
+            index: {82: 38, 94: 1, 142: 0, 143: 0, 144: 0, 145: 0}
+            for index in range(len(self.devices))
+        }
+        self.field_value_types: dict[int, int] = {83: 3}  # energy: unsigned long long
         self.module = self._build_module()
 
     # -- what a test changes -------------------------------------------------------------
@@ -199,8 +208,36 @@ class FakeNvml:
     def nvmlDeviceGetEccMode(self, h: Handle) -> list[int]:
         return list(self._dev(h)["ecc_mode"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: Handle) -> Struct:
-        return Struct(**self._dev(h)["memory"])
+    def nvmlDeviceGetMemoryInfo(self, h: Handle, version: int | None = None) -> Struct:
+        memory = self._dev(h)["memory"]
+        if not version:
+            return Struct(**memory)
+        if "nvmlDeviceGetMemoryInfo_v2" in self.missing_in_driver:
+            raise pynvml.NVMLError(FUNCTION_NOT_FOUND)
+        # v2 splits v1's used into the driver's reserve and what processes use: on the idle
+        # captured H200 nvidia-smi showed all of it as reserved (616 MiB) and 0 MiB used.
+        return Struct(
+            version=version, total=memory["total"], reserved=memory["used"],
+            free=memory["free"], used=0,
+        )  # fmt: skip
+
+    def nvmlDeviceGetFieldValues(self, h: Handle, field_ids: list[int]) -> list[Struct]:
+        known = self.field_values.get(h.index, {})
+        entries = []
+        for field_id in field_ids:
+            value_type = self.field_value_types.get(field_id, 1)  # unsigned int
+            member = {1: "uiVal", 3: "ullVal", 0: "dVal"}[value_type]
+            if field_id in known:
+                entries.append(
+                    Struct(fieldId=field_id, nvmlReturn=0, valueType=value_type,
+                           value=Struct(**{member: known[field_id]}))
+                )  # fmt: skip
+            else:
+                entries.append(
+                    Struct(fieldId=field_id, nvmlReturn=NOT_SUPPORTED, valueType=value_type,
+                           value=Struct(**{member: 0}))
+                )  # fmt: skip
+        return entries
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, h: Handle, size: int, scope: int) -> list[int]:
         return [1] + [0] * (size - 1)  # NUMA node 0

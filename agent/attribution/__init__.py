@@ -1,0 +1,1 @@
+"""Who runs each GPU process: a Docker (or Podman) container, a Mesos task, or the host."""

@@ -1,0 +1,192 @@
+"""Each GPU process's owner: its cgroup says which container, the Docker engine says its
+name and image, and a cache keeps the engine out of the hot path.
+
+- The cgroup is read at every call (a procfs read of a few microseconds): PIDs are reused,
+  so an old answer could name the wrong container.
+- Container facts are cached by container id, LRU-bounded (``max_containers``). A miss asks
+  the engine (concurrent misses of one id share one request); an entry is asked again
+  after ``ttl_s`` (a renamed container), an id the engine does not know after
+  ``missing_ttl_s`` (a container of another engine, or one just removed).
+- While the engine cannot be reached, it is asked again only every ``retry_s``; the
+  processes keep their container id and kind, without name and image. The outage is logged
+  once, and its end too.
+- A Docker container that the Mesos Docker containerizer started is named
+  ``mesos-<container id>`` (older Mesos: ``mesos-<agent id>.<container id>``, and its
+  executor's ``....executor``): its Mesos container id is taken from the name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.attribution.cgroup import CgroupPlace, OwnerKind, read_place
+from agent.attribution.docker_engine import ContainerFacts, DockerEngine, DockerEngineError
+
+log = logging.getLogger("nvidia-docker-plugin.attribution")
+
+MESOS_DOCKER_PREFIX = "mesos-"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """What a GPU process runs in; the fields that do not apply (or are not known) are None."""
+
+    kind: OwnerKind
+    container_id: str | None = None
+    container_name: str | None = None
+    image: str | None = None
+    mesos_container: str | None = None
+
+    @property
+    def in_container(self) -> bool:
+        return self.kind in (OwnerKind.DOCKER, OwnerKind.PODMAN, OwnerKind.MESOS)
+
+    @property
+    def key(self) -> tuple[OwnerKind, str | None, str | None]:
+        """Two processes with the same key run in the same container."""
+        return (self.kind, self.container_id, self.mesos_container)
+
+
+@dataclass(slots=True)
+class _Entry:
+    facts: ContainerFacts | None  # None: the engine does not know this id
+    expires_at: float
+
+
+class Attributor:
+    """Maps PIDs to their owners; one per agent, used from the event loop."""
+
+    def __init__(
+        self,
+        engine: DockerEngine | None,
+        *,
+        proc: Path = Path("/proc"),
+        max_containers: int = 4096,
+        ttl_s: float = 300.0,
+        missing_ttl_s: float = 30.0,
+        retry_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.proc = proc
+        self.max_containers = max_containers
+        self.ttl_s = ttl_s
+        self.missing_ttl_s = missing_ttl_s
+        self.retry_s = retry_s
+        self._clock = clock
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[ContainerFacts | None]] = {}
+        self._engine_down_until: float | None = None
+        self.lookups = 0  # requests made to the engine
+        self.lookup_failures = 0  # of which failed (engine unreachable, timeout, bad answer)
+
+    async def owners(self, pids: Iterable[int]) -> dict[int, ProcessOwner]:
+        """The owner of every PID (each read once); never raises."""
+        places = {pid: read_place(pid, self.proc) for pid in dict.fromkeys(pids)}
+        ids = {p.container_id for p in places.values() if p.kind is OwnerKind.DOCKER}
+        facts = await self._facts(i for i in ids if i)
+        return {pid: _owner(place, facts.get(place.container_id)) for pid, place in places.items()}
+
+    async def _facts(self, ids: Iterable[str]) -> dict[str | None, ContainerFacts]:
+        now = self._clock()
+        known: dict[str | None, ContainerFacts] = {}
+        missing: list[str] = []
+        for container_id in ids:
+            entry = self._cache.get(container_id)
+            if entry is not None and entry.expires_at > now:
+                self._cache.move_to_end(container_id)
+                if entry.facts is not None:
+                    known[container_id] = entry.facts
+            else:
+                if entry is not None and entry.facts is not None:
+                    known[container_id] = entry.facts  # stale, but better than nothing
+                missing.append(container_id)
+        if missing and self.engine is not None and not self._engine_down(now):
+            answers = await asyncio.gather(*(self._ask(i) for i in missing))
+            for container_id, facts in zip(missing, answers, strict=True):
+                if facts is not None:
+                    known[container_id] = facts
+                else:
+                    known.pop(container_id, None)
+        return known
+
+    def _engine_down(self, now: float) -> bool:
+        return self._engine_down_until is not None and now < self._engine_down_until
+
+    async def _ask(self, container_id: str) -> ContainerFacts | None:
+        pending = self._pending.get(container_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._lookup(container_id))
+            self._pending[container_id] = pending
+            pending.add_done_callback(lambda _f: self._pending.pop(container_id, None))
+        return await asyncio.shield(pending)
+
+    async def _lookup(self, container_id: str) -> ContainerFacts | None:
+        assert self.engine is not None
+        self.lookups += 1
+        try:
+            facts = await self.engine.inspect(container_id)
+        except Exception as err:  # DockerEngineError, or a client bug: never cost the scrape
+            if not isinstance(err, DockerEngineError):
+                log.exception("Asking the Docker engine about container %s failed", container_id)
+            self.lookup_failures += 1
+            if self._engine_down_until is None:
+                log.warning(
+                    "%s: GPU processes in Docker containers are shown with their container "
+                    "id only (no name, no image); asking again every %g s",
+                    err,
+                    self.retry_s,
+                )
+            self._engine_down_until = self._clock() + self.retry_s
+            cached = self._cache.get(container_id)
+            return cached.facts if cached is not None else None
+        if self._engine_down_until is not None:
+            log.info("The Docker engine answers again: containers are named")
+            self._engine_down_until = None
+        ttl = self.ttl_s if facts is not None else self.missing_ttl_s
+        self._remember(container_id, _Entry(facts, self._clock() + ttl))
+        return facts
+
+    def _remember(self, container_id: str, entry: _Entry) -> None:
+        self._cache[container_id] = entry
+        self._cache.move_to_end(container_id)
+        while len(self._cache) > self.max_containers:
+            self._cache.popitem(last=False)
+
+    @property
+    def cached_containers(self) -> int:
+        return len(self._cache)
+
+    async def close(self) -> None:
+        for pending in list(self._pending.values()):
+            pending.cancel()
+        if self.engine is not None:
+            await self.engine.close()
+
+
+def _owner(place: CgroupPlace, facts: ContainerFacts | None) -> ProcessOwner:
+    mesos = place.mesos_container
+    if facts is not None and mesos is None and facts.name:
+        mesos = mesos_container_of(facts.name)
+    return ProcessOwner(
+        kind=place.kind,
+        container_id=place.container_id,
+        container_name=facts.name if facts else None,
+        image=facts.image if facts else None,
+        mesos_container=mesos,
+    )
+
+
+def mesos_container_of(docker_name: str) -> str | None:
+    """The Mesos container id in the name the Mesos Docker containerizer gives a container."""
+    if not docker_name.startswith(MESOS_DOCKER_PREFIX):
+        return None
+    rest = docker_name[len(MESOS_DOCKER_PREFIX) :].removesuffix(".executor")
+    container_id = rest.rpartition(".")[2]  # drop "<agent id>." of older Mesos versions
+    return container_id or None

@@ -1,0 +1,122 @@
+"""The status values only ``/metrics`` exports, read from NVML as dcgm-exporter's DCGM does.
+
+Memory temperature exists only as an NVML *field value*, and so do the energy counter, the
+PCIe replay counter and the remapped rows; one ``nvmlDeviceGetFieldValues`` call reads all
+seven (about as fast as one ordinary NVML call), and each field carries its own return
+code, so a field the GPU does not have is ``None`` without costing the others. Device
+memory comes from the version-2 memory call, which tells the driver's reserve apart from
+what processes use (what nvidia-smi shows as "Used").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.gpu import nvml_query as nvml
+from agent.gpu.model import DeviceTelemetry, FrameBuffer, RemappedRows
+
+MIB = 1024 * 1024
+
+# nvmlFieldValue ids (nvml.h NVML_FI_DEV_*; stable across versions).
+FI_MEMORY_TEMP = 82
+FI_TOTAL_ENERGY_CONSUMPTION = 83  # mJ since the driver was last loaded
+FI_PCIE_REPLAY_COUNTER = 94
+FI_REMAPPED_COR = 142
+FI_REMAPPED_UNC = 143
+FI_REMAPPED_PENDING = 144
+FI_REMAPPED_FAILURE = 145
+FIELD_IDS = (
+    FI_MEMORY_TEMP,
+    FI_TOTAL_ENERGY_CONSUMPTION,
+    FI_PCIE_REPLAY_COUNTER,
+    FI_REMAPPED_COR,
+    FI_REMAPPED_UNC,
+    FI_REMAPPED_PENDING,
+    FI_REMAPPED_FAILURE,
+)
+
+MEMORY_INFO_V2 = 0x02000028  # nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
+
+# nvmlValueType_t -> the member of the nvmlValue_t union that holds the value.
+_VALUE_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
+def read_telemetry(handle: Any, power_mw: int | None, memory_v1: Any) -> DeviceTelemetry:
+    """The telemetry of one GPU; ``power_mw`` and ``memory_v1`` are what the status read
+    already has (the draw, and the version-1 memory answer used when v2 is missing)."""
+    fields = field_values(handle, FIELD_IDS)
+    return DeviceTelemetry(
+        power_mw=power_mw,
+        memory_temperature_c=fields.get(FI_MEMORY_TEMP),
+        total_energy_mj=fields.get(FI_TOTAL_ENERGY_CONSUMPTION),
+        pcie_replay_count=fields.get(FI_PCIE_REPLAY_COUNTER),
+        framebuffer=framebuffer(handle, memory_v1),
+        remapped_rows=RemappedRows(
+            correctable=fields.get(FI_REMAPPED_COR),
+            uncorrectable=fields.get(FI_REMAPPED_UNC),
+            pending=_flag(fields.get(FI_REMAPPED_PENDING)),
+            failed=_flag(fields.get(FI_REMAPPED_FAILURE)),
+        ),
+    )
+
+
+def field_values(handle: Any, ids: tuple[int, ...]) -> dict[int, int]:
+    """``{field id: value}`` for the fields NVML answered; a failed field is left out."""
+    answer = nvml.query("nvmlDeviceGetFieldValues", handle, list(ids))
+    if answer is None:
+        return {}
+    found: dict[int, int] = {}
+    try:
+        entries = list(answer)
+    except TypeError:
+        return {}
+    for entry in entries:
+        field_id = getattr(entry, "fieldId", None)
+        if not isinstance(field_id, int) or getattr(entry, "nvmlReturn", None) != nvml.SUCCESS:
+            continue
+        value = _value(entry)
+        if value is not None:
+            found[field_id] = value
+    return found
+
+
+def _value(entry: Any) -> int | None:
+    member = _VALUE_MEMBERS.get(getattr(entry, "valueType", None))  # type: ignore[arg-type]
+    raw = getattr(getattr(entry, "value", None), member, None) if member else None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    return int(raw)
+
+
+def _flag(value: int | None) -> bool | None:
+    return None if value is None else value != 0
+
+
+def framebuffer(handle: Any, memory_v1: Any) -> FrameBuffer:
+    """Used, free and reserved device memory; without the v2 call (drivers before R510),
+    v1's used, which includes the reserve, and no reserve figure."""
+    memory = nvml.query("nvmlDeviceGetMemoryInfo", handle, MEMORY_INFO_V2)
+    if memory is not None:
+        return FrameBuffer(
+            used_mib=_mib(getattr(memory, "used", None)),
+            free_mib=_mib(getattr(memory, "free", None)),
+            reserved_mib=_mib(getattr(memory, "reserved", None)),
+        )
+    return FrameBuffer(
+        used_mib=_mib(getattr(memory_v1, "used", None)),
+        free_mib=_mib(getattr(memory_v1, "free", None)),
+    )
+
+
+def _mib(value_bytes: Any) -> int | None:
+    if isinstance(value_bytes, bool) or not isinstance(value_bytes, int):
+        return None
+    return value_bytes // MIB

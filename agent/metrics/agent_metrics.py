@@ -1,0 +1,103 @@
+"""The agent's own metrics (``nvidia_docker_*``), kept in a registry of its own.
+
+What happens between scrapes is counted as it happens, with prometheus_client's own
+metric types: REST requests (by route template and status code, through ``middleware``),
+status sweeps and their duration (``observe_sweep``, a ``StatusService`` listener),
+driver volume builds (``observe_volume_build``, a ``VolumeStore`` listener, called from
+the plugin's threads: prometheus_client's metrics are thread-safe). The process's own
+CPU, memory and open files come from prometheus_client's process collector (``process_*``).
+
+Routes are labelled by their template (``/gpu/status/json``), never by the raw path, and
+every path the router does not know is ``unmatched``: a scanner cannot grow the series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from plugin.volume_build import BuildReport
+
+UNMATCHED_ROUTE = "unmatched"
+SWEEP_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+BUILD_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0)
+
+
+class AgentMetrics:
+    """Counters of one running agent; ``render()`` gives their exposition text."""
+
+    def __init__(self) -> None:
+        # No *_created series: they double the series count for a start time that
+        # nvidia_docker_build_info's process already gives (process_start_time_seconds).
+        cast(Callable[[], None], disable_created_metrics)()  # untyped in prometheus_client
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "nvidia_docker_http_requests",
+            "REST API requests answered, by route template and HTTP status code.",
+            ("route", "code"),
+            registry=self.registry,
+        )
+        self.sweeps = Histogram(
+            "nvidia_docker_status_sweep_duration_seconds",
+            "Time one status sweep of every GPU took (shared by concurrent requests).",
+            buckets=SWEEP_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.volume_builds = Counter(
+            "nvidia_docker_volume_builds",
+            "Driver volumes built.",
+            ("volume",),
+            registry=self.registry,
+        )
+        self.volume_build_seconds = Histogram(
+            "nvidia_docker_volume_build_duration_seconds",
+            "Time a driver volume build took.",
+            ("volume",),
+            buckets=BUILD_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.volume_build_bytes = Counter(
+            "nvidia_docker_volume_build_bytes",
+            "Bytes of driver files placed in built volumes.",
+            ("volume",),
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Counts every request by route template and status code."""
+        route = request.match_info.route.resource
+        template = route.canonical if route is not None else UNMATCHED_ROUTE
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            self.requests.labels(template, str(exc.status)).inc()
+            raise
+        except Exception:
+            self.requests.labels(template, "500").inc()
+            raise
+        self.requests.labels(template, str(response.status)).inc()
+        return response
+
+    def observe_sweep(self, duration_s: float) -> None:
+        self.sweeps.observe(duration_s)
+
+    def observe_volume_build(self, volume: str, report: BuildReport) -> None:
+        self.volume_builds.labels(volume).inc()
+        self.volume_build_seconds.labels(volume).observe(report.seconds)
+        self.volume_build_bytes.labels(volume).inc(report.size_bytes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

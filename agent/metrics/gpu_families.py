@@ -1,0 +1,221 @@
+"""The GPU metric families of one sweep, under dcgm-exporter's default names and labels.
+
+Names, units and labels are dcgm-exporter's (its ``etc/default-counters.csv``), so that the
+dashboards and alert rules written for it work unchanged; docs/metrics.md lists each with
+its source. Two deliberate differences in the ``# TYPE`` line only:
+
+- dcgm-exporter declares the monotonic fields (energy, PCIe replays, remapped rows, ECC
+  counts) ``counter``; the Prometheus text format wants counters named ``..._total``, and
+  the names are the point, so they are declared untyped. ``rate()`` and ``increase()``
+  work on them the same (Prometheus does not look at the type).
+- ``DCGM_FI_DEV_PCIE_TX_THROUGHPUT``/``RX`` are a throughput (KB/s, NVML's ~20 ms
+  sample), which dcgm-exporter calls a counter; here they are gauges.
+
+A value the GPU does not report has no sample at all: never NaN, never -1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+
+from agent.attribution.owners import ProcessOwner
+from agent.gpu.model import DeviceInfo, DeviceStatus, PcieThroughput
+from agent.metrics.health_hook import GpuHealth
+
+GAUGE = "gauge"
+UNTYPED = "unknown"  # prometheus_client's name for the text format's "untyped"
+MIB = 1024 * 1024
+
+Value = float | int | None
+Reader = Callable[[DeviceStatus, PcieThroughput], Value]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    name: str
+    kind: str  # GAUGE or UNTYPED
+    help: str
+    read: Reader
+
+
+def _power_w(status: DeviceStatus, _tput: PcieThroughput) -> Value:
+    if status.telemetry.power_mw is not None:
+        return status.telemetry.power_mw / 1000
+    return status.power_w
+
+
+def _kbps(mbps: int | None) -> Value:
+    return None if mbps is None else mbps * 1000
+
+
+def _flag(value: bool | None) -> Value:
+    return None if value is None else int(value)
+
+
+GPU_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric("DCGM_FI_DEV_SM_CLOCK", GAUGE, "SM clock frequency (in MHz).",
+              lambda s, _t: s.clocks.cores_mhz),
+    GpuMetric("DCGM_FI_DEV_MEM_CLOCK", GAUGE, "Memory clock frequency (in MHz).",
+              lambda s, _t: s.clocks.memory_mhz),
+    GpuMetric("DCGM_FI_DEV_MEMORY_TEMP", GAUGE, "Memory temperature (in C).",
+              lambda s, _t: s.telemetry.memory_temperature_c),
+    GpuMetric("DCGM_FI_DEV_GPU_TEMP", GAUGE, "GPU temperature (in C).",
+              lambda s, _t: s.temperature_c),
+    GpuMetric("DCGM_FI_DEV_POWER_USAGE", GAUGE, "Power draw (in W).", _power_w),
+    GpuMetric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", UNTYPED,
+              "Total energy consumption since the driver was loaded (in mJ); a counter.",
+              lambda s, _t: s.telemetry.total_energy_mj),
+    GpuMetric("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", GAUGE,
+              "PCIe transmit throughput (in KB/s), the agent's latest PCIe sample.",
+              lambda _s, t: _kbps(t.tx_mbps)),
+    GpuMetric("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", GAUGE,
+              "PCIe receive throughput (in KB/s), the agent's latest PCIe sample.",
+              lambda _s, t: _kbps(t.rx_mbps)),
+    GpuMetric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", UNTYPED,
+              "Total number of PCIe retries; a counter.",
+              lambda s, _t: s.telemetry.pcie_replay_count),
+    GpuMetric("DCGM_FI_DEV_GPU_UTIL", GAUGE, "GPU utilization (in %).",
+              lambda s, _t: s.utilization.gpu_pct),
+    GpuMetric("DCGM_FI_DEV_MEM_COPY_UTIL", GAUGE, "Memory utilization (in %).",
+              lambda s, _t: s.utilization.memory_pct),
+    GpuMetric("DCGM_FI_DEV_ENC_UTIL", GAUGE, "Encoder utilization (in %).",
+              lambda s, _t: s.utilization.encoder_pct),
+    GpuMetric("DCGM_FI_DEV_DEC_UTIL", GAUGE, "Decoder utilization (in %).",
+              lambda s, _t: s.utilization.decoder_pct),
+    GpuMetric("DCGM_FI_DEV_FB_FREE", GAUGE, "Framebuffer memory free (in MiB).",
+              lambda s, _t: s.telemetry.framebuffer.free_mib),
+    GpuMetric("DCGM_FI_DEV_FB_USED", GAUGE, "Framebuffer memory used (in MiB).",
+              lambda s, _t: s.telemetry.framebuffer.used_mib),
+    GpuMetric("DCGM_FI_DEV_FB_RESERVED", GAUGE,
+              "Framebuffer memory reserved by the driver (in MiB).",
+              lambda s, _t: s.telemetry.framebuffer.reserved_mib),
+    GpuMetric("DCGM_FI_DEV_BAR1_USED", GAUGE, "BAR1 memory used (in MiB).",
+              lambda s, _t: s.bar1_used_mib),
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L1", UNTYPED,
+              "L1 cache double-bit (uncorrected) volatile ECC errors; a counter.",
+              lambda s, _t: s.ecc_errors.l1_cache),
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L2", UNTYPED,
+              "L2 cache double-bit (uncorrected) volatile ECC errors; a counter.",
+              lambda s, _t: s.ecc_errors.l2_cache),
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_DEV", UNTYPED,
+              "Device memory double-bit (uncorrected) volatile ECC errors; a counter.",
+              lambda s, _t: s.ecc_errors.global_),
+    GpuMetric("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", UNTYPED,
+              "Number of remapped rows for uncorrectable errors; a counter.",
+              lambda s, _t: s.telemetry.remapped_rows.uncorrectable),
+    GpuMetric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", UNTYPED,
+              "Number of remapped rows for correctable errors; a counter.",
+              lambda s, _t: s.telemetry.remapped_rows.correctable),
+    GpuMetric("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "Whether remapping of rows has failed.",
+              lambda s, _t: _flag(s.telemetry.remapped_rows.failed)),
+    GpuMetric("DCGM_FI_DEV_ROW_REMAP_PENDING", GAUGE,
+              "Whether remapping of rows is pending (until the next GPU reset).",
+              lambda s, _t: _flag(s.telemetry.remapped_rows.pending)),
+)  # fmt: skip
+
+XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+GPU_HEALTHY = "nvidia_docker_gpu_healthy"
+PROCESS_INFO = "nvidia_docker_gpu_process_info"
+PROCESS_MEMORY = "nvidia_docker_gpu_process_memory_used_bytes"
+
+
+def gpu_labels(device: DeviceInfo, driver_version: str, hostname: str) -> dict[str, str]:
+    """dcgm-exporter's labels of one GPU; one it cannot know is left out."""
+    labels = {"gpu": str(device.index)}
+    if device.uuid:
+        labels["UUID"] = device.uuid
+    if device.path:
+        labels["device"] = os.path.basename(device.path)  # "nvidia0"
+    if device.model:
+        labels["modelName"] = device.model
+    labels["Hostname"] = hostname
+    if device.pci.bus_id:
+        labels["pci_bus_id"] = device.pci.bus_id
+    labels["DCGM_FI_DRIVER_VERSION"] = driver_version
+    return labels
+
+
+def owner_labels(owner: ProcessOwner) -> dict[str, str]:
+    """The container labels of a process (none for the host's)."""
+    labels = {}
+    if owner.container_name:
+        labels["container"] = owner.container_name
+    if owner.container_id:
+        labels["container_id"] = owner.container_id
+    if owner.image:
+        labels["image"] = owner.image
+    if owner.mesos_container:
+        labels["mesos_container"] = owner.mesos_container
+    return labels
+
+
+def sole_owner(status: DeviceStatus, owners: Mapping[int, ProcessOwner]) -> ProcessOwner | None:
+    """The container every process of the GPU runs in, if there is exactly one."""
+    found: dict[object, ProcessOwner] = {}
+    for process in status.processes:
+        owner = owners.get(process.pid)
+        if owner is None:
+            return None
+        found[owner.key] = owner
+    if len(found) != 1:
+        return None
+    (owner,) = found.values()
+    return owner if owner.in_container else None
+
+
+def gpu_families(
+    devices: Sequence[DeviceInfo],
+    statuses: Sequence[DeviceStatus],
+    throughputs: Sequence[PcieThroughput],
+    owners: Mapping[int, ProcessOwner],
+    *,
+    driver_version: str,
+    hostname: str,
+    health: Mapping[int, GpuHealth] | None = None,
+) -> list[Metric]:
+    """Every GPU family of one sweep: dcgm-exporter's, then health, then the processes'."""
+    families = {m.name: Metric(m.name, m.help, m.kind) for m in GPU_METRICS}
+    xid = Metric(XID_ERRORS, "Value of the last XID error encountered (0: none).", GAUGE)
+    healthy = Metric(GPU_HEALTHY, "Whether the agent judges the GPU healthy (1) or not (0).",
+                     GAUGE)  # fmt: skip
+    info = Metric(PROCESS_INFO, "A process using the GPU, and what it runs in (always 1).",
+                  GAUGE)  # fmt: skip
+    memory = Metric(PROCESS_MEMORY, "GPU memory used by a process (in bytes).", GAUGE)
+    for device, status, tput in zip(devices, statuses, throughputs, strict=True):
+        base = gpu_labels(device, driver_version, hostname)
+        sole = sole_owner(status, owners)
+        labels = {**base, **owner_labels(sole)} if sole is not None else base
+        for spec in GPU_METRICS:
+            value = spec.read(status, tput)
+            if value is not None:
+                families[spec.name].add_sample(spec.name, labels, value)
+        state = (health or {}).get(device.index)
+        if state is not None and state.last_xid is not None:
+            xid.add_sample(XID_ERRORS, labels, state.last_xid)
+        if state is not None and state.healthy is not None:
+            healthy.add_sample(GPU_HEALTHY, labels, int(state.healthy))
+        for sample_labels, used_mib in _process_samples(status, owners, base):
+            info.add_sample(PROCESS_INFO, sample_labels, 1)
+            if used_mib is not None:
+                memory.add_sample(PROCESS_MEMORY, sample_labels, used_mib * MIB)
+    out = [*families.values(), xid, healthy, info, memory]
+    return [family for family in out if family.samples]
+
+
+def _process_samples(
+    status: DeviceStatus, owners: Mapping[int, ProcessOwner], base: Mapping[str, str]
+) -> Iterable[tuple[dict[str, str], int | None]]:
+    gpu = {k: base[k] for k in ("gpu", "UUID", "device", "Hostname") if k in base}
+    for process in status.processes:
+        owner = owners.get(process.pid)
+        labels = {**gpu, "pid": str(process.pid)}
+        if process.name:
+            labels["process_name"] = process.name
+        if owner is not None:
+            labels["owner"] = owner.kind.value
+            labels.update(owner_labels(owner))
+        yield labels, process.memory_used_mib

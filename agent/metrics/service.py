@@ -1,0 +1,167 @@
+"""What ``/metrics`` and ``/gpu/processes/json`` serve, from the same sweeps as ``/gpu/status``.
+
+A scrape asks ``StatusService.sweep()``, so it joins the sweep in flight if there is one
+and costs no more NVML time than a status request. What is derived from a sweep is done
+once per sweep, however many scrapes share it: the GPU processes' owners (one cgroup read
+per process, the Docker engine only for containers it has not seen) and the GPU families'
+exposition text. The agent's own counters are rendered at every scrape (they move between
+scrapes that share a sweep), as are the few values read at scrape time (PCIe sample age,
+build info, the attribution cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from agent import __version__
+from agent.attribution.owners import Attributor, ProcessOwner
+from agent.gpu.model import DeviceInfo
+from agent.metrics.agent_metrics import AgentMetrics
+from agent.metrics.gpu_families import gpu_families
+from agent.metrics.health_hook import HealthSource
+from agent.metrics.processes_json import processes_body
+from agent.node_state import NodeState
+from agent.status_service import StatusService, Sweep
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format generate_latest writes
+
+
+class Families(Collector):
+    """A fixed list of families, in the shape prometheus_client's renderer collects from."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def render(families: Iterable[Metric]) -> bytes:
+    """The text exposition of ``families``, by prometheus_client's own renderer."""
+    registry = CollectorRegistry(auto_describe=False)  # never collects on register
+    registry.register(Families(families))
+    return generate_latest(registry)
+
+
+class _SweepView:
+    """What is derived from one sweep, computed once: owners, then the GPU text."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.sweep = sweep
+        self.owners: asyncio.Future[dict[int, ProcessOwner]] | None = None
+        self.gpu_text: bytes | None = None
+        self.processes_json: dict[tuple[int, ...], bytes] = {}
+
+
+class MetricsService:
+    """One agent's metrics; the caller owns ``status`` and closes this (``close()``)."""
+
+    def __init__(
+        self,
+        node: NodeState,
+        status: StatusService,
+        *,
+        attributor: Attributor | None = None,
+        agent: AgentMetrics | None = None,
+        hostname: str | None = None,
+        health: HealthSource | None = None,
+    ) -> None:
+        self.node = node
+        self.status = status
+        self.attributor = attributor if attributor is not None else Attributor(None)
+        self.agent = agent if agent is not None else AgentMetrics()
+        self.hostname = hostname or socket.gethostname()
+        self.health = health
+        self._view: _SweepView | None = None
+
+    async def scrape(self) -> bytes:
+        """The whole ``/metrics`` body."""
+        sweep = await self.status.sweep()
+        view = self._view_of(sweep)
+        owners = await self._owners(view)
+        if view.gpu_text is None:
+            families = gpu_families(
+                sweep.node.devices,
+                sweep.statuses,
+                sweep.throughputs,
+                owners,
+                driver_version=self.node.facts.node.driver_version,
+                hostname=self.hostname,
+                health=self.health() if self.health is not None else None,
+            )
+            view.gpu_text = render(families)
+        return view.gpu_text + self.agent.render() + render(self._live(sweep))
+
+    async def processes(self, devices: Sequence[DeviceInfo]) -> bytes:
+        """The ``/gpu/processes/json`` body for the given GPUs."""
+        sweep = await self.status.sweep()
+        view = self._view_of(sweep)
+        owners = await self._owners(view)
+        key = tuple(d.index for d in devices)
+        body = view.processes_json.get(key)
+        if body is None:
+            body = processes_body(devices, sweep.statuses, owners)
+            view.processes_json[key] = body
+        return body
+
+    def _view_of(self, sweep: Sweep) -> _SweepView:
+        view = self._view
+        if view is None or view.sweep is not sweep:
+            view = _SweepView(sweep)
+            self._view = view
+        return view
+
+    async def _owners(self, view: _SweepView) -> dict[int, ProcessOwner]:
+        if view.owners is None:
+            pids = [p.pid for status in view.sweep.statuses for p in status.processes]
+            view.owners = asyncio.ensure_future(self.attributor.owners(pids))
+        return await asyncio.shield(view.owners)
+
+    def _live(self, sweep: Sweep) -> list[Metric]:
+        node = self.node.facts.node
+        build = InfoMetricFamily(
+            "nvidia_docker_build",
+            "The agent's version, and the driver and CUDA version it serves (always 1).",
+            labels=("version", "driver_version", "cuda_version"),
+        )
+        build.add_metric([__version__, node.driver_version, node.cuda_version], {})
+        families: list[Metric] = [build]
+        if sweep.throughput_age_s is not None:
+            families.append(
+                GaugeMetricFamily(
+                    "nvidia_docker_pcie_sample_age_seconds",
+                    "Age of the PCIe throughput sample this scrape serves.",
+                    value=sweep.throughput_age_s,
+                )
+            )
+        families.append(
+            GaugeMetricFamily(
+                "nvidia_docker_attribution_cached_containers",
+                "Containers whose name and image the agent has cached.",
+                value=self.attributor.cached_containers,
+            )
+        )
+        lookups = CounterMetricFamily(
+            "nvidia_docker_container_lookups",
+            "Requests the agent made to the Docker engine for a container's name, by outcome.",
+            labels=("outcome",),
+        )
+        failures = self.attributor.lookup_failures
+        lookups.add_metric(["answered"], self.attributor.lookups - failures)
+        lookups.add_metric(["failed"], failures)
+        families.append(lookups)
+        return families
+
+    async def close(self) -> None:
+        await self.attributor.close()

@@ -1,0 +1,113 @@
+"""Container ids read off cgroup paths, in the formats the runtimes really write."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.attribution.cgroup import HOST, UNKNOWN, CgroupPlace, OwnerKind, place_of, read_place
+
+ID = "8f3c2b1a" * 8  # 64 hex
+OTHER = "0123abcd" * 8
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # cgroup v1, Docker's cgroupfs driver: one line per hierarchy
+        f"12:pids:/docker/{ID}\n11:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n0::/\n",
+        # cgroup v2, cgroupfs driver
+        f"0::/docker/{ID}\n",
+        # cgroup v2, systemd driver (Docker's default on systemd hosts with cgroup v2)
+        f"0::/system.slice/docker-{ID}.scope\n",
+        # cgroup v1, systemd driver: the session line says nothing, the others do
+        f"4:memory:/system.slice/docker-{ID}.scope\n1:name=systemd:/user.slice/session-3.scope\n",
+        # a Docker container of a Kubernetes pod (dockershim, systemd driver)
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e.slice/"
+        f"docker-{ID}.scope\n",
+        # v2 with a sub-cgroup inside the container's
+        f"0::/docker/{ID}/init\n",
+    ],
+)
+def test_docker_container(text: str) -> None:
+    assert place_of(text) == CgroupPlace(OwnerKind.DOCKER, container_id=ID)
+
+
+def test_docker_in_docker_names_the_outer_container() -> None:
+    """The outer container is the one this node's engine knows."""
+    assert place_of(f"0::/docker/{ID}/docker/{OTHER}\n").container_id == ID
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"0::/machine.slice/libpod-{ID}.scope/container\n",
+        f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n",
+        f"5:memory:/libpod_parent/libpod-{ID}\n",
+    ],
+)
+def test_podman_container(text: str) -> None:
+    assert place_of(text) == CgroupPlace(OwnerKind.PODMAN, container_id=ID)
+
+
+def test_podman_monitor_is_not_the_container() -> None:
+    assert place_of(f"0::/machine.slice/libpod-conmon-{ID}.scope\n") == HOST
+
+
+@pytest.mark.parametrize(
+    ("text", "container"),
+    [
+        # cgroup v1, the cgroups isolators: every hierarchy under --cgroups_root=mesos
+        (
+            "11:memory:/mesos/6b4a3f7e-2d1c-4e9a-9c1b-6f0d2a7e5c31\n"
+            "5:devices:/mesos/6b4a3f7e-2d1c-4e9a-9c1b-6f0d2a7e5c31\n"
+            "1:name=systemd:/mesos_executors.slice\n",
+            "6b4a3f7e-2d1c-4e9a-9c1b-6f0d2a7e5c31",
+        ),
+        # a task of a task group: a nested container, written parent.child
+        ("4:memory:/mesos/parent-id/mesos/child-id\n", "parent-id.child-id"),
+        # cgroup v2 layout, with the leaf the agent keeps processes in
+        ("0::/mesos/6b4a3f7e/leaf\n", "6b4a3f7e"),
+    ],
+)
+def test_mesos_container(text: str, container: str) -> None:
+    assert place_of(text) == CgroupPlace(OwnerKind.MESOS, mesos_container=container)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0::/\n",
+        "0::/user.slice/user-0.slice/session-1.scope\n",
+        "0::/system.slice/nvidia-persistenced.service\n",
+        "1:name=systemd:/mesos_executors.slice\n0::/\n",  # the executor slice is not a task
+        f"0::/docker/{ID[:12]}\n",  # a short id is not Docker's cgroup
+        "0::/system.slice/docker.service\n",  # dockerd itself
+    ],
+)
+def test_host(text: str) -> None:
+    assert place_of(text) == HOST
+
+
+def test_empty_file_means_the_process_is_exiting() -> None:
+    assert place_of("") == UNKNOWN
+
+
+def test_a_live_process_is_placed_from_the_real_proc() -> None:
+    assert read_place(os.getpid()).kind is not OwnerKind.UNKNOWN
+
+
+def test_vanished_process_is_unknown() -> None:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(child.stdout)  # it has exited and been reaped
+    assert not Path(f"/proc/{pid}").exists()
+    assert read_place(pid) == UNKNOWN
+
+
+def test_unreadable_proc_root_is_unknown(tmp_path: Path) -> None:
+    assert read_place(1, proc=tmp_path) == UNKNOWN
