@@ -17,7 +17,6 @@ dashboard burst). Memory:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -27,8 +26,14 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from tests.benchmarks.bench_agent import _memory_mb
-from tests.benchmarks.loadgen import LoadResult, run_load
+from tests.benchmarks.loadgen import (
+    LoadGenerator,
+    Measurement,
+    client_procs_option,
+    describe_client_procs,
+    plan_processes,
+)
+from tests.benchmarks.proc_usage import resident_memory, usable_cpus
 from tests.support.services import free_port, port_open, stop_process, wait_until
 
 PATHS = ("/gpu/status/json", "/metrics", "/gpu/processes/json")
@@ -63,8 +68,20 @@ def _body_size(port: int, path: str) -> int:
         return len(resp.read())
 
 
-async def _load(port: int, path: str, duration_s: float) -> list[LoadResult]:
-    return [await run_load("127.0.0.1", port, path, clients, duration_s) for clients in CLIENTS]
+def _memory_mb(pid: int) -> dict[str, float]:
+    return resident_memory(pid).as_json()
+
+
+def _load(
+    load: LoadGenerator, path: str, duration_s: float, server_pid: int, setting: int | None
+) -> list[Measurement]:
+    cpus = usable_cpus()
+    return [
+        load.measure(
+            path, clients, plan_processes(clients, setting, cpus), duration_s, server_pid, cpus
+        )
+        for clients in CLIENTS
+    ]
 
 
 def main() -> int:
@@ -73,6 +90,13 @@ def main() -> int:
     parser.add_argument("--simulate", default="hgx-h200-8", help="node file or built-in name")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--client-procs",
+        type=client_procs_option,
+        default=None,
+        metavar="auto|N",
+        help="client processes per row (auto: one per connection, up to CPUs - 1)",
+    )
     args = parser.parse_args()
     simulate = None if args.real else args.simulate
 
@@ -83,15 +107,19 @@ def main() -> int:
     if simulate:
         cmd += ["--simulate", simulate]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    results: dict[str, list[LoadResult]] = {}
+    results: dict[str, list[Measurement]] = {}
     try:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
         sizes = {path: _body_size(port, path) for path in PATHS}
         idle = _memory_mb(proc.pid)
-        results["/gpu/status/json"] = asyncio.run(_load(port, "/gpu/status/json", args.duration))
-        after_status = _memory_mb(proc.pid)
-        for path in PATHS[1:]:
-            results[path] = asyncio.run(_load(port, path, args.duration))
+        with LoadGenerator("127.0.0.1", port) as load:
+            setting = args.client_procs
+            results["/gpu/status/json"] = _load(
+                load, "/gpu/status/json", args.duration, proc.pid, setting
+            )
+            after_status = _memory_mb(proc.pid)
+            for path in PATHS[1:]:
+                results[path] = _load(load, path, args.duration, proc.pid, setting)
         after_metrics = _memory_mb(proc.pid)
     finally:
         stop_process(proc)
@@ -100,6 +128,7 @@ def main() -> int:
 
     where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
     print(f"/metrics benchmark: {where}; {platform.node()}, {os.cpu_count()} CPUs")
+    print(f"client processes per row: {describe_client_procs(args.client_procs, usable_cpus())}")
     for path in PATHS:
         print(f"{path}: body {sizes[path]:,} bytes")
         for result in results[path]:
@@ -124,18 +153,7 @@ def main() -> int:
                     "host": platform.node(),
                     "cpus": os.cpu_count(),
                     "body_bytes": sizes,
-                    "results": [
-                        {
-                            "path": r.path,
-                            "clients": r.clients,
-                            "rate_per_s": round(r.rate_per_s),
-                            "p50_ms": round(r.p50_ms, 3),
-                            "p99_ms": round(r.p99_ms, 3),
-                            "errors": r.errors,
-                        }
-                        for path in PATHS
-                        for r in results[path]
-                    ],
+                    "results": [r.as_json() for path in PATHS for r in results[path]],
                     "memory_mb": {
                         "import_added": round(imported["added_mb"], 2),
                         "idle": idle,
