@@ -17,6 +17,7 @@ from aiohttp.typedefs import Middleware
 from agent import render_json, render_text
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.node_state import NodeState
+from agent.query_params import query_checks
 from agent.selection import InvalidParameter
 from agent.status_service import StatusService
 
@@ -46,7 +47,8 @@ def _answer(body: bytes, content_type: str) -> web.Response:
 # A 400 names the parameter and the entry it refused in headers too, so that programs (the
 # nvidia-docker wrapper, fleet tools) need not parse the text, which stays the old tool's.
 INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
-INVALID_VALUE_HEADER = "X-Invalid-Value"  # percent-encoded (UTF-8)
+INVALID_VALUE_HEADER = "X-Invalid-Value"  # percent-encoded (UTF-8), at most 256 characters
+_HEADER_ENTRY_CHARS = 256
 
 
 def _bad_request(err: InvalidParameter) -> web.Response:
@@ -56,7 +58,9 @@ def _bad_request(err: InvalidParameter) -> web.Response:
         content_type=TEXT,
         headers={
             INVALID_PARAMETER_HEADER: err.parameter,
-            INVALID_VALUE_HEADER: quote(err.entry, safe=""),
+            INVALID_VALUE_HEADER: quote(
+                err.entry[:_HEADER_ENTRY_CHARS].encode("utf-8", "backslashreplace"), safe=""
+            ),
         },
     )
 
@@ -154,9 +158,10 @@ def create_app(
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
     ``middlewares`` wrap every route, outermost first (the daemon adds what its options ask
-    for); the handlers themselves stay one coroutine each on the hot path.
+    for); the handlers themselves stay one coroutine each on the hot path. The query checks
+    (agent.query_params) are always the innermost: a handler never sees a bad ``dev``.
     """
-    app = web.Application(middlewares=list(middlewares))
+    app = web.Application(middlewares=[*middlewares, query_checks(_bad_request)])
     app[NODE] = node
     app[STATUS] = status
     for path, handler in ROUTES:
