@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 from aiohttp.http import HttpProcessingError
@@ -29,6 +30,7 @@ from agent.rate_limit import RateLimiter
 
 LOG_INTERVAL_S = 60.0
 _REASON_CHARS = 60
+_QUOTED = re.compile(r":|\s(?:b|bytearray\()?['\"]")
 
 log = logging.getLogger("nvidia-docker-plugin.http")
 
@@ -40,9 +42,11 @@ def describe(exc: BaseException) -> str:
 
 
 def _reason(exc: HttpProcessingError) -> str:
-    """The parser's reason, without the request bytes aiohttp quotes after it."""
-    first = str(exc.message).split("\n", 1)[0].strip().rstrip(":")
-    return shown(first, _REASON_CHARS) or type(exc).__name__
+    """The parser's reason, without the request bytes aiohttp quotes after it (``Bad
+    status line 'GET /a b'``, ``Got more than 8190 bytes when reading: b'...'``)."""
+    first = str(exc.message).split("\n", 1)[0]
+    reason = _QUOTED.split(first, maxsplit=1)[0].strip()
+    return shown(reason, _REASON_CHARS) or type(exc).__name__
 
 
 def _exception(exc_info: object) -> BaseException | None:
