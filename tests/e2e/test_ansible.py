@@ -428,6 +428,9 @@ def test_rollout_installs_and_starts_the_agent_on_every_node(fleet: Fleet, rolle
         assert re.search(r"NoNewPrivs:\s+1", status)
         assert re.search(r"CapEff:\s+0+$", status, re.MULTILINE)
         assert "video" in fleet.sh(node, "id -nG nvidia-docker").split()
+        # LimitNOFILE= of the packaged unit: room for the REST bound and the reserve.
+        limits = fleet.sh(node, f"grep 'Max open files' /proc/{pid}/limits").split()
+        assert limits[3:5] == ["8192", "8192"]
         # dockerd finds the plugin socket through the spec file.
         spec = fleet.sh(node, "cat /etc/docker/plugins/nvidia-docker.spec")
         assert spec == "unix:///run/nvidia-docker/nvidia-docker.sock"
