@@ -77,6 +77,8 @@ class ConnectionGuard:
         self._connections: OrderedDict[asyncio.BaseTransport, _Connection] = OrderedDict()
         self._limiter = RateLimiter(LOG_INTERVAL_S)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Give it to the application served through this guard (its outermost middleware).
+        self.middleware = self._progress_middleware()
 
     @property
     def count(self) -> int:
@@ -94,9 +96,8 @@ class ConnectionGuard:
 
         return factory
 
-    @property
-    def middleware(self) -> Middleware:
-        """Marks each request's handling, which no timeout interrupts."""
+    def _progress_middleware(self) -> Middleware:
+        """``self.middleware``: marks each request's handling, which no timeout interrupts."""
 
         @web.middleware
         async def connection_progress(request: web.Request, handler: Handler) -> web.StreamResponse:

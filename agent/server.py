@@ -148,6 +148,7 @@ class Agent:
         )
         self.rest_connections = guard
         runner = web.AppRunner(
+            # The guard's middleware first: every answer, refusals included, is progress.
             create_app(self.node, self.status, middlewares=[guard.middleware]),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
