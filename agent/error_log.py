@@ -68,12 +68,16 @@ class HttpErrorLog(logging.LoggerAdapter[logging.Logger]):
         self,
         server: str,
         *,
+        anonymous: str = "an unknown address",
         interval_s: float = LOG_INTERVAL_S,
         tracebacks: bool | None = None,
         logger: logging.Logger = log,
     ) -> None:
         super().__init__(logger, {})
         self.server = server
+        # What a source without an address is called: a unix socket's peers have none,
+        # and older aiohttp versions name no source at all.
+        self.anonymous = anonymous
         self.tracebacks = debug_enabled() if tracebacks is None else tracebacks
         self.limiter = RateLimiter(interval_s)
 
@@ -88,7 +92,7 @@ class HttpErrorLog(logging.LoggerAdapter[logging.Logger]):
         self.logger.log(level, msg, *args, **kwargs)
 
     def _malformed(self, exc: HttpProcessingError, source: object) -> None:
-        where = shown(str(source)) or "a unix socket client"
+        where = shown(str(source)) or self.anonymous
         held_back = self.limiter.allow(where)
         reason = _reason(exc)
         if held_back is None:

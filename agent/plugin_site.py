@@ -107,7 +107,7 @@ async def start_plugin_site(
         access_log=None,
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        logger=HttpErrorLog("plugin socket"),
+        logger=HttpErrorLog("plugin socket", anonymous="a unix socket client"),
         keepalive_timeout=limits.idle_timeout_s,
     )
     try:

@@ -69,6 +69,19 @@ def test_malformed_requests_are_one_warning_per_source(caplog: pytest.LogCapture
     assert all("\n" not in r.getMessage() for r in _records(caplog))
 
 
+def test_a_source_without_an_address_is_named_by_the_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    HttpErrorLog("plugin socket", anonymous="a unix socket client").exception(
+        "Error handling request from %s", "", exc_info=_bad_line()
+    )
+    HttpErrorLog("REST API").exception("Error handling request", exc_info=_bad_line())
+    assert [r.getMessage().split(": ")[0] for r in _records(caplog)] == [
+        "Malformed HTTP request from a unix socket client on the plugin socket",
+        "Malformed HTTP request from an unknown address on the REST API",
+    ]
+
+
 def test_a_handler_that_raised_is_one_error_line_without_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
