@@ -18,9 +18,13 @@ import click
 from agent import __version__
 from agent.config import (
     DEFAULT_DOCKER_SOCKET,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_LDCACHE,
     DEFAULT_LISTEN,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_PCIE_INTERVAL_S,
+    DEFAULT_RESERVED_FDS,
     DEFAULT_SOCKET_DIR,
     DEFAULT_VOLUMES,
     SOCKET_NAME,
@@ -138,6 +142,47 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     help="auto: uvloop when it is installed (faster), else asyncio's own.",
 )
 @click.option(
+    "--header-timeout",
+    "header_timeout_s",
+    default=DEFAULT_HEADER_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    envvar="NVIDIA_DOCKER_PLUGIN_HEADER_TIMEOUT",
+    show_envvar=True,
+    help="Seconds a client has to send a request's header (both servers), from the "
+    "connection's opening or the first byte of its next request.",
+)
+@click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    default=DEFAULT_IDLE_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    envvar="NVIDIA_DOCKER_PLUGIN_IDLE_TIMEOUT",
+    show_envvar=True,
+    help="Seconds a kept-alive connection may wait for its next request (both servers).",
+)
+@click.option(
+    "--max-connections",
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    envvar="NVIDIA_DOCKER_PLUGIN_MAX_CONNECTIONS",
+    show_envvar=True,
+    help="Most REST connections open at once (at most the descriptor limit minus "
+    "--reserved-fds); beyond it, the one longest without a request is dropped.",
+)
+@click.option(
+    "--reserved-fds",
+    default=DEFAULT_RESERVED_FDS,
+    show_default=True,
+    type=click.IntRange(min=0),
+    envvar="NVIDIA_DOCKER_PLUGIN_RESERVED_FDS",
+    show_envvar=True,
+    help="File descriptors kept from REST connections, for the plugin socket, volume "
+    "builds and the daemon itself.",
+)
+@click.option(
     "--dump-node",
     "dump_target",
     metavar="FILE",
@@ -162,6 +207,10 @@ def command(
     pcie_interval_s: float,
     docker_socket: Path,
     event_loop: str,
+    header_timeout_s: float,
+    idle_timeout_s: float,
+    max_connections: int,
+    reserved_fds: int,
     dump_target: str | None,
 ) -> None:
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
@@ -181,6 +230,10 @@ def command(
         pcie_interval_s=pcie_interval_s,
         spec_file=spec_file,
         docker_socket=docker_socket,
+        header_timeout_s=header_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        max_connections=max_connections,
+        reserved_fds=reserved_fds,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

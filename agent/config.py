@@ -15,6 +15,11 @@ DEFAULT_LDCACHE = "/etc/ld.so.cache"
 DEFAULT_PCIE_INTERVAL_S = 1.0
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"  # asked for GPU processes' container names
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
+# Connection limits of both servers (docs/agent.md, "Limits").
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 1024  # REST API; lowered to the descriptor limit minus the reserve
+DEFAULT_RESERVED_FDS = 256
 
 
 class ListenAddressError(ValueError):
@@ -32,6 +37,10 @@ class Config:
     pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
     spec_file: Path | None = None
     docker_socket: Path = Path(DEFAULT_DOCKER_SOCKET)
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    reserved_fds: int = DEFAULT_RESERVED_FDS
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

@@ -9,6 +9,7 @@ import socket
 
 from aiohttp import web
 
+from agent.connection_guard import ConnectionGuard, GuardedSite
 from agent.errors import StartupError
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -18,8 +19,11 @@ log = logging.getLogger("nvidia-docker-plugin")
 _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
-async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
-    """Serve ``runner`` on every address of ``host`` (all interfaces for None)."""
+async def listen(
+    runner: web.AppRunner, host: str | None, port: int, *, guard: ConnectionGuard | None = None
+) -> None:
+    """Serve ``runner`` on every address of ``host`` (all interfaces for None); ``guard``
+    sees (and limits) the connections of all of them together."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -35,7 +39,12 @@ async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
     started = 0
     for address in addresses:
         try:
-            await web.TCPSite(runner, address, port, reuse_address=True).start()
+            site: web.BaseSite
+            if guard is None:
+                site = web.TCPSite(runner, address, port, reuse_address=True)
+            else:
+                site = GuardedSite(runner, guard, host=address, port=port, reuse_address=True)
+            await site.start()
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)

@@ -3,6 +3,14 @@
 The plugin app is served on ``<socket dir>/nvidia-docker.sock`` only, never on TCP: it builds
 and deletes files as root and has no authentication. The socket is bound under a temporary
 name, given mode 0660, then renamed into place, so it never exists with looser permissions.
+
+Who serves the socket is decided by an ``flock`` on ``<socket dir>/.nvidia-docker.sock.lock``,
+taken before anything else and held, by an open descriptor, for as long as the daemon
+serves: of two agents started at once on one directory exactly one gets it, and only the
+holder ever checks for a stale socket and renames its own into place. The loser stops with
+one line naming the holder's pid (written into the lock file). The lock file is left in
+place when the agent stops: removing it would let a third agent lock a new file while a
+second one still holds the old.
 Its group is left as the daemon's: the only client is dockerd, which runs as root, and the
 ``docker`` group needs no access to build volumes (its members reach them through dockerd).
 
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import socket
@@ -25,7 +34,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.config import SOCKET_NAME
+from agent.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, SOCKET_NAME
+from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.error_log import HttpErrorLog
 from plugin.discovery import find_driver_files
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
@@ -40,6 +51,9 @@ log = logging.getLogger("nvidia-docker-plugin.plugin")
 
 class PluginSiteError(OSError):
     """The socket cannot be served; the message says why and what to do."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def prepare_volumes(
@@ -63,35 +77,99 @@ def prepare_volumes(
     return store
 
 
+PLUGIN_LIMITS = ConnectionLimits(DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S)
+
+
 async def start_plugin_site(
-    store: VolumeStore, socket_dir: Path, *, spec_file: Path | None = None
+    store: VolumeStore,
+    socket_dir: Path,
+    *,
+    spec_file: Path | None = None,
+    limits: ConnectionLimits = PLUGIN_LIMITS,
 ) -> web.AppRunner:
     """Serve the plugin on ``<socket_dir>/nvidia-docker.sock``; cleanup removes the socket
-    (and ``spec_file``, when one was asked for)."""
+    (and ``spec_file``, when one was asked for). ``limits`` are the header and idle
+    timeouts (the socket has no connection bound: its only client is dockerd, and the
+    descriptors it needs are kept from the REST API, agent.descriptors)."""
     path = socket_dir / SOCKET_NAME
-    sock = _bind(path)
+    lock_fd = claim_socket(path)
+    try:
+        sock = _bind(path)
+    except BaseException:
+        os.close(lock_fd)
+        raise
     inode = _inode(path)
-    app = create_app(store)
-    app.on_cleanup.append(lambda _app: _cleanup(path, inode, spec_file))
+    guard = ConnectionGuard("plugin socket", limits)
+    app = create_app(store, middlewares=[guard.middleware])
+    app.on_cleanup.append(lambda _app: _cleanup(path, inode, spec_file, lock_fd))
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        logger=HttpErrorLog("plugin socket", anonymous="a unix socket client"),
+        keepalive_timeout=limits.idle_timeout_s,
     )
     try:
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await GuardedSite(runner, guard, sock=sock).start()
     except BaseException:
         sock.close()
         _remove_own_socket(path, inode)
+        os.close(lock_fd)
         raise
     if spec_file is not None:
         write_spec_file(spec_file, path)
     return runner
 
 
-async def _cleanup(path: Path, inode: int | None, spec_file: Path | None) -> None:
+async def _cleanup(path: Path, inode: int | None, spec_file: Path | None, lock_fd: int) -> None:
     _remove_own_socket(path, inode)
     if spec_file is not None:
         remove_spec_file(spec_file, path)
+    os.close(lock_fd)  # last: the socket is gone before another agent may take over
+
+
+def lock_path(socket_path: Path) -> Path:
+    """The lock file whose ``flock`` holder owns ``socket_path``."""
+    return socket_path.with_name(f".{socket_path.name}.lock")
+
+
+def claim_socket(socket_path: Path) -> int:
+    """Take the socket directory's lock for this process; returns the descriptor, which
+    holds the lock until closed. ``PluginSiteError`` when another process holds it."""
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    path = lock_path(socket_path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise PluginSiteError(
+            err.errno, f"cannot open the lock file {path}: {err.strerror} (check -s)"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise PluginSiteError(
+            errno.EADDRINUSE,
+            f"another agent{holder} is serving {socket_path} (it holds {path}): "
+            "stop it or choose another -s",
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """`` (pid N)`` from the lock file, or nothing when it cannot be read yet."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+        return f" (pid {pid})"
+    return ""
 
 
 def _bind(path: Path) -> socket.socket:
@@ -113,7 +191,8 @@ def _bind(path: Path) -> socket.socket:
 
 
 def _clear_stale(path: Path) -> None:
-    """Remove a socket file nobody listens on; refuse to take over a live one."""
+    """Remove a socket file nobody listens on; refuse to take over a live one (served by
+    a process that does not take the lock, such as an older agent). Called with the lock."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:

@@ -19,6 +19,7 @@ from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent.metrics.service import MetricsService
 from agent.node_state import NodeState
+from agent.query_params import query_checks
 from agent.selection import InvalidParameter
 from agent.status_service import StatusService
 
@@ -49,7 +50,8 @@ def _answer(body: bytes, content_type: str) -> web.Response:
 # A 400 names the parameter and the entry it refused in headers too, so that programs (the
 # nvidia-docker wrapper, fleet tools) need not parse the text, which stays the old tool's.
 INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
-INVALID_VALUE_HEADER = "X-Invalid-Value"  # percent-encoded (UTF-8)
+INVALID_VALUE_HEADER = "X-Invalid-Value"  # percent-encoded (UTF-8), at most 256 characters
+_HEADER_ENTRY_CHARS = 256
 
 
 def _bad_request(err: InvalidParameter) -> web.Response:
@@ -59,7 +61,9 @@ def _bad_request(err: InvalidParameter) -> web.Response:
         content_type=TEXT,
         headers={
             INVALID_PARAMETER_HEADER: err.parameter,
-            INVALID_VALUE_HEADER: quote(err.entry, safe=""),
+            INVALID_VALUE_HEADER: quote(
+                err.entry[:_HEADER_ENTRY_CHARS].encode("utf-8", "backslashreplace"), safe=""
+            ),
         },
     )
 
@@ -180,9 +184,10 @@ def create_app(
     ``middlewares`` wrap every route, outermost first (the daemon adds what its options ask
     for); the handlers themselves stay one coroutine each on the hot path. ``metrics``
     serves ``/metrics`` and ``/gpu/processes/json`` (the daemon's has the Docker engine
-    and its counters; without one, a plain one over ``node`` and ``status``).
+    and its counters; without one, a plain one over ``node`` and ``status``). The query
+    checks (agent.query_params) are always the innermost: a handler never sees a bad ``dev``.
     """
-    app = web.Application(middlewares=list(middlewares))
+    app = web.Application(middlewares=[*middlewares, query_checks(_bad_request)])
     app[NODE] = node
     app[STATUS] = status
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)

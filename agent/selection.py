@@ -8,21 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent.display import shown
 from agent.gpu.model import DeviceInfo
 from plugin.volume_specs import VOLUMES, VolumeSpec, spec_by_name
 
 _NOUNS = {"dev": "device", "vol": "volume", "format": "format"}
+_INDEX_DIGITS = 6  # no node has a million GPUs; int() of longer strings is costly or refused
 
 
 class InvalidParameter(ValueError):
     """A query parameter entry that names nothing, with which parameter and which entry.
 
-    ``str(error)`` is the API's answer (``invalid device: 9``); ``parameter`` (``dev``,
-    ``vol``, ``format``) and ``entry`` are for programs, which never parse the text.
+    ``str(error)`` is the API's answer (``invalid device: 9``), the entry shown safely
+    (bounded, control characters escaped: ``agent.display``); ``parameter`` (``dev``,
+    ``vol``, ``format``) and ``entry`` (as sent) are for programs, which never parse the text.
     """
 
     def __init__(self, parameter: str, entry: str, hint: str = "") -> None:
-        super().__init__(f"invalid {_NOUNS.get(parameter, parameter)}: {entry}{hint}")
+        noun = _NOUNS.get(parameter, parameter)
+        super().__init__(f"invalid {noun}: {shown(entry)}{hint}")
         self.parameter = parameter
         self.entry = entry
 
@@ -49,7 +53,7 @@ def select_devices(devices: Sequence[DeviceInfo], dev: str | None) -> tuple[Devi
 
 
 def _match_device(devices: Sequence[DeviceInfo], entry: str) -> int:
-    if entry.isdigit():
+    if entry.isascii() and entry.isdigit() and len(entry) <= _INDEX_DIGITS:
         index = int(entry)
         if index < len(devices):
             return index

@@ -23,7 +23,10 @@ from agent.attribution.docker_engine import DockerEngine
 from agent.attribution.owners import Attributor
 from agent.backends import open_backend
 from agent.config import SOCKET_NAME, Config
+from agent.connection_guard import ConnectionGuard, ConnectionLimits
+from agent.descriptors import descriptor_budget
 from agent.docker_cli import control_devices
+from agent.error_log import HttpErrorLog, loop_exception_handler
 from agent.errors import StartupError
 from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
 from agent.gpu.backend import GpuBackend, GpuBackendError
@@ -62,6 +65,7 @@ class Agent:
         self.node: NodeState | None = None
         self.metrics: MetricsService | None = None
         self.runners: list[web.AppRunner] = []
+        self.rest_connections: ConnectionGuard | None = None
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
         # What SIGHUP re-reads, in order (each part of the agent that can be refreshed
@@ -72,6 +76,25 @@ class Agent:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        budget = descriptor_budget(cfg.max_connections, cfg.reserved_fds)
+        if budget.lowered:
+            log.warning(
+                "--max-connections %d lowered to %d: the descriptor limit is %d and %d are "
+                "reserved (raise LimitNOFILE= or ulimit -n for more)",
+                budget.asked,
+                budget.max_connections,
+                budget.limit,
+                budget.reserved,
+            )
+        log.info(
+            "Connection limits: %d REST connections (descriptor limit %d, %d reserved), "
+            "request headers within %g s, idle connections closed after %g s",
+            budget.max_connections,
+            budget.limit,
+            budget.reserved,
+            cfg.header_timeout_s,
+            cfg.idle_timeout_s,
+        )
         if cfg.simulate is None:
             try:
                 log.info("Checking the NVIDIA unified memory device: %s", ensure_uvm_device())
@@ -121,24 +144,40 @@ class Agent:
         log.info("Serving the plugin API on unix://%s", socket_path)
         try:
             self.runners.append(
-                await start_plugin_site(store, cfg.socket_dir, spec_file=cfg.spec_file)
+                await start_plugin_site(
+                    store,
+                    cfg.socket_dir,
+                    spec_file=cfg.spec_file,
+                    limits=ConnectionLimits(cfg.header_timeout_s, cfg.idle_timeout_s),
+                )
             )
         except OSError as err:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
 
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
         log.info("Serving the REST API on %s", where)
+        guard = ConnectionGuard(
+            "REST API",
+            ConnectionLimits(cfg.header_timeout_s, cfg.idle_timeout_s, budget.max_connections),
+        )
+        self.rest_connections = guard
         runner = web.AppRunner(
+            # The guard's middleware first: every answer, refusals included, is progress.
             create_app(
-                self.node, self.status, middlewares=[counters.middleware], metrics=self.metrics
+                self.node,
+                self.status,
+                middlewares=[guard.middleware, counters.middleware],
+                metrics=self.metrics,
             ),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             handle_signals=False,
+            logger=HttpErrorLog("REST API"),
+            keepalive_timeout=cfg.idle_timeout_s,
         )
         await runner.setup()
         self.runners.append(runner)
-        await listen(runner, cfg.listen_host, cfg.listen_port)
+        await listen(runner, cfg.listen_host, cfg.listen_port, guard=guard)
         release_startup_memory()
         log.info("Ready")
 
@@ -195,6 +234,7 @@ async def run(config: Config) -> int:
     """Start, serve until a signal (or a server's end), stop; returns the exit code."""
     agent = Agent(config)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(loop_exception_handler)
     signals_seen = 0
 
     def on_signal(signum: int) -> None:

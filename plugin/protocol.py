@@ -5,6 +5,8 @@ application/vnd.docker.plugins.v1.2+json`` (``v1.1`` from older engines); the an
 JSON with ``Content-Type: application/vnd.docker.plugins.v1+json``. Expected failures are
 HTTP 200 with ``{"Err": "<reason>: <volume name>"}``; a request that is not the protocol
 (wrong Accept header, body not a JSON object) gets 406 or 400, with ``Err`` saying what to fix.
+Bodies are bounded (``MAX_BODY_BYTES``, ``json_body.MAX_DEPTH`` levels, ``Name`` at most
+``MAX_NAME_CHARS`` printable characters) and must arrive within ``BODY_TIMEOUT_S``.
 
 Serve this app on a unix socket only (``agent.plugin_site``): it changes files on disk and
 has no authentication. Volume builds run in a worker thread; concurrent Creates of one volume
@@ -16,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from plugin.json_body import BodyError, parse_json
 from plugin.volumes import VolumeError, VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin.protocol")
@@ -31,6 +35,8 @@ ACCEPTED_MEDIA_TYPES = frozenset(
 )
 CONTENT_TYPE = "application/vnd.docker.plugins.v1+json"
 MAX_BODY_BYTES = 64 * 1024
+MAX_NAME_CHARS = 255
+BODY_TIMEOUT_S = 10.0  # dockerd sends its small bodies at once
 
 STORE_KEY = web.AppKey("store", VolumeStore)
 BUILDS_KEY = web.AppKey("builds", dict[str, "asyncio.Future[Path]"])
@@ -57,7 +63,7 @@ def _accepts(header: str) -> bool:
 @web.middleware
 async def protocol_checks(request: web.Request, handler: Handler) -> web.StreamResponse:
     """406 unless the client speaks the plugin protocol; errors never become tracebacks."""
-    log.debug("%s (Accept: %s)", request.path, request.headers.get("Accept"))
+    log.debug("%s (Accept: %s)", _shown(request.path), _shown(request.headers.get("Accept", "")))
     if not _accepts(request.headers.get("Accept", "")):
         wanted = "application/vnd.docker.plugins.v1.2+json"
         return answer({"Err": f"unsupported Accept header: send Accept: {wanted}"}, status=406)
@@ -65,6 +71,17 @@ async def protocol_checks(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except BadRequest as err:
         return answer({"Err": f"bad request: {err}"}, status=400)
+    except web.HTTPRequestEntityTooLarge as err:
+        return answer(
+            {"Err": f"bad request: the body is larger than {MAX_BODY_BYTES} bytes"}, err.status
+        )
+    except web.HTTPNotFound as err:
+        endpoints = ", ".join(route.lstrip("/") for route in ROUTES)
+        return answer({"Err": f"unknown endpoint: send one of {endpoints}"}, err.status)
+    except web.HTTPMethodNotAllowed as err:
+        return answer(
+            {"Err": f"method {_shown(request.method)} not allowed: send POST"}, err.status
+        )
     except web.HTTPException as err:
         return answer({"Err": err.reason}, status=err.status)
     except VolumeError as err:
@@ -75,14 +92,24 @@ async def protocol_checks(request: web.Request, handler: Handler) -> web.StreamR
         return answer({"Err": f"{request.path.lstrip('/')} failed: {err}"})
 
 
+def _shown(text: str, limit_chars: int = 40) -> str:
+    """A client's text as it may appear in an answer: bounded, printable."""
+    head = "".join(char if char.isprintable() else "?" for char in text[:limit_chars])
+    return head + ("..." if len(text) > limit_chars else "")
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            raw = await request.read()
+    except TimeoutError:
+        raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise BadRequest(f"the body is not valid JSON ({err})") from None
+        body = parse_json(raw)
+    except BodyError as err:
+        raise BadRequest(str(err)) from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
@@ -92,6 +119,11 @@ async def _name(request: web.Request) -> str:
     name = (await _body(request)).get("Name")
     if not isinstance(name, str) or not name:
         raise BadRequest('the body needs a "Name" string')
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise BadRequest(
+            f'"Name" must be at most {MAX_NAME_CHARS} printable characters, '
+            "e.g. nvidia_driver_<driver version>"
+        )
     return name
 
 
@@ -174,9 +206,15 @@ ROUTES: dict[str, Handler] = {
 }
 
 
-def create_app(store: VolumeStore) -> web.Application:
-    """The plugin application. Serve it on a unix socket only."""
-    app = web.Application(middlewares=[protocol_checks], client_max_size=MAX_BODY_BYTES)
+def create_app(store: VolumeStore, *, middlewares: Sequence[Middleware] = ()) -> web.Application:
+    """The plugin application. Serve it on a unix socket only.
+
+    ``middlewares`` (the daemon's connection tracking) wrap the protocol checks, which stay
+    the innermost.
+    """
+    app = web.Application(
+        middlewares=[*middlewares, protocol_checks], client_max_size=MAX_BODY_BYTES
+    )
     app[STORE_KEY] = store
     app[BUILDS_KEY] = {}
     for route, handler in ROUTES.items():

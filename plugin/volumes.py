@@ -11,6 +11,8 @@ a version is always a complete volume. A builder holds an ``flock`` on
 leftovers of builders that died. Creates of one volume in this process are serialised; across
 processes the rename decides (the loser discards its copy). Remove renames the volume away
 (``.<version>.removing-<token>``) before deleting it, so it disappears at once and whole.
+The per-name locks live only while used (``plugin.name_locks``), and Remove takes none for a
+volume that is not on disk, so made-up names cost no memory.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import os
 import re
 import secrets
 import shutil
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.discovery import DriverFiles
+from plugin.name_locks import NameLocks
 from plugin.volume_build import DIR_MODE, BuildReport, build_tree
 from plugin.volume_specs import VOLUMES, VolumeSpec
 
@@ -80,8 +82,7 @@ class VolumeStore:
         self.files = files
         self.specs = specs
         self.progress_interval_s = progress_interval_s
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
+        self._locks = NameLocks()  # only names in use: see plugin.name_locks
         # Called as listener(volume name, report) after each build this process completed,
         # in the building thread (the agent counts builds for its metrics).
         self.build_listeners: list[Callable[[str, BuildReport], None]] = []
@@ -149,7 +150,7 @@ class VolumeStore:
         if ref.version != self.driver_version:
             raise VolumeError(INVALID_VERSION, name)
         final = self.path(ref)
-        with self._lock(ref.name):
+        with self._locks.hold(ref.name):
             if final.is_dir():
                 return final
             report = self._build(ref, final)
@@ -166,7 +167,9 @@ class VolumeStore:
         """Delete a volume of any driver version (stale ones after an upgrade too)."""
         ref = self.parse(name)
         final = self.path(ref)
-        with self._lock(ref.name):
+        if not final.is_dir():  # no lock for names that do not exist
+            raise VolumeError(NO_SUCH_VOLUME, name)
+        with self._locks.hold(ref.name):
             if not final.is_dir():
                 raise VolumeError(NO_SUCH_VOLUME, name)
             doomed = final.with_name(f".{ref.version}{REMOVING}{secrets.token_hex(6)}")
@@ -188,10 +191,6 @@ class VolumeStore:
                         cleaned += 1
                         log.info("removed %s, left by an interrupted build or removal", entry)
         return cleaned
-
-    def _lock(self, key: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault(key, threading.Lock())
 
     def _build(self, ref: VolumeRef, final: Path) -> BuildReport | None:
         parent = final.parent

@@ -92,6 +92,37 @@ def test_role_installs_the_projects_packaging_files() -> None:
         assert (ROLE / "files" / name).resolve() == REPO / "packaging" / packaged
 
 
+def _drop_in(tmp_path: Path, **overrides: object) -> str:
+    """The role's site drop-in, rendered by ansible with the role's defaults and vars."""
+    out = tmp_path / "50-site.conf"
+    proc = subprocess.run(
+        [
+            _tool("ansible"), "all", "-i", "localhost,", "-c", "local",
+            "-m", "ansible.builtin.template",
+            "-a", f"src={ROLE / 'templates' / 'site.conf.j2'} dest={out}",
+            "-e", f"@{ROLE / 'defaults' / 'main.yml'}",
+            "-e", f"@{ROLE / 'vars' / 'main.yml'}",
+            "-e", json.dumps({"ansible_python_interpreter": sys.executable, **overrides}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ANSIBLE_HOME": str(tmp_path / "ansible-home"), "NO_COLOR": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out.read_text()
+
+
+def test_the_descriptor_limit_goes_into_the_drop_in_only_when_it_differs(tmp_path: Path) -> None:
+    assert "LimitNOFILE" not in _drop_in(tmp_path)
+    assert "LimitNOFILE" not in _drop_in(tmp_path, nvidia_docker_agent_limit_nofile=8192)
+    lines = _drop_in(tmp_path, nvidia_docker_agent_limit_nofile=65536).splitlines()
+    assert "LimitNOFILE=65536" in lines
+    unit = (REPO / "packaging" / "systemd" / "nvidia-docker.service").read_text().splitlines()
+    assert "LimitNOFILE=8192" in unit  # the role's default is the packaged unit's value
+
+
 # --- the fleet -------------------------------------------------------------------------
 
 
@@ -428,6 +459,9 @@ def test_rollout_installs_and_starts_the_agent_on_every_node(fleet: Fleet, rolle
         assert re.search(r"NoNewPrivs:\s+1", status)
         assert re.search(r"CapEff:\s+0+$", status, re.MULTILINE)
         assert "video" in fleet.sh(node, "id -nG nvidia-docker").split()
+        # LimitNOFILE= of the packaged unit: room for the REST bound and the reserve.
+        limits = fleet.sh(node, f"grep 'Max open files' /proc/{pid}/limits").split()
+        assert limits[3:5] == ["8192", "8192"]
         # dockerd finds the plugin socket through the spec file.
         spec = fleet.sh(node, "cat /etc/docker/plugins/nvidia-docker.spec")
         assert spec == "unix:///run/nvidia-docker/nvidia-docker.sock"

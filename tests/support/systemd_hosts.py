@@ -247,6 +247,14 @@ class SystemdFleet:
         return container
 
     def _await_boot(self, name: str, container: str, timeout_s: float) -> SystemdHost:
+        # systemctl fails at once ("Failed to connect to bus") until PID 1 has made its
+        # private socket, which a fast docker exec can come before.
+        wait_until(
+            lambda: self.exec(container, "test", "-S", "/run/systemd/private").returncode == 0,
+            what=f"systemd's socket on {name}",
+            timeout_s=timeout_s,
+            interval_s=0.2,
+        )
         state = self.engine.docker(
             "exec",
             container,

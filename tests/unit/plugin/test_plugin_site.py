@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import stat
 from pathlib import Path
@@ -41,21 +42,60 @@ async def test_serves_on_a_0660_socket_and_cleans_up(store: VolumeStore, tmp_pat
         assert stat.S_IMODE(mode) == 0o660
         assert spec.read_text() == f"unix://{sock}\n"
         assert await _activate(sock) == {"Implements": ["VolumeDriver"]}
-        assert sorted(p.name for p in socket_dir.iterdir()) == ["nvidia-docker.sock"]
+        assert sorted(p.name for p in socket_dir.iterdir()) == [
+            ".nvidia-docker.sock.lock",
+            "nvidia-docker.sock",
+        ]
     finally:
         await runner.cleanup()
     assert not sock.exists()
     assert not spec.exists()
 
 
-async def test_refuses_a_socket_another_process_serves(store: VolumeStore, tmp_path: Path) -> None:
+async def test_refuses_a_socket_another_agent_serves(store: VolumeStore, tmp_path: Path) -> None:
     runner = await start_plugin_site(store, tmp_path)
     try:
-        with pytest.raises(PluginSiteError, match="another process is serving"):
+        with pytest.raises(PluginSiteError) as refused:
             await start_plugin_site(store, tmp_path)
+        assert str(refused.value) == (
+            f"another agent (pid {os.getpid()}) is serving {tmp_path / 'nvidia-docker.sock'} "
+            f"(it holds {tmp_path / '.nvidia-docker.sock.lock'}): stop it or choose another -s"
+        )
         assert await _activate(tmp_path / "nvidia-docker.sock") == {"Implements": ["VolumeDriver"]}
     finally:
         await runner.cleanup()
+
+
+async def test_refuses_a_live_socket_of_a_process_without_the_lock(
+    store: VolumeStore, tmp_path: Path
+) -> None:
+    """An older agent (or anything else) listening there, without taking the lock."""
+    foreign = socket.socket(socket.AF_UNIX)
+    foreign.bind(str(tmp_path / "nvidia-docker.sock"))
+    foreign.listen(1)
+    try:
+        with pytest.raises(PluginSiteError, match="another process is serving"):
+            await start_plugin_site(store, tmp_path)
+        assert (tmp_path / "nvidia-docker.sock").is_socket()
+    finally:
+        foreign.close()
+    runner = await start_plugin_site(store, tmp_path)  # the failed start let the lock go
+    await runner.cleanup()
+
+
+async def test_the_lock_goes_with_the_agent_and_the_next_one_serves(
+    store: VolumeStore, tmp_path: Path
+) -> None:
+    for _ in range(3):
+        runner = await start_plugin_site(store, tmp_path)
+        try:
+            assert (tmp_path / ".nvidia-docker.sock.lock").read_text() == f"{os.getpid()}\n"
+            assert await _activate(tmp_path / "nvidia-docker.sock") == {
+                "Implements": ["VolumeDriver"]
+            }
+        finally:
+            await runner.cleanup()
+        assert not (tmp_path / "nvidia-docker.sock").exists()
 
 
 async def test_replaces_a_stale_socket(store: VolumeStore, tmp_path: Path) -> None:

@@ -103,7 +103,43 @@ async def test_the_life_of_a_volume(client: Client, store: VolumeStore) -> None:
         ("VolumeDriver.Create", {"Name": "nvidia_driver_1.0"}, V12, 200, "invalid volume version"),
         ("VolumeDriver.Mount", {"Name": "nvidia_driver_1.0"}, V12, 200, "no such volume"),
         ("VolumeDriver.Unmount", {"Name": "x"}, V12, 200, "bad volume format: x"),
-        ("VolumeDriver.Resize", {"Name": NAME}, V12, 404, "Not Found"),
+        ("VolumeDriver.Resize", {"Name": NAME}, V12, 404, "unknown endpoint: send one of"),
+        ("VolumeDriver.Mount", b"[" * 2000, V12, 400, "bad request: the body nests deeper"),
+        (
+            "VolumeDriver.Mount",
+            b'{"Name": [[[[' + b"{" * 40,
+            V12,
+            400,
+            "bad request: the body nests",
+        ),
+        (
+            "VolumeDriver.Mount",
+            b'{"Name": ' + b"9" * 5000 + b"}",
+            V12,
+            400,
+            "bad request: the body is not valid JSON (a value is too large)",
+        ),
+        (
+            "VolumeDriver.Mount",
+            {"Name": "n" * 256},
+            V12,
+            400,
+            'bad request: "Name" must be at most 255 printable',
+        ),
+        (
+            "VolumeDriver.Remove",
+            {"Name": "nvidia_driver_1\n2"},
+            V12,
+            400,
+            'bad request: "Name" must be',
+        ),
+        (
+            "VolumeDriver.Get",
+            {"Name": "nvidia_driver_\x00"},
+            V12,
+            400,
+            'bad request: "Name" must be',
+        ),
     ],
 )
 async def test_bad_requests_get_their_error_and_change_nothing(
@@ -125,7 +161,26 @@ async def test_bad_requests_get_their_error_and_change_nothing(
 async def test_a_too_large_body_is_refused(client: Client) -> None:
     status, answer = await call(client, "VolumeDriver.Create", b"{" + b" " * 100_000 + b"}")
     assert status == 413
-    assert answer["Err"]
+    assert answer["Err"] == "bad request: the body is larger than 65536 bytes"
+
+
+async def test_json_errors_say_where_not_what_python_said(client: Client) -> None:
+    status, answer = await call(client, "VolumeDriver.Mount", b'{"Name": "x",\n  oops}')
+    assert (status, answer) == (
+        400,
+        {"Err": "bad request: the body is not valid JSON (line 2, column 3)"},
+    )
+    status, answer = await call(client, "VolumeDriver.Mount", b'{"Name": "\xff"}')
+    assert (status, answer) == (
+        400,
+        {"Err": "bad request: the body is not valid JSON (not UTF-8 at byte 10)"},
+    )
+
+
+async def test_a_get_on_an_endpoint_says_to_post(client: Client) -> None:
+    resp = await client.get("/VolumeDriver.Mount", headers=V12)
+    assert resp.status == 405
+    assert json.loads(await resp.text()) == {"Err": "method GET not allowed: send POST"}
 
 
 async def test_sixteen_concurrent_creates_share_one_build(

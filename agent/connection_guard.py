@@ -1,0 +1,316 @@
+"""Connection limits of the two servers: header and idle timeouts, and a bound with eviction.
+
+A connection holds a file descriptor for as long as it is open, and aiohttp keeps one open
+for as long as its client wants: 1,100 clients that each send half a request would use up
+the default 1,024 descriptors, after which neither the REST API nor the plugin socket (and
+so no GPU container start) can accept anyone. ``ConnectionGuard`` sees every connection of
+a server and closes it when:
+
+- its request header is not complete ``header_timeout_s`` after the connection was opened,
+  or, on a kept-alive connection, after the first byte of its next request;
+- it has been idle (no request since the last answer) for ``idle_timeout_s``;
+- the server has more than ``max_connections`` (the REST API only): then the connection
+  that has gone longest without completing a request is dropped, so a client that behaves
+  gets in even when every attacker comes from its own address.
+
+How it sees them: ``GuardedSite`` (an aiohttp site) serves ``guard.protocol_factory(...)``,
+which wraps each of aiohttp's protocol objects to learn of its bytes, its opening and its
+end, and ``guard.middleware`` marks when each request's handler starts and ends (a request
+being handled is never timed out). Everything is bookkeeping on the event loop: two
+dictionary operations per request, and a timer per connection that re-arms itself lazily.
+A connection is dropped with ``abort()``, which gives its descriptor back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from agent.display import shown
+from agent.rate_limit import RateLimiter
+
+log = logging.getLogger("nvidia-docker-plugin.connections")
+
+LOG_INTERVAL_S = 60.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    idle_timeout_s: float
+    max_connections: int | None = None  # None: no bound (the plugin socket)
+
+
+class _Connection:
+    __slots__ = ("deadline", "first_byte_at", "in_request", "timer", "transport", "waiting_since")
+
+    def __init__(self, transport: asyncio.BaseTransport, now: float) -> None:
+        self.transport = transport
+        self.waiting_since = now  # since the last answer (or the opening)
+        # The first byte of the request being read, None while none is: the opening
+        # counts as one, so that a client must send its first request header in time.
+        self.first_byte_at: float | None = now
+        self.in_request = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+
+
+class ConnectionGuard:
+    """The connections of one server (``name`` is for the log) and their limits."""
+
+    def __init__(self, name: str, limits: ConnectionLimits) -> None:
+        self.name = name
+        self.limits = limits
+        self.dropped = 0  # at the bound, since start
+        self.timed_out = 0
+        self._connections: OrderedDict[asyncio.BaseTransport, _Connection] = OrderedDict()
+        self._limiter = RateLimiter(LOG_INTERVAL_S)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Give it to the application served through this guard (its outermost middleware).
+        self.middleware = self._progress_middleware()
+
+    @property
+    def count(self) -> int:
+        """Open connections now."""
+        return len(self._connections)
+
+    def protocol_factory(
+        self, inner: Callable[[], asyncio.Protocol]
+    ) -> Callable[[], asyncio.Protocol]:
+        """Wrap a protocol factory (an aiohttp ``Server``) so that this guard sees each
+        connection."""
+
+        def factory() -> asyncio.Protocol:
+            return _GuardedProtocol(self, inner())
+
+        return factory
+
+    def _progress_middleware(self) -> Middleware:
+        """``self.middleware``: marks each request's handling, which no timeout interrupts."""
+
+        @web.middleware
+        async def connection_progress(request: web.Request, handler: Handler) -> web.StreamResponse:
+            transport = request.transport
+            conn = self._connections.get(transport) if transport is not None else None
+            if conn is None:
+                return await handler(request)
+            conn.in_request += 1
+            conn.first_byte_at = None
+            self._connections.move_to_end(conn.transport)
+            try:
+                return await handler(request)
+            finally:
+                conn.in_request -= 1
+                if conn.transport in self._connections:
+                    conn.waiting_since = self._now()
+                    self._connections.move_to_end(conn.transport)
+
+        return connection_progress
+
+    # --- what the wrapped protocol reports ---
+
+    def _opened(self, transport: asyncio.BaseTransport) -> _Connection:
+        now = self._now()
+        conn = _Connection(transport, now)
+        self._connections[transport] = conn
+        self._arm(conn, now + min(self.limits.header_timeout_s, self.limits.idle_timeout_s))
+        bound = self.limits.max_connections
+        if bound is not None:
+            while len(self._connections) > bound:
+                self._drop_oldest(now)
+        return conn
+
+    def _first_byte(self, conn: _Connection) -> None:
+        now = self._now()
+        conn.first_byte_at = now
+        due = now + self.limits.header_timeout_s
+        if due < conn.deadline:
+            self._arm(conn, due)
+
+    def _closed(self, conn: _Connection) -> None:
+        self._connections.pop(conn.transport, None)
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+
+    # --- limits ---
+
+    def _now(self) -> float:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.time()
+
+    def _arm(self, conn: _Connection, at: float) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+        assert self._loop is not None
+        conn.deadline = at
+        conn.timer = self._loop.call_at(at, self._check, conn)
+
+    def _check(self, conn: _Connection) -> None:
+        """A connection's timer: close it if a limit has passed, else re-arm."""
+        conn.timer = None
+        if conn.transport not in self._connections:
+            return
+        now = self._now()
+        if conn.in_request:
+            self._arm(conn, now + self.limits.idle_timeout_s)
+            return
+        due = conn.waiting_since + self.limits.idle_timeout_s
+        what = "idle"
+        if conn.first_byte_at is not None:
+            header_due = conn.first_byte_at + self.limits.header_timeout_s
+            if header_due < due:
+                due, what = header_due, "request header not complete"
+        if now < due:
+            self._arm(conn, due)
+            return
+        self.timed_out += 1
+        log.debug("%s: closing a connection from %s: %s", self.name, _peer(conn), what)
+        self._abort(conn)
+
+    def _drop_oldest(self, now: float) -> None:
+        oldest = next(iter(self._connections.values()))
+        self.dropped += 1
+        held_back = self._limiter.allow("bound")
+        if held_back is not None:
+            more = (
+                f"; {held_back} more dropped in the last {LOG_INTERVAL_S:g} s" if held_back else ""
+            )
+            log.warning(
+                "%s: %d connections, the most allowed: dropped the one from %s that went "
+                "%.1f s without completing a request%s (if these are real clients, raise "
+                "--max-connections and the descriptor limit)",
+                self.name,
+                len(self._connections) - 1,
+                _peer(oldest),
+                now - oldest.waiting_since,
+                more,
+            )
+        self._abort(oldest)
+
+    def _abort(self, conn: _Connection) -> None:
+        self._closed(conn)
+        cast(asyncio.Transport, conn.transport).abort()
+
+
+def _peer(conn: _Connection) -> str:
+    peer = conn.transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return shown(str(peer[0]))
+    return "a unix socket client"
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """aiohttp's protocol object, seen by the guard; everything else is passed through
+    (aiohttp talks to the transport itself)."""
+
+    __slots__ = ("_conn", "_guard", "_inner")
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self._guard = guard
+        self._inner = inner
+        self._conn: _Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn = self._guard._opened(transport)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self._conn
+        if conn is not None and conn.first_byte_at is None and not conn.in_request:
+            self._guard._first_byte(conn)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._guard._closed(self._conn)
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class GuardedSite(web.BaseSite):
+    """An aiohttp site (a TCP address, or a listening socket) whose connections ``guard``
+    sees; otherwise what ``web.TCPSite`` and ``web.SockSite`` are."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        guard: ConnectionGuard,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        sock: socket.socket | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        backlog: int = 128,
+        reuse_address: bool | None = None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._guarded_runner = runner
+        self._guard = guard
+        self._where = (host, port, sock)
+        self._tls = ssl_context
+        self._queue = backlog
+        self._reuse_address = reuse_address
+        self._listener: asyncio.Server | None = None
+
+    @property
+    def name(self) -> str:
+        host, port, sock = self._where
+        scheme = "https" if self._tls else "http"
+        if sock is not None:
+            return f"{scheme}://{sock.getsockname()}"
+        return f"{scheme}://{host or '*'}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._guarded_runner.server
+        assert server is not None
+        factory = self._guard.protocol_factory(server)
+        loop = asyncio.get_running_loop()
+        host, port, sock = self._where
+        # A TLS handshake happens before the connection reaches the guard: bound it too.
+        handshake_s = self._guard.limits.header_timeout_s if self._tls else None
+        if sock is not None:
+            self._listener = await loop.create_server(
+                factory,
+                sock=sock,
+                ssl=self._tls,
+                backlog=self._queue,
+                ssl_handshake_timeout=handshake_s,
+            )
+        else:
+            self._listener = await loop.create_server(
+                factory,
+                host,
+                port if port is not None else 0,
+                ssl=self._tls,
+                backlog=self._queue,
+                reuse_address=self._reuse_address,
+                ssl_handshake_timeout=handshake_s,
+            )
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        await super().stop()

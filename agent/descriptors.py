@@ -1,0 +1,54 @@
+"""The daemon's file descriptors: how many REST connections its limit leaves room for.
+
+Every connection, file and socket takes a descriptor, up to the process's soft limit
+(``RLIMIT_NOFILE``: ``LimitNOFILE=`` in the systemd unit, ``ulimit -n`` in a shell; 1,024
+by default). When none is left, ``accept()`` fails on every listening socket, the plugin
+socket included, and dockerd cannot start GPU containers. So the REST API may hold at most
+the limit minus a reserve (``--reserved-fds``) of connections, even when ``--max-connections``
+asks for more. The reserve is for what the daemon needs besides REST clients: the plugin
+socket's connections from dockerd, the files of a volume build, its own libraries and
+pipes, and the connections the event loop accepts in one go (up to the listen backlog,
+128) before the guard drops the oldest.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+from agent.errors import StartupError
+
+MIN_REST_CONNECTIONS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptorBudget:
+    limit: int  # the soft RLIMIT_NOFILE
+    reserved: int
+    max_connections: int  # the REST bound in force
+    asked: int  # what --max-connections asked for
+
+    @property
+    def lowered(self) -> bool:
+        """Whether the limit lowered the bound below what was asked."""
+        return self.max_connections < self.asked
+
+
+def soft_limit() -> int:
+    """The process's soft descriptor limit (a very large number when unlimited)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY and soft >= 0 else 1 << 30
+
+
+def descriptor_budget(asked: int, reserved: int, limit: int | None = None) -> DescriptorBudget:
+    """The REST connection bound for ``--max-connections asked`` and ``--reserved-fds``;
+    ``StartupError`` when the limit leaves no room for REST clients."""
+    limit = soft_limit() if limit is None else limit
+    room = limit - reserved
+    if room < MIN_REST_CONNECTIONS:
+        raise StartupError(
+            f"the descriptor limit is {limit} and {reserved} are reserved (--reserved-fds), "
+            f"which leaves fewer than {MIN_REST_CONNECTIONS} for REST connections: raise the "
+            "limit (LimitNOFILE= in the unit, ulimit -n) or lower --reserved-fds"
+        )
+    return DescriptorBudget(limit, reserved, min(asked, room), asked)

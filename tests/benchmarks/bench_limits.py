@@ -1,0 +1,177 @@
+"""What the connection limits and query checks cost per request, with and without them.
+
+    python -m tests.benchmarks.bench_limits [--bursts 20] [--burst 0.25]
+
+Two REST servers in this process, on the simulated ``hgx-h200-8`` node, the same
+``agent.rest`` routes: one as the daemon serves them (``ConnectionGuard`` with its
+middleware and ``GuardedSite``, the query checks, ``HttpErrorLog``), one without any of it
+(the routes on a plain ``web.TCPSite``). A closed-loop client in the same process loads
+them in alternating short bursts, so that whatever else the machine runs weighs on both
+alike; per burst it counts the requests answered and the process's CPU time (client and
+server: the client's share is the same for both). Rows: keep-alive connections
+(tests.benchmarks.loadgen), and a new connection for every request (``Connection:
+close``), where the guard's per-connection bookkeeping shows. Medians over the bursts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from agent import rest
+from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.docker_cli import control_devices
+from agent.error_log import HttpErrorLog
+from agent.gpu.simulated import SimulatedBackend
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.status_service import StatusService
+from tests.support.services import free_port
+
+HOST = "127.0.0.1"
+KEEP_ALIVE_ROWS = (("/gpu/info/json", 16), ("/docker/cli?dev=0+1", 16), ("/gpu/status/json", 16))
+CHURN_CLIENTS = 8
+
+Load = Callable[[int], Awaitable[int]]
+
+
+async def _keep_alive(port: int, path: str, clients: int, duration_s: float) -> int:
+    """Requests answered by ``clients`` keep-alive connections, one request in flight each.
+
+    In this process on purpose: the CPU figure is this process's, client and servers alike.
+    """
+    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    deadline = time.perf_counter() + duration_s
+    done = [0]
+
+    async def loop() -> None:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            while time.perf_counter() < deadline:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line[15:])
+                        for line in head.split(b"\r\n")
+                        if line[:15].lower() == b"content-length:"
+                    ),
+                    0,
+                )
+                if length:
+                    await reader.readexactly(length)
+                done[0] += head.startswith(b"HTTP/1.1 200")
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return done[0]
+
+
+async def _churn(port: int, path: str, clients: int, duration_s: float) -> int:
+    """Requests answered by ``clients`` loops of one new connection per request."""
+    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode()
+    deadline = time.perf_counter() + duration_s
+    done = [0]
+
+    async def loop() -> None:
+        while time.perf_counter() < deadline:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(request)
+            reply = await reader.read()
+            writer.close()
+            await writer.wait_closed()
+            done[0] += reply.startswith(b"HTTP/1.1 200")
+
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return done[0]
+
+
+async def _serve(
+    guarded: bool, node: NodeState, status: StatusService
+) -> tuple[web.AppRunner, int]:
+    port = free_port()
+    if guarded:
+        guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 1024))
+        app = rest.create_app(node, status, middlewares=[guard.middleware])
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
+        )
+        await runner.setup()
+        await GuardedSite(runner, guard, host=HOST, port=port, reuse_address=True).start()
+    else:
+        app = web.Application()
+        app[rest.NODE] = node
+        app[rest.STATUS] = status
+        for path, handler in rest.ROUTES:
+            app.router.add_get(path, handler)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, HOST, port, reuse_address=True).start()
+    return runner, port
+
+
+async def _bench(bursts: int, burst_s: float) -> None:
+    backend = SimulatedBackend.from_file("hgx-h200-8")
+    info = backend.node_info()
+    status = StatusService(backend, info)
+    await status.sample_pcie()
+    node = NodeState(NodeFacts(info, control_devices()))
+    served = {name: await _serve(name == "with", node, status) for name in ("without", "with")}
+    rows: list[tuple[str, Load]] = []
+    for path, clients in KEEP_ALIVE_ROWS:
+
+        async def keep_alive(port: int, path: str = path, clients: int = clients) -> int:
+            return await _keep_alive(port, path, clients, burst_s)
+
+        rows.append((f"{path}, {clients} keep-alive clients", keep_alive))
+
+    def churn(port: int) -> Awaitable[int]:
+        return _churn(port, "/gpu/info/json", CHURN_CLIENTS, burst_s)
+
+    rows.append((f"/gpu/info/json, {CHURN_CLIENTS} clients, new connection each", churn))
+    print(f"{'row':<52} {'without limits':>24} {'with limits':>24}  CPU")
+    try:
+        for what, load in rows:
+            rates: dict[str, list[float]] = {"without": [], "with": []}
+            cpu_us: dict[str, list[float]] = {"without": [], "with": []}
+            for _ in range(bursts):
+                for name, (_runner, port) in served.items():
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    answered = await load(port)
+                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                    rates[name].append(answered / wall)
+                    cpu_us[name].append(cpu / answered * 1e6)
+            cells = {
+                name: f"{statistics.median(rates[name]):>8,.0f} req/s "
+                f"{statistics.median(cpu_us[name]):>6.1f} us/req"
+                for name in rates
+            }
+            change = statistics.median(cpu_us["with"]) / statistics.median(cpu_us["without"]) - 1
+            print(f"{what:<52} {cells['without']:>24} {cells['with']:>24}  {change * 100:+.1f}%")
+    finally:
+        for runner, _port in served.values():
+            await runner.cleanup()
+        await status.close()
+        backend.close()
+    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bursts", type=int, default=20)
+    parser.add_argument("--burst", type=float, default=0.25, help="seconds per burst")
+    args = parser.parse_args()
+    asyncio.run(_bench(args.bursts, args.burst))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""One real ``nvidia-docker-plugin`` process for a test, and plain clients of its two servers.
+
+``start_agent(base, ...)`` runs ``python -m agent.daemon`` on a free loopback port with its
+socket and volume directories under ``base``, its log in ``base/agent.log``, optionally
+under a descriptor limit (set in the child before exec), and waits until both servers
+answer. The clients are the standard library's (``http.client`` over TCP or the unix
+socket), so that what they send is exactly what a test asks for.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.support.fake_driver import FakeDriver
+from tests.support.services import free_port, port_open, stop_process, wait_until
+
+V12 = {"Accept": "application/vnd.docker.plugins.v1.2+json"}
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket (the plugin's)."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        super().__init__("plugin", timeout=timeout_s)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(str(self.socket_path))
+        self.sock = sock
+
+
+@dataclass
+class AgentProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    base: Path
+    socket_dir: Path
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / "nvidia-docker.sock"
+
+    @property
+    def volume_dir(self) -> Path:
+        return self.base / "volumes"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / "agent.log"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def open_descriptors(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def get(self, path: str, *, timeout_s: float = 10.0) -> tuple[int, Mapping[str, str], bytes]:
+        """One GET on a new connection: status, headers, body."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read()
+        finally:
+            conn.close()
+
+    def plugin(
+        self,
+        method: str,
+        body: bytes | Any = b"",
+        *,
+        headers: Mapping[str, str] = V12,
+        timeout_s: float = 10.0,
+    ) -> tuple[int, dict[str, Any]]:
+        """One POST to the plugin socket on a new connection: status and JSON answer."""
+        return plugin_call(self.socket_path, method, body, headers=headers, timeout_s=timeout_s)
+
+
+def plugin_call(
+    socket_path: Path,
+    method: str,
+    body: bytes | Any = b"",
+    *,
+    headers: Mapping[str, str] = V12,
+    timeout_s: float = 10.0,
+) -> tuple[int, dict[str, Any]]:
+    """One POST to a plugin socket on a new connection: status and JSON answer."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn = UnixHTTPConnection(socket_path, timeout_s)
+    try:
+        conn.request("POST", f"/{method}", body=data, headers=dict(headers))
+        resp = conn.getresponse()
+        answer: dict[str, Any] = json.loads(resp.read())
+        return resp.status, answer
+    finally:
+        conn.close()
+
+
+def _descriptor_limit(limit: int) -> Callable[[], None]:
+    def set_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return set_limit
+
+
+def launch_agent(
+    base: Path,
+    *args: str,
+    port: int | None = None,
+    socket_dir: Path | None = None,
+    nofile: int | None = None,
+    driver: FakeDriver | None = None,
+    simulate: str = "h200",
+) -> AgentProcess:
+    """Start the daemon without waiting for it (``wait_ready`` waits)."""
+    base.mkdir(parents=True, exist_ok=True)
+    port = free_port() if port is None else port
+    socket_dir = base / "plugins" if socket_dir is None else socket_dir
+    env = dict(os.environ)
+    env.pop("NV_DEBUG", None)
+    command = [
+        sys.executable, "-m", "agent.daemon",
+        "-l", f"127.0.0.1:{port}",
+        "-s", str(socket_dir),
+        "-d", str(base / "volumes"),
+        "--simulate", simulate,
+    ]  # fmt: skip
+    if driver is not None:
+        env["PATH"] = driver.search_path
+        command += ["--ldcache", str(driver.ldcache)]
+    with (base / "agent.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [*command, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_descriptor_limit(nofile) if nofile is not None else None,  # noqa: PLW1509
+        )
+    return AgentProcess(proc, port, base, socket_dir)
+
+
+def wait_ready(agent: AgentProcess, timeout_s: float = 60.0) -> None:
+    wait_until(
+        lambda: port_open(agent.port) and agent.socket_path.is_socket(),
+        what=f"agent (log: {agent.log_path})",
+        timeout_s=timeout_s,
+        proc=agent.proc,
+    )
+
+
+@contextmanager
+def running_agent(base: Path, *args: str, **kwargs: Any) -> Iterator[AgentProcess]:
+    """A started, ready agent; stopped (SIGTERM, then SIGKILL) afterwards."""
+    agent = launch_agent(base, *args, **kwargs)
+    try:
+        wait_ready(agent)
+        yield agent
+    finally:
+        stop_process(agent.proc)
