@@ -65,7 +65,7 @@ AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t
 
 _SIMULATE_HINT = "or run with --simulate FILE to serve a simulated node"
 
-# Environment the old tool set before NVML started (SPEC section 1).
+# Environment the old tool set before NVML started (docs/gpu-backends.md, "Start-up").
 _ENV_SET = {"CUDA_DISABLE_UNIFIED_MEMORY": "1", "CUDA_CACHE_DISABLE": "1"}
 _ENV_REMOVED = ("CUDA_VISIBLE_DEVICES",)
 

@@ -1,5 +1,5 @@
 """The nvidia-docker wrapper as a process: NV_DOCKER is a recording stand-in for docker and
-the node's agent an aiohttp server answering in the SPEC's shapes (tests/e2e has the real
+the node's agent an aiohttp server answering as docs/api.md says (tests/e2e has the real
 dockerd, sshd and agent)."""
 
 from __future__ import annotations
