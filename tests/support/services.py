@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
+import errno
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 
-import pytest
 from aiohttp import web
 
 
@@ -64,29 +61,31 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
         proc.wait(timeout=timeout_s)
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (real services: dockerd, sshd)")
-
-
 @contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float = 600) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (machine-wide, across concurrent test runs)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def machine_lock(name: str, timeout_s: float = 600) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` (across concurrent test runs) for the duration.
+
+    The lock is a unix socket bound in the abstract namespace (``@nvd-test-<name>``): only one
+    socket can hold a name, the kernel frees it when the socket closes or its process dies,
+    and nothing is written to disk (a lock file in /run/lock would outlive the run).
+    """
+    address = f"\0nvd-test-{name}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                sock.bind(address)
                 break
-            except BlockingIOError:
+            except OSError as err:
+                if err.errno != errno.EADDRINUSE:
+                    raise
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} is held by another test run") from None
+                    raise TimeoutError(f"lock {name!r} is held by another test run") from None
                 time.sleep(0.2)
         yield
     finally:
-        os.close(fd)
+        sock.close()
 
 
 @contextlib.asynccontextmanager

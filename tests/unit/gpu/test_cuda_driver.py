@@ -18,6 +18,7 @@ from agent.gpu.cuda_driver import (
     LibCuda,
     cuda_bus_id,
 )
+from tests.support.prerequisites import unavailable
 from tests.unit.gpu.fake_nvml import load_capture
 
 CUDA_ERROR_NOT_INITIALIZED = 3
@@ -142,4 +143,4 @@ def test_real_library_absent_here_gives_none() -> None:
     except OSError:
         assert LibCuda.open() is None
     else:
-        pytest.skip("libcuda.so.1 is installed here")
+        unavailable("libcuda.so.1 is installed here: this test needs a machine without a driver")
