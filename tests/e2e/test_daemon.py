@@ -18,7 +18,7 @@ import pytest
 
 from agent import __version__
 from tests.support.prerequisites import unavailable
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, listens_on, port_open, stop_process, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def start_daemon(tmp_path: Path, *args: str) -> Daemon:
         stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        wait_until(lambda: port_open(port), what="agent", timeout_s=60, proc=proc)
+        wait_until(lambda: listens_on(proc.pid, port), what="agent", timeout_s=60, proc=proc)
     except Exception:
         stop_process(proc)
         raise
@@ -145,7 +145,7 @@ def test_env_vars_configure_it(tmp_path: Path) -> None:
     env["NVIDIA_DOCKER_PLUGIN_SIMULATE"] = "h200"
     proc = subprocess.Popen(_command(), env=env, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: port_open(port), what="agent", timeout_s=60, proc=proc)
+        wait_until(lambda: listens_on(proc.pid, port), what="agent", timeout_s=60, proc=proc)
         assert (tmp_path / "s" / "nvidia-docker.sock").is_socket()
     finally:
         stop_process(proc)

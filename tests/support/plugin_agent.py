@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, listens_on, stop_process, wait_until
 
 
 @dataclass
@@ -86,7 +86,9 @@ def running_plugin_agent(engine: DockerEngine, driver: FakeDriver) -> Iterator[P
     agent = PluginAgent(proc, port, socket_dir, volume_dir, log_path, engine, driver)
     try:
         wait_until(
-            lambda: port_open(port) and spec_file.exists() and agent.socket_path.exists(),
+            lambda: (
+                listens_on(proc.pid, port) and spec_file.exists() and agent.socket_path.exists()
+            ),
             what=f"agent (log: {log_path})",
             timeout_s=60,
             proc=proc,

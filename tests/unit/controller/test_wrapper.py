@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -362,10 +363,14 @@ async def test_bad_endpoint(docker: Docker, env: dict[str, str], message: str) -
 
 async def test_agent_down(docker: Docker) -> None:
     docker.image("cuda", GPU_LABELS)
-    port = free_port()
-    result = await nvidia_docker(
-        docker, "run", "cuda", NV_HOST=f"127.0.0.1:{port}", DOCKER_HOST="h:"
-    )
+    # A port bound but never listened on refuses connections, and no other process (another
+    # test run on this machine) can start a server there while the test runs.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as down:
+        down.bind(("127.0.0.1", 0))
+        port = down.getsockname()[1]
+        result = await nvidia_docker(
+            docker, "run", "cuda", NV_HOST=f"127.0.0.1:{port}", DOCKER_HOST="h:"
+        )
     assert result.code == 1
     assert result.executed is None
     assert "(connection refused): is nvidia-docker-plugin running there" in result.error()
