@@ -1,4 +1,4 @@
-"""JSON bodies of the REST API. Field names and units are a contract (SPEC section 2).
+"""JSON bodies of the REST API. Field names and units are a contract (docs/api.md).
 
 Bodies are compact JSON ending with a newline, as the old tool wrote them; ``None`` is
 ``null``. Key order follows the old tool's answers.

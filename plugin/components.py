@@ -1,7 +1,7 @@
 """The files of an NVIDIA driver that go into the ``nvidia_driver`` volume, as data.
 
 Current for the 5xx drivers (checked against a 580.159.04 data-center driver, whose files are
-listed in ``fixtures/h200/driver-files.txt``). Libraries are named without ``.so``: an entry
+listed in ``tests/fixtures/h200/driver-files.txt``). Libraries are named without ``.so``: an entry
 matches every cache name ``<name>.so[.<anything>]``.
 
 Changes since the 2017 list of nvidia-docker 1.0:

@@ -53,7 +53,7 @@ NVLINK_DEVICE_TYPE_SWITCH = 2
 # Blackwell 18). The scan stops at the first link index the GPU does not have.
 MAX_NVLINKS = 36
 
-# nvmlGpuTopologyLevel_t -> the SPEC's integer.
+# nvmlGpuTopologyLevel_t -> the ``Topology[].Link`` integer of /gpu/info/json (docs/api.md).
 _ANCESTOR_TO_LINK = {
     0: PciLink.SAME_BOARD,  # NVML_TOPOLOGY_INTERNAL
     10: PciLink.SINGLE_SWITCH,  # NVML_TOPOLOGY_SINGLE
@@ -65,7 +65,7 @@ _ANCESTOR_TO_LINK = {
 
 
 def pci_link(common_ancestor: int | None) -> PciLink:
-    """The SPEC's link integer for an NVML common ancestor level."""
+    """The ``Link`` integer (docs/api.md) for an NVML common ancestor level."""
     if common_ancestor is None:
         return PciLink.UNKNOWN
     return _ANCESTOR_TO_LINK.get(common_ancestor, PciLink.UNKNOWN)

@@ -1,9 +1,9 @@
 """Which node's agent to ask for GPU facts: the ``NV_HOST`` grammar, as one pure function.
 
 ``parse_endpoint(value)`` turns one address into a frozen ``Endpoint``; ``resolve(environ)``
-applies the environment rules of ``nvidia-docker`` (SPEC section 4) on top of it. The fleet
-tool and the Mesos launch helper parse node names with the same function, so a node name means
-the same thing everywhere.
+applies the environment rules of ``nvidia-docker`` (docs/nvidia-docker.md, ``NV_HOST``) on
+top of it. The fleet tool and the Mesos launch helper parse node names with the same function,
+so a node name means the same thing everywhere.
 
 Grammar::
 

@@ -1,6 +1,6 @@
 """``nvidia-docker``: docker, with GPUs for the containers of images that ask for them.
 
-Usage: ``nvidia-docker [docker arguments]`` (SPEC section 4; docs/nvidia-docker.md).
+Usage: ``nvidia-docker [docker arguments]`` (docs/nvidia-docker.md).
 
 - ``NV_DOCKER``: the docker command, split on white space (default ``docker``);
 - ``NV_GPU``: GPUs by index or UUID prefix, commas or spaces (default all);

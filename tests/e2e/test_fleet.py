@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.agent_farm import AgentFarm, start_farm
-from tests.support.services import require_root
+from tests.support.prerequisites import require_root
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.e2e

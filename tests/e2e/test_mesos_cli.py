@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mesos.blob import decode
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, listens_on, stop_process, wait_until
 from tests.support.sshd import SshServer
 from tests.unit.mesos import mesos_rules
 
@@ -71,7 +71,7 @@ def agent() -> Iterator[Agent]:
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT
         )
         try:
-            wait_until(lambda: port_open(port), what="agent", timeout_s=60, proc=proc)
+            wait_until(lambda: listens_on(proc.pid, port), what="agent", timeout_s=60, proc=proc)
             yield Agent(port)
         finally:
             stop_process(proc)

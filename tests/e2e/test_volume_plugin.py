@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.plugin_agent import SPEC_FILE, PluginAgent
+from tests.support.plugin_agent import PluginAgent
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ def no_volume(plugin_agent: PluginAgent) -> Iterator[PluginAgent]:
 
 
 def test_the_agent_announces_its_socket_in_the_spec_file(plugin_agent: PluginAgent) -> None:
-    assert SPEC_FILE.read_text().strip() == f"unix://{plugin_agent.socket_path}"
+    assert plugin_agent.spec_file.read_text().strip() == f"unix://{plugin_agent.socket_path}"
     assert plugin_agent.socket_path.stat().st_mode & 0o777 == 0o660
     assert "Driver files found: driver 580.159.04: 2 binaries" in plugin_agent.log()
 

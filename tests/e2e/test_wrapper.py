@@ -31,15 +31,25 @@ import pytest
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
-from tests.support.services import file_lock, free_port, port_open, stop_process, wait_until
+from tests.support.prerequisites import unavailable
+from tests.support.services import (
+    free_port,
+    listens_on,
+    machine_lock,
+    port_open,
+    stop_process,
+    wait_until,
+)
 from tests.support.sshd import SshServer
 
-pytestmark = pytest.mark.e2e
+# Above pyproject's 60 s: the first test may wait for another test run on this machine to
+# give back the device nodes or port 3476 (machine-wide locks, held for a module's run).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
-DEVICE_LOCK = Path("/run/lock/nvd-test-devices.lock")
-LOCAL_AGENT_LOCK = Path("/run/lock/nvd-test-agent-3476.lock")
+DEVICE_LOCK = "devices"  # machine-wide locks (tests.support.services.machine_lock)
+LOCAL_AGENT_LOCK = "agent-3476"
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node nobody opens
 ERROR_PREFIX = "nvidia-docker | "
@@ -52,7 +62,7 @@ def nvidia_devices() -> Iterator[None]:
     wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
     wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
     created: list[tuple[str, int]] = []
-    with file_lock(DEVICE_LOCK):
+    with machine_lock(DEVICE_LOCK):
         try:
             for path, (major, minor) in wanted.items():
                 if os.path.lexists(path):
@@ -109,7 +119,9 @@ def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
             env=env,
         )  # fmt: skip
     try:
-        wait_until(lambda: port_open(port), what=f"agent (log: {log})", timeout_s=60, proc=proc)
+        wait_until(
+            lambda: listens_on(proc.pid, port), what=f"agent (log: {log})", timeout_s=60, proc=proc
+        )
         yield Agent(port, proc, log)
     finally:
         stop_process(proc)
@@ -125,10 +137,17 @@ def hgx_agent(fake_driver: FakeDriver) -> Iterator[Agent]:
 
 @pytest.fixture
 def local_agent_port() -> Iterator[int]:
-    """Port 3476 of this machine, for this test only (skipped when someone else uses it)."""
-    with file_lock(LOCAL_AGENT_LOCK):
-        if port_open(3476) or port_open(3476, "::1"):
-            pytest.skip("something else listens on localhost:3476")
+    """Port 3476 of this machine, for this test only: other runs of this suite wait for the
+    lock; anything else listening there is waited for a while, then the test is skipped."""
+    with machine_lock(LOCAL_AGENT_LOCK):
+        try:
+            wait_until(
+                lambda: not (port_open(3476) or port_open(3476, "::1")),
+                what="localhost:3476 to be free",
+                timeout_s=30,
+            )
+        except TimeoutError:
+            unavailable("something else listens on localhost:3476")
         yield 3476
 
 

@@ -3,6 +3,15 @@
 Starts Debian's ``dockerd`` with its own socket, data root, exec root and pid file
 (``--iptables=false --bridge=none``), waits until it answers, and stops it at the end.
 Images are made with ``docker import`` of a busybox root filesystem: nothing is pulled.
+
+dockerd also writes fixed machine-wide paths that no flag moves: its identity key
+``/etc/docker/key.json``, ``/run/docker/plugins`` and containerd's shim sockets under
+``/run/containerd/s``; and it looks for plugin spec files only in ``/etc/docker/plugins``.
+So it runs in a mount namespace of its own (``unshare --mount``: mounts made there are not
+seen outside) in which a fresh tmpfs is ``/run`` and the engine's ``etc-docker/`` directory
+is ``/etc/docker``. Everything it writes stays under the engine's root and goes with it,
+its mounts (overlays, network namespaces) vanish with the namespace when it stops, and a
+test gives it a volume plugin by writing a spec file into ``DockerEngine.plugin_specs``.
 """
 
 from __future__ import annotations
@@ -20,10 +29,21 @@ from tests.support.services import stop_process, wait_until
 BUSYBOX = Path("/bin/busybox")
 
 
+# Run inside the new mount namespace by ``sh -c``: $0 is the engine's /etc/docker, "$@" dockerd.
+_PRIVATE_PATHS = (
+    'mount -t tmpfs -o mode=0755 nvd-docker-run /run && mount --bind "$0" /etc/docker && exec "$@"'
+)
+
+
 @dataclass
 class DockerEngine:
     host: str  # "unix:///.../docker.sock"
     root: Path  # private directory of this engine
+
+    @property
+    def plugin_specs(self) -> Path:
+        """Where this engine finds plugin spec files: its ``/etc/docker/plugins``."""
+        return self.root / "etc-docker" / "plugins"
 
     def env(self) -> dict[str, str]:
         """Environment for a docker client talking to this engine."""
@@ -79,22 +99,33 @@ def start_engine(base: Path | None = None) -> tuple[DockerEngine, subprocess.Pop
     """Start a private dockerd; the caller stops it with ``stop_engine``."""
     if shutil.which("dockerd") is None:
         raise RuntimeError("dockerd is not installed: apt-get install docker.io")
+    if not Path("/etc/docker").is_dir():
+        raise RuntimeError(
+            "/etc/docker is missing (docker.io installs it): apt-get install docker.io"
+        )
     root = Path(tempfile.mkdtemp(prefix="nvd-docker-", dir=base))
     sock = root / "docker.sock"
-    env = dict(os.environ)
-    # dockerd finds volume plugins only in the fixed places /run/docker/plugins and
-    # /etc/docker/plugins (not configurable): plugin tests write a spec file there.
-    with (root / "dockerd.log").open("wb") as log:
-        proc = _spawn_dockerd(root, sock, log, env)
     engine = DockerEngine(host=f"unix://{sock}", root=root)
+    engine.plugin_specs.mkdir(parents=True)
+    with (root / "dockerd.log").open("wb") as log:
+        proc = _spawn_dockerd(root, sock, log, dict(os.environ))
     return _await_engine(engine, proc)
 
 
 def _spawn_dockerd(
     root: Path, sock: Path, log: BinaryIO, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
+    # unshare and sh exec in place: the pid is dockerd's, so signals reach it directly.
     return subprocess.Popen(
         [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _PRIVATE_PATHS,
+            str(root / "etc-docker"),
             "dockerd",
             "--host",
             f"unix://{sock}",
@@ -130,18 +161,14 @@ def _await_engine(
 
 
 def stop_engine(engine: DockerEngine, proc: subprocess.Popen[bytes]) -> None:
-    """Remove every container, stop dockerd, delete its directory."""
+    """Remove every container, stop dockerd, delete its directory.
+
+    dockerd's mounts (overlays under data/, network namespaces under exec/netns/) live in its
+    own mount namespace, which the kernel tears down with its last process: once dockerd and
+    its containers are gone, the directory holds plain files only.
+    """
     ids = engine.docker("ps", "-aq", check=False).stdout.split()
     if ids:
         engine.docker("rm", "-f", *ids, check=False)
     stop_process(proc, timeout_s=30)
-    # dockerd leaves mounts behind (overlays under data/, the network namespace under
-    # exec/netns/): unmount everything below the engine's root, deepest first.
-    mounts = [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4].startswith(f"{engine.root}/")
-    ]
-    for mount in sorted(mounts, key=len, reverse=True):
-        subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
     shutil.rmtree(engine.root, ignore_errors=True)

@@ -1,10 +1,11 @@
 """A real agent process serving the volume plugin to a private dockerd.
 
-dockerd finds volume plugins only in fixed directories, so while the agent runs this helper
-holds the exclusive lock ``/run/lock/nvd-test-plugin.lock`` and the agent owns
-``/etc/docker/plugins/nvidia-docker.spec`` (written by its ``--spec-file``); the spec file is
-removed afterwards even if the agent died. The agent runs ``--simulate h200`` against a fake
-driver root (its ``--ldcache`` and a PATH with the fake binaries).
+dockerd finds volume plugins in ``/etc/docker/plugins``; the private dockerd's is a directory
+of its own (``DockerEngine.plugin_specs``, see tests.support.dockerd), so the agent writes its
+spec file there (``--spec-file``) and nothing machine-wide is touched: concurrent test runs
+each have their own engine and plugin. The spec file is removed afterwards even if the agent
+died. The agent runs ``--simulate h200`` against a fake driver root (its ``--ldcache`` and a
+PATH with the fake binaries).
 """
 
 from __future__ import annotations
@@ -22,11 +23,7 @@ from pathlib import Path
 
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
-from tests.support.services import file_lock, free_port, port_open, stop_process, wait_until
-
-LOCK_PATH = Path("/run/lock/nvd-test-plugin.lock")
-SPEC_FILE = Path("/etc/docker/plugins/nvidia-docker.spec")
-LOCK_TIMEOUT_S = 600.0
+from tests.support.services import free_port, listens_on, stop_process, wait_until
 
 
 @dataclass
@@ -44,6 +41,11 @@ class PluginAgent:
         return self.socket_dir / "nvidia-docker.sock"
 
     @property
+    def spec_file(self) -> Path:
+        """The plugin spec file the agent wrote, where the engine looks for it."""
+        return self.engine.plugin_specs / "nvidia-docker.spec"
+
+    @property
     def volume_name(self) -> str:
         return f"nvidia_driver_{self.driver.version}"
 
@@ -56,51 +58,48 @@ class PluginAgent:
             return body
 
 
-def plugin_lock(timeout_s: float = LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
-    """The machine-wide lock of the tests that own the nvidia-docker plugin name."""
-    return file_lock(LOCK_PATH, timeout_s)
-
-
 @contextlib.contextmanager
 def running_plugin_agent(engine: DockerEngine, driver: FakeDriver) -> Iterator[PluginAgent]:
     """Start the agent (plugin + REST API), yield it, then stop it and clean everything."""
-    with plugin_lock():
-        base = Path(tempfile.mkdtemp(prefix="nvd-plugin-agent-"))
-        port = free_port()
-        socket_dir, volume_dir = base / "plugins", base / "volumes"
-        log_path = base / "agent.log"
-        env = dict(os.environ, PATH=driver.search_path)
-        env.pop("NV_DEBUG", None)
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "agent.daemon",
-                    "-l", f"127.0.0.1:{port}",
-                    "-s", str(socket_dir),
-                    "-d", str(volume_dir),
-                    "--simulate", "h200",
-                    "--ldcache", str(driver.ldcache),
-                    "--spec-file", str(SPEC_FILE),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )  # fmt: skip
-        agent = PluginAgent(proc, port, socket_dir, volume_dir, log_path, engine, driver)
-        try:
-            wait_until(
-                lambda: port_open(port) and SPEC_FILE.exists() and agent.socket_path.exists(),
-                what=f"agent (log: {log_path})",
-                timeout_s=60,
-                proc=proc,
-            )
-            yield agent
-        finally:
-            names = engine.docker(
-                "volume", "ls", "-q", "--filter", "driver=nvidia-docker", check=False
-            ).stdout.split()
-            if names:
-                engine.docker("volume", "rm", "-f", *names, check=False)
-            stop_process(proc)
-            SPEC_FILE.unlink(missing_ok=True)
-            shutil.rmtree(base, ignore_errors=True)
+    base = Path(tempfile.mkdtemp(prefix="nvd-plugin-agent-"))
+    spec_file = engine.plugin_specs / "nvidia-docker.spec"
+    port = free_port()
+    socket_dir, volume_dir = base / "plugins", base / "volumes"
+    log_path = base / "agent.log"
+    env = dict(os.environ, PATH=driver.search_path)
+    env.pop("NV_DEBUG", None)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "agent.daemon",
+                "-l", f"127.0.0.1:{port}",
+                "-s", str(socket_dir),
+                "-d", str(volume_dir),
+                "--simulate", "h200",
+                "--ldcache", str(driver.ldcache),
+                "--spec-file", str(spec_file),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )  # fmt: skip
+    agent = PluginAgent(proc, port, socket_dir, volume_dir, log_path, engine, driver)
+    try:
+        wait_until(
+            lambda: (
+                listens_on(proc.pid, port) and spec_file.exists() and agent.socket_path.exists()
+            ),
+            what=f"agent (log: {log_path})",
+            timeout_s=60,
+            proc=proc,
+        )
+        yield agent
+    finally:
+        names = engine.docker(
+            "volume", "ls", "-q", "--filter", "driver=nvidia-docker", check=False
+        ).stdout.split()
+        if names:
+            engine.docker("volume", "rm", "-f", *names, check=False)
+        stop_process(proc)
+        spec_file.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,16 +13,41 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port nobody uses right now, for a server that binds it a moment later.
+
+    Chosen at random outside the kernel's ephemeral range (ip_local_port_range). A port the
+    kernel picks (bind to port 0) is the worst choice for this: the kernel hands the same
+    ports out for every outgoing connection and every other bind to port 0 on the machine,
+    so with other test runs busy on it another process often takes the port before the
+    server binds it ("address already in use"). A port outside that range is only taken by
+    someone who asks for it by number.
+    """
+    low, high = _ephemeral_ports()
+    ranges = [r for r in (range(10000, low), range(high + 1, 65536)) if len(r) > 0]
+    for _ in range(200 if ranges else 0):
+        port = random.choice(random.choice(ranges))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room outside it
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def wait_until(
@@ -52,6 +78,35 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself has a TCP socket listening on ``port``.
+
+    Readiness checks use this rather than ``port_open``: a port from ``free_port`` is free
+    only when picked, and on a machine where other test runs start servers too, someone else
+    may take it before the process under test binds it; connecting would then find the other
+    server and call the wrong process ready.
+    """
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                listening = fields[3] == "0A"  # TCP_LISTEN
+                if (
+                    listening
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port
+                    and fields[9] in inodes
+                ):
+                    return True
+    return False
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
     """SIGTERM, wait, then SIGKILL: never leave a process behind."""
     if proc.poll() is not None:
@@ -64,29 +119,31 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
         proc.wait(timeout=timeout_s)
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (real services: dockerd, sshd)")
-
-
 @contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float = 600) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (machine-wide, across concurrent test runs)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def machine_lock(name: str, timeout_s: float = 600) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` (across concurrent test runs) for the duration.
+
+    The lock is a unix socket bound in the abstract namespace (``@nvd-test-<name>``): only one
+    socket can hold a name, the kernel frees it when the socket closes or its process dies,
+    and nothing is written to disk (a lock file in /run/lock would outlive the run).
+    """
+    address = f"\0nvd-test-{name}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                sock.bind(address)
                 break
-            except BlockingIOError:
+            except OSError as err:
+                if err.errno != errno.EADDRINUSE:
+                    raise
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} is held by another test run") from None
+                    raise TimeoutError(f"lock {name!r} is held by another test run") from None
                 time.sleep(0.2)
         yield
     finally:
-        os.close(fd)
+        sock.close()
 
 
 @contextlib.asynccontextmanager

@@ -6,6 +6,10 @@ no``, ``UsePAM no``, TCP forwarding allowed, passwords allowed so that a wrong o
 tried), starts Debian's ``/usr/sbin/sshd -D -e`` on a free port of 127.0.0.1 and waits until
 it sends its banner. ``stop_sshd()`` stops it and removes the directory.
 
+sshd insists on its privilege separation directory ``/run/sshd``; rather than create it on
+the machine (and never know when another run's sshd still needs it), sshd runs in a mount
+namespace of its own (``unshare --mount``) where a fresh tmpfs is ``/run`` holding it.
+
 Clients get a ``HOME`` of their own (``SshServer.client_home``) holding the user key as
 ``~/.ssh/id_ed25519`` and, if wanted, the server's key in ``~/.ssh/known_hosts``: that is how
 a user's machine looks, and nothing of the real ``~/.ssh`` is touched.
@@ -27,6 +31,10 @@ from tests.support.services import free_port, stop_process, wait_until
 
 SSHD = Path("/usr/sbin/sshd")
 MAX_EXTRA_PORTS = 15  # OpenSSH's MAX_LISTEN_SOCKS is 16
+# Run by ``sh -c`` inside sshd's mount namespace, then "$0" "$@" is sshd and its arguments.
+_PRIVATE_RUN = (
+    'mount -t tmpfs -o mode=0755 nvd-sshd-run /run && mkdir -m 0755 /run/sshd && exec "$0" "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -125,12 +133,16 @@ def start_sshd(
             ]
         )
     )
-    # sshd refuses to start without its privilege separation directory
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     with (root / "sshd.log").open("wb") as log:
+        # unshare and sh exec in place: the pid is sshd's, so signals reach it directly
         proc = subprocess.Popen(
-            [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
-        )
+            [
+                "unshare", "--mount", "--propagation", "private", "sh", "-c", _PRIVATE_RUN,
+                str(SSHD), "-D", "-e", "-f", str(config),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
     server = SshServer(
         host="127.0.0.1",
         port=port,

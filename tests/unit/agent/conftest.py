@@ -3,11 +3,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
-from pytest_aiohttp import AiohttpClient
 
 from agent.gpu import nodefile
 from agent.gpu.model import DeviceStatus, PcieThroughput
@@ -19,8 +18,15 @@ from agent.status_service import StatusService
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")
 
-Client = TestClient[web.Request, web.Application]
-MakeClient = Callable[["CountingBackend"], Awaitable[Client]]
+if TYPE_CHECKING:
+    # Types only: aiohttp's TestClient is generic only from 3.11 on, pytest-aiohttp's own
+    # ``AiohttpClient`` type only from 1.1 on (which needs aiohttp 3.11), and both are above
+    # the floors of pyproject.toml that the min-version venv runs these tests with.
+    from aiohttp.test_utils import TestClient
+
+    Client = TestClient[web.Request, web.Application]
+    MakeClient = Callable[["CountingBackend"], Awaitable[Client]]
+    AiohttpClient = Callable[[web.Application], Awaitable[Client]]
 
 
 class CountingBackend(SimulatedBackend):

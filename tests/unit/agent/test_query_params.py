@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,10 @@ from hypothesis import strategies as st
 from agent.display import shown
 from agent.query_params import MAX_ENTRIES, MAX_VALUE_CHARS, check_list
 from agent.selection import InvalidParameter, select_devices
-from tests.unit.agent.conftest import CountingBackend, MakeClient
+from tests.unit.agent.conftest import CountingBackend
+
+if TYPE_CHECKING:
+    from tests.unit.agent.conftest import MakeClient
 
 DEVICES = CountingBackend("hgx-h200-8").node_info().devices
 

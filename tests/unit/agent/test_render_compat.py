@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
-
-import pytest
 
 from agent import render_json, render_text
 from agent.docker_cli import docker_cli
@@ -27,16 +24,12 @@ from agent.gpu.model import (
     Utilization,
 )
 from plugin.volume_specs import VOLUMES
-
-REFERENCE = Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "h200"
-REFERENCE = REFERENCE.resolve() / "reference-v1.0.1"
+from tests.support.fixture_files import REFERENCE_V101
 
 
 def _reference(name: str) -> str:
-    path = REFERENCE / name
-    if not path.exists():
-        pytest.skip(f"fixture {path} not present")
-    return path.read_text(encoding="utf-8")
+    """One of the old tool's answers (tests/fixtures/README.md); missing is a failure."""
+    return (REFERENCE_V101 / name).read_text(encoding="utf-8")
 
 
 def _old_node() -> NodeInfo:

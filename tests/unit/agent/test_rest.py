@@ -7,11 +7,15 @@ import base64
 import dataclasses
 import json
 import zlib
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agent.node_facts import NodeFacts
-from tests.unit.agent.conftest import CountingBackend, MakeClient
+from tests.unit.agent.conftest import CountingBackend
+
+if TYPE_CHECKING:
+    from tests.unit.agent.conftest import MakeClient
 
 ROUTES = [
     ("/gpu/info", "text/plain"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -15,6 +14,7 @@ from controller.wrapper.docker_args import (
     RUN_BOOL_SHORT,
     scan,
 )
+from tests.support.prerequisites import require_command
 
 
 def found(line: str) -> tuple[str | None, int, str | None]:
@@ -130,8 +130,9 @@ _FLAG = re.compile(r"^\s{1,6}(?:-(\w), )?--([a-z0-9-]+)(?: ([a-z0-9-]+))?\s{2,}\
 
 def _help_flags(*args: str) -> tuple[set[str], set[str]]:
     """(long boolean flags, short boolean flags) from ``docker ... --help``."""
+    docker = require_command("docker", "the Docker CLI: scripts/test-all expects Docker 28")
     text = subprocess.run(
-        ["docker", *args, "--help"], capture_output=True, text=True, check=True
+        [docker, *args, "--help"], capture_output=True, text=True, check=True
     ).stdout
     long_bools: set[str] = set()
     short_bools: set[str] = set()
@@ -144,10 +145,6 @@ def _help_flags(*args: str) -> tuple[set[str], set[str]]:
     return long_bools, short_bools
 
 
-needs_docker = pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
-
-
-@needs_docker
 @pytest.mark.parametrize("command", ["run", "create"])
 def test_run_boolean_flags_match_docker_help(command: str) -> None:
     long_bools, short_bools = _help_flags(command)
@@ -160,7 +157,6 @@ def test_run_boolean_flags_match_docker_help(command: str) -> None:
         assert short_bools == RUN_BOOL_SHORT
 
 
-@needs_docker
 def test_global_boolean_flags_match_docker_help() -> None:
     long_bools, short_bools = _help_flags()
     assert long_bools == GLOBAL_BOOL_LONG - {"help"}  # --help is not listed at the top level

@@ -1,4 +1,4 @@
-"""The NV_HOST grammar and the environment rules of SPEC section 4."""
+"""The NV_HOST grammar and the environment rules of docs/nvidia-docker.md (``NV_HOST``)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_docker_host_alone_goes_to_port_3476() -> None:
     endpoint, warning = resolve({"DOCKER_HOST": "tcp://10.0.0.1:2375"})
     assert endpoint == http("10.0.0.1", 3476, source="DOCKER_HOST")
     assert warning is None
-    # the SPEC example: DOCKER_HOST='10.0.0.1:' nvidia-docker run cuda
+    # docs/nvidia-docker.md's example: DOCKER_HOST='10.0.0.1:' nvidia-docker run cuda
     assert resolve({"DOCKER_HOST": "10.0.0.1:"})[0].agent_url == "http://10.0.0.1:3476"
 
 
@@ -176,7 +176,7 @@ def test_nv_host_without_docker_host_warns() -> None:
 
 
 def test_docker_host_option_counts_as_docker_address() -> None:
-    # the SPEC example: NV_HOST='ssh://10.0.0.1:' nvidia-docker -H 10.0.0.1: run cuda
+    # docs/nvidia-docker.md's example: NV_HOST='ssh://10.0.0.1:' nvidia-docker -H 10.0.0.1: run cuda
     endpoint, warning = resolve(
         {"USER": "u", "NV_HOST": "ssh://10.0.0.1:"}, docker_host_option="10.0.0.1:"
     )

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from controller.ctl.main import main
+from tests.support.cli import cli_runner
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     base = {"NV_HOST": "", "DOCKER_HOST": "", "USER": "alice"}
-    result = CliRunner().invoke(main, ["endpoint", *args], env={**base, **(env or {})})
+    result = cli_runner().invoke(main, ["endpoint", *args], env={**base, **(env or {})})
     return result.exit_code, result.stdout, result.stderr
 
 

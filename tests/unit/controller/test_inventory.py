@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from controller.errors import ControllerError
 from controller.fleet.inventory import InventoryError, expand_range, load_inventory
 from controller.fleet.nodes import nodes_from_file, nodes_from_inventory
+from tests.support.prerequisites import require_command
 
 INI = """\
 # fleet of rack 7
@@ -77,16 +77,17 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_same_hosts_groups_and_vars_as_ansible_inventory(
     tmp_path: Path, name: str, text: str
 ) -> None:
-    if shutil.which("ansible-inventory") is None:
-        pytest.skip("ansible-core is not installed")
+    ansible_inventory = require_command(
+        "ansible-inventory", "ansible-core: pip install -e '.[test]'"
+    )
     path = write(tmp_path, name, text)
     listed = subprocess.run(
-        ["ansible-inventory", "-i", str(path), "--list"],
+        [ansible_inventory, "-i", str(path), "--list"],
         capture_output=True,
         check=True,
         timeout=120,
         env={
-            "PATH": "/usr/bin:/bin:" + str(Path(shutil.which("ansible-inventory") or "").parent),
+            "PATH": "/usr/bin:/bin:" + str(Path(ansible_inventory).parent),
             "HOME": str(tmp_path),
             "ANSIBLE_LOCAL_TEMP": str(tmp_path),
         },

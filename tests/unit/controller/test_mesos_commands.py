@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from controller.ctl import mesos as mesos_commands
 from controller.ctl.mesos import fetch_flags, mesos, node_from_environment
 from controller.errors import ControllerError
 from mesos.blob import decode
 from mesos.flags import legacy_flags, native_flags
+from tests.support.cli import cli_runner
 
 INFO = b'{"Version":{"Driver":"580.159.04","CUDA":"13.0"},"Devices":[{"UUID":"GPU-aaaa"}]}\n'
 LEGACY = legacy_flags(INFO, ["GPU-aaaa"])
@@ -43,7 +43,7 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> AgentAnswers:
 
 
 def test_decode_prints_the_json_from_an_argument_or_stdin() -> None:
-    runner = CliRunner()
+    runner = cli_runner()
     blob = LEGACY.split()[0].removeprefix("--attributes=gpus:")
     by_argument = runner.invoke(mesos, ["decode", blob])
     assert by_argument.exit_code == 0
@@ -62,7 +62,7 @@ def test_decode_prints_the_json_from_an_argument_or_stdin() -> None:
     ],
 )
 def test_decode_of_garbage_is_one_line_and_exit_1(blob: str, reason: str) -> None:
-    result = CliRunner().invoke(mesos, ["decode", blob])
+    result = cli_runner().invoke(mesos, ["decode", blob])
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("Error: not a gpus blob: ")
@@ -71,7 +71,7 @@ def test_decode_of_garbage_is_one_line_and_exit_1(blob: str, reason: str) -> Non
 
 
 def test_flags_prints_the_agents_line_and_passes_node_and_dev(agent: AgentAnswers) -> None:
-    result = CliRunner().invoke(
+    result = cli_runner().invoke(
         mesos, ["flags", "--format", "native", "--dev", "0 GPU-aa", "ssh://admin@node2:"]
     )
     assert result.exit_code == 0, result.output
@@ -85,7 +85,7 @@ def test_flags_uses_nv_host_when_no_node_is_given(
     agent: AgentAnswers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NV_HOST", "http://10.0.0.1:3476")
-    assert CliRunner().invoke(mesos, ["flags"]).exit_code == 0
+    assert cli_runner().invoke(mesos, ["flags"]).exit_code == 0
     assert agent.requests == [("http://10.0.0.1:3476", "/mesos/cli", {"format": "legacy"})]
 
 
@@ -114,7 +114,7 @@ def test_exec_runs_the_agent_with_merged_flags(
     executed: list[tuple[str, list[str]]] = []
     monkeypatch.setattr(os, "execvp", lambda p, a: executed.append((p, a)))
     monkeypatch.setenv("MESOS_ATTRIBUTES", "zone:eu1")
-    result = CliRunner().invoke(
+    result = cli_runner().invoke(
         mesos,
         ["exec", "--format", "native", "--", "mesos-agent", "--master=m:5050", "--attributes=r:1"],
     )
@@ -131,13 +131,13 @@ def test_exec_runs_the_agent_with_merged_flags(
 
 
 def test_exec_dry_run_prints_the_command(agent: AgentAnswers) -> None:
-    result = CliRunner().invoke(mesos, ["exec", "--dry-run", "--", "mesos-agent", "--master=m"])
+    result = cli_runner().invoke(mesos, ["exec", "--dry-run", "--", "mesos-agent", "--master=m"])
     assert result.exit_code == 0
     assert result.stdout == f"mesos-agent --master=m {LEGACY}\n"
 
 
 def test_exec_refuses_a_conflict_in_one_line(agent: AgentAnswers) -> None:
-    result = CliRunner().invoke(
+    result = cli_runner().invoke(
         mesos, ["exec", "--", "mesos-agent", "--isolation=cgroups/devices,gpu/nvidia"]
     )
     assert result.exit_code == 1
@@ -147,19 +147,19 @@ def test_exec_refuses_a_conflict_in_one_line(agent: AgentAnswers) -> None:
 
 def test_exec_of_a_missing_program_says_so(agent: AgentAnswers, tmp_path: Path) -> None:
     missing = str(tmp_path / "mesos-agent")
-    result = CliRunner().invoke(mesos, ["exec", "--", missing, "--master=m"])
+    result = cli_runner().invoke(mesos, ["exec", "--", missing, "--master=m"])
     assert result.exit_code == 1
     assert result.stderr == f"Error: cannot run {missing}: No such file or directory\n"
 
 
 def test_exec_needs_a_command() -> None:
-    result = CliRunner().invoke(mesos, ["exec"])
+    result = cli_runner().invoke(mesos, ["exec"])
     assert result.exit_code == 2
     assert "Missing argument" in result.stderr
 
 
 def test_help_names_every_command() -> None:
-    result = CliRunner().invoke(mesos, ["--help"])
+    result = cli_runner().invoke(mesos, ["--help"])
     assert result.exit_code == 0
     for command in ("flags", "decode", "exec"):
         assert command in result.stdout

@@ -1,4 +1,4 @@
-"""AgentClient over plain HTTP, against an aiohttp server that answers in the SPEC's shapes."""
+"""AgentClient over plain HTTP, against an aiohttp server that answers as docs/api.md says."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ async def test_get_json_and_query(agent_port: int) -> None:
     async with AgentClient(parse_endpoint(f"http://127.0.0.1:{agent_port}")) as agent:
         assert await agent.get_json("/gpu/info/json") == INFO
         body = await agent.get("/docker/cli", params={"dev": "0 GPU-1a", "vol": "nvidia_driver"})
-    # space separated lists travel as '+' (SPEC 2)
+    # space separated lists travel as '+' (docs/api.md, query parameters)
     assert body == b"raw=/docker/cli?dev=0+GPU-1a&vol=nvidia_driver dev=0 GPU-1a\n"
 
 

@@ -1,5 +1,5 @@
 """The nvidia-docker wrapper as a process: NV_DOCKER is a recording stand-in for docker and
-the node's agent an aiohttp server answering in the SPEC's shapes (tests/e2e has the real
+the node's agent an aiohttp server answering as docs/api.md says (tests/e2e has the real
 dockerd, sshd and agent)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -392,10 +393,14 @@ async def test_bad_endpoint(docker: Docker, env: dict[str, str], message: str) -
 
 async def test_agent_down(docker: Docker) -> None:
     docker.image("cuda", GPU_LABELS)
-    port = free_port()
-    result = await nvidia_docker(
-        docker, "run", "cuda", NV_HOST=f"127.0.0.1:{port}", DOCKER_HOST="h:"
-    )
+    # A port bound but never listened on refuses connections, and no other process (another
+    # test run on this machine) can start a server there while the test runs.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as down:
+        down.bind(("127.0.0.1", 0))
+        port = down.getsockname()[1]
+        result = await nvidia_docker(
+            docker, "run", "cuda", NV_HOST=f"127.0.0.1:{port}", DOCKER_HOST="h:"
+        )
     assert result.code == 1
     assert result.executed is None
     assert "(connection refused): is nvidia-docker-plugin running there" in result.error()

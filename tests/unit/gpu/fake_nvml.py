@@ -1,4 +1,4 @@
-"""A fake pynvml module built from a real NVML capture (``/work/shared/fixtures``).
+"""A fake pynvml module built from a real NVML capture (``tests/fixtures/*/nvml-capture.json``).
 
 The fake answers the pynvml functions the backend calls with the values the real H200
 gave, raises pynvml's own ``NVMLError`` subclasses, and lets a test break things the way
@@ -13,23 +13,12 @@ import json
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pynvml
 
 from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts
-
-_ROOT = Path(__file__).resolve().parents[3]
-# The real captures: shared/fixtures next to the checkout, or inside it (device machine).
-FIXTURES = next(
-    (
-        root / "shared" / "fixtures"
-        for root in (_ROOT.parent, _ROOT)
-        if (root / "shared" / "fixtures" / "h200").is_dir()
-    ),
-    _ROOT.parent / "shared" / "fixtures",
-)
+from tests.support.fixture_files import FIXTURES
 
 NOT_SUPPORTED = 3
 FUNCTION_NOT_FOUND = 13

@@ -6,7 +6,7 @@ The GPU tests run once, on a borrowed machine: their parsers are checked here fi
 from __future__ import annotations
 
 from tests.gpu.test_nvml_real import parse_topo
-from tests.unit.gpu.fake_nvml import FIXTURES
+from tests.support.fixture_files import FIXTURES
 
 
 def test_parse_topo_two_h200() -> None:

@@ -119,7 +119,7 @@ def test_call_raises_with_the_code(fake_module: types.ModuleType) -> None:
 
 
 def test_only_agent_gpu_imports_pynvml() -> None:
-    """ARCHITECTURE.md: pynvml stays inside agent/gpu/."""
+    """README.md (Architecture): only agent/gpu/ imports pynvml."""
     root = Path(__file__).resolve().parents[3]
     offenders = []
     for package in ("agent", "plugin", "mesos", "controller"):

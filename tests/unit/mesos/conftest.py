@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[3]
-_CANDIDATES = [
-    root / "shared" / "fixtures" / "h200" / "reference-v1.0.1" for root in (_ROOT.parent, _ROOT)
-]
-REFERENCE = next((path for path in _CANDIDATES if path.is_dir()), _CANDIDATES[0])
+from tests.support.fixture_files import REFERENCE_V101 as REFERENCE
 
 
 @pytest.fixture(scope="session")

@@ -9,16 +9,9 @@ import pytest
 from plugin.discovery import DriverFiles, find_driver_files
 from plugin.volumes import VolumeStore
 from tests.support.fake_driver import FakeDriver
+from tests.support.fixture_files import H200
 
-_ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = next(
-    (
-        root / "shared" / "fixtures" / "h200"
-        for root in (_ROOT.parent, _ROOT)
-        if (root / "shared" / "fixtures" / "h200").is_dir()
-    ),
-    _ROOT.parent / "shared" / "fixtures" / "h200",
-)
+FIXTURES = H200  # the real H200's ld.so.cache and driver file list
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 from plugin.components import BINARIES, LIBRARIES, Check, library_of
 from plugin.elf import ElfReadError, read_elf
 from tests.support.fake_driver import FakeDriver
+from tests.support.prerequisites import unavailable
 from tests.unit.plugin.conftest import FIXTURES
 
 
@@ -27,7 +28,7 @@ def test_soname_needed_and_abi_tag(fake_driver: FakeDriver) -> None:
 
 def test_a_32_bit_library(fake_driver: FakeDriver) -> None:
     if fake_driver.lib32 is None:
-        pytest.skip("gcc -m32 cannot link here")
+        unavailable("gcc -m32 cannot link here (gcc, binutils with 32-bit x86 support)")
     info = read_elf(fake_driver.lib32 / "libcuda.so.580.159.04")
     assert (info.word_size, info.machine, info.soname) == (32, "EM_386", "libcuda.so.1")
 

@@ -6,11 +6,10 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from plugin import volumes
 from plugin.protocol import CONTENT_TYPE, create_app
@@ -20,8 +19,12 @@ NAME = "nvidia_driver_580.159.04"
 V12 = {"Accept": "application/vnd.docker.plugins.v1.2+json"}
 V11 = {"Accept": "application/vnd.docker.plugins.v1.1+json"}
 
-Client = TestClient[web.Request, web.Application]
-MakeClient = Callable[[web.Application], Awaitable[Client]]
+if TYPE_CHECKING:
+    # Types only: aiohttp's TestClient is generic only from 3.11 on, above our floor.
+    from aiohttp.test_utils import TestClient
+
+    Client = TestClient[web.Request, web.Application]
+    MakeClient = Callable[[web.Application], Awaitable[Client]]
 
 
 @pytest.fixture
