@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from agent.backends import open_backend
 from agent.config import SOCKET_NAME, Config
 from agent.docker_cli import control_devices
 from agent.errors import StartupError
 from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
-from agent.gpu.backend import GpuBackend, GpuBackendError
+from agent.gpu.backend import GpuBackendError
+from agent.gpu.worker_client import WorkerClient
 from agent.listen import listen
 from agent.memory import release_startup_memory
 from agent.node_facts import NodeFacts
@@ -53,7 +53,7 @@ class Agent:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.backend: GpuBackend | None = None
+        self.backend: WorkerClient | None = None
         self.status: StatusService | None = None
         self.node: NodeState | None = None
         self.runners: list[web.AppRunner] = []
@@ -77,10 +77,12 @@ class Agent:
 
         log.info("Initialising the GPU backend")
         try:
-            self.backend = await loop.run_in_executor(None, open_backend, cfg.simulate)
+            # NVML lives in a child process, the GPU worker (agent.gpu.worker), so that a
+            # driver upgrade can release every NVIDIA device file without a restart.
+            self.backend = await WorkerClient.spawn(simulate=cfg.simulate)
         except GpuBackendError as err:
             raise StartupError(str(err)) from None
-        log.info("GPU backend: %s", self.backend.name)
+        log.info("GPU backend: %s (GPU worker, pid %s)", self.backend.name, self.backend.pid)
 
         node = self.backend.node_info()
         models = sorted({d.model or "unknown model" for d in node.devices})
@@ -168,7 +170,7 @@ class Agent:
         if self.status is not None:
             await self.status.close()
         if self.backend is not None:
-            self.backend.close()
+            await self.backend.stop()
             self.backend = None
 
 
