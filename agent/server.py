@@ -28,6 +28,7 @@ from agent.gpu.worker_client import WorkerClient
 from agent.listen import listen
 from agent.memory import release_startup_memory
 from agent.node_facts import NodeFacts
+from agent.node_life import NodeLife
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
 from agent.rest import create_app
@@ -53,7 +54,9 @@ class Agent:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.backend: WorkerClient | None = None
+        # NVML lives in a child process, the GPU worker (agent.gpu.worker), that ``life``
+        # replaces when the driver changes: read the current one as ``agent.backend``.
+        self.life = NodeLife.for_daemon(simulate=config.simulate, ldcache=config.ldcache)
         self.status: StatusService | None = None
         self.node: NodeState | None = None
         self.runners: list[web.AppRunner] = []
@@ -63,6 +66,11 @@ class Agent:
         # without a restart adds its step at start-up); see reload().
         self.reload_steps: list[ReloadStep] = []
         self._reloading: asyncio.Task[None] | None = None
+
+    @property
+    def backend(self) -> WorkerClient | None:
+        """The GPU worker serving now (None while a driver upgrade has released the GPUs)."""
+        return self.life.worker
 
     async def start(self) -> None:
         cfg = self.config
@@ -77,14 +85,12 @@ class Agent:
 
         log.info("Initialising the GPU backend")
         try:
-            # NVML lives in a child process, the GPU worker (agent.gpu.worker), so that a
-            # driver upgrade can release every NVIDIA device file without a restart.
-            self.backend = await WorkerClient.spawn(simulate=cfg.simulate)
+            backend = await self.life.start()
         except GpuBackendError as err:
             raise StartupError(str(err)) from None
-        log.info("GPU backend: %s (GPU worker, pid %s)", self.backend.name, self.backend.pid)
+        log.info("GPU backend: %s (GPU worker, pid %s)", backend.name, backend.pid)
 
-        node = self.backend.node_info()
+        node = backend.node_info()
         models = sorted({d.model or "unknown model" for d in node.devices})
         log.info(
             "Discovered %d GPU(s): %s; driver %s, CUDA %s",
@@ -100,7 +106,7 @@ class Agent:
             lambda: prepare_volumes(cfg.volume_dir, node.driver_version, ldcache=cfg.ldcache),
         )
 
-        self.status = StatusService(self.backend, node, pcie_interval_s=cfg.pcie_interval_s)
+        self.status = StatusService(backend, node, pcie_interval_s=cfg.pcie_interval_s)
         await self.status.sample_pcie()
         self.status.start_sampler()
         self.node = NodeState(NodeFacts(node, control_devices()))
@@ -125,6 +131,8 @@ class Agent:
         await runner.setup()
         self.runners.append(runner)
         await listen(runner, cfg.listen_host, cfg.listen_port)
+        self.life.serve(status=self.status, node_state=self.node, store=store)
+        self.reload_steps.append(ReloadStep("driver", self.life.reread))
         release_startup_memory()
         log.info("Ready")
 
@@ -169,9 +177,7 @@ class Agent:
         self.runners.clear()
         if self.status is not None:
             await self.status.close()
-        if self.backend is not None:
-            await self.backend.stop()
-            self.backend = None
+        await self.life.close()
 
 
 async def run(config: Config) -> int:

@@ -141,6 +141,14 @@ class HealthSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class HealthNote:
+    """One line for the log; ``warning`` when a GPU got worse (or stays bad)."""
+
+    text: str
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class _Sticky:
     """A critical event held against a GPU until a reset after it."""
 
@@ -159,7 +167,7 @@ class _Condition:
 class HealthTracker:
     """Per-GPU health of one driver's life. Not thread-safe: one owner feeds it.
 
-    ``event`` and ``checks`` return the log lines of what changed; ``health()`` is the
+    ``event`` and ``checks`` return what to log (``HealthNote``); ``health()`` is the
     current value of every GPU.
     """
 
@@ -181,19 +189,22 @@ class HealthTracker:
             return DeviceHealth(False, condition.reason, None, condition.since_s)
         return HEALTHY
 
-    def event(self, event: HealthEvent) -> list[str]:
+    def event(self, event: HealthEvent) -> list[HealthNote]:
         index = event.index
         if not 0 <= index < self._count:
-            return [f"{event.describe()} on GPU {index}, which this node does not have: ignored"]
+            text = f"{event.describe()} on GPU {index}, which this node does not have: ignored"
+            return [HealthNote(text)]
         if event.application_error:
-            return [
+            text = (
                 f"GPU {index}: {event.describe()}: an application's error, not the GPU's; "
                 "the GPU stays healthy"
-            ]
+            )
+            return [HealthNote(text)]
         at_s = event.at_s or time.time()
         sticky = self._sticky[index]
         if sticky is not None:
-            return [f"GPU {index}: {event.describe()} (already unhealthy: {sticky.reason})"]
+            text = f"GPU {index}: {event.describe()} (already unhealthy: {sticky.reason})"
+            return [HealthNote(text, warning=True)]
         last = self._last[index]
         self._sticky[index] = _Sticky(
             event.describe(),
@@ -201,19 +212,20 @@ class HealthTracker:
             at_s,
             last.volatile_dbe if last is not None else None,
         )
-        return [
+        text = (
             f"GPU {index} is unhealthy: {event.describe()}; it is no longer handed out "
             "until a GPU reset or driver reload"
-        ]
+        )
+        return [HealthNote(text, warning=True)]
 
-    def checks(self, checks: Sequence[DeviceCheck], at_s: float | None = None) -> list[str]:
+    def checks(self, checks: Sequence[DeviceCheck], at_s: float | None = None) -> list[HealthNote]:
         now = time.time() if at_s is None else at_s
-        lines: list[str] = []
+        lines: list[HealthNote] = []
         for index, check in enumerate(checks[: self._count]):
             lines += self._check(index, check, now)
         return lines
 
-    def _check(self, index: int, check: DeviceCheck, now: float) -> list[str]:
+    def _check(self, index: int, check: DeviceCheck, now: float) -> list[HealthNote]:
         before = self._health(index)
         last = self._last[index]
         self._last[index] = check
@@ -238,11 +250,19 @@ class HealthTracker:
             return []
         if after.healthy:
             if sticky is not None and self._sticky[index] is None:
-                return [
+                text = (
                     f"GPU {index} answers again after a reset, with no new critical event: "
                     f"healthy again (was: {before.reason})"
-                ]
-            return [f"GPU {index} is healthy again (was: {before.reason})"]
+                )
+                return [HealthNote(text)]
+            return [HealthNote(f"GPU {index} is healthy again (was: {before.reason})")]
         if before.healthy:
-            return [f"GPU {index} is unhealthy: {after.reason}; it is no longer handed out"]
-        return [f"GPU {index} is still unhealthy: {after.reason} (was: {before.reason})"]
+            text = f"GPU {index} is unhealthy: {after.reason}; it is no longer handed out"
+            return [HealthNote(text, warning=True)]
+        text = f"GPU {index} is still unhealthy: {after.reason} (was: {before.reason})"
+        return [HealthNote(text, warning=True)]
+
+
+def utc_text(at_s: float) -> str:
+    """``2026-11-30T13:17:38Z``: a health time as JSON and the log show it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_s))

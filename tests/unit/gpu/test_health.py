@@ -23,7 +23,8 @@ LOST = DeviceCheck(answering=False)
 @pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
 def test_application_xids_leave_the_gpu_healthy(xid: int) -> None:
     tracker = HealthTracker(2)
-    (line,) = tracker.event(HealthEvent(1, XID, xid, 100.0))
+    (note,) = tracker.event(HealthEvent(1, XID, xid, 100.0))
+    line = note.text
     assert tracker.health() == (HEALTHY, HEALTHY)
     assert "an application's error, not the GPU's" in line
     assert f"XID {xid}" in line
@@ -31,7 +32,8 @@ def test_application_xids_leave_the_gpu_healthy(xid: int) -> None:
 
 def test_a_critical_xid_makes_the_gpu_unhealthy_with_reason_xid_and_time() -> None:
     tracker = HealthTracker(4)
-    (line,) = tracker.event(HealthEvent(3, XID, 79, 1700000000.5))
+    (note,) = tracker.event(HealthEvent(3, XID, 79, 1700000000.5))
+    line = note.text
     assert tracker.health()[3] == DeviceHealth(
         healthy=False,
         reason="XID 79 (GPU has fallen off the bus)",
@@ -64,7 +66,8 @@ def test_a_sticky_event_survives_answering_checks_until_a_reset() -> None:
     # A reset: the GPU stops answering, then answers again.
     assert tracker.checks([LOST], 5.0) == []  # still unhealthy, the event stays the reason
     assert tracker.health()[0].reason == "XID 48 (double-bit ECC error)"
-    (line,) = tracker.checks([OK], 6.0)
+    (note,) = tracker.checks([OK], 6.0)
+    line = note.text
     assert tracker.health()[0] == HEALTHY
     assert "answers again after a reset, with no new critical event" in line
 
@@ -81,14 +84,16 @@ def test_a_reset_seen_as_the_volatile_dbe_counter_going_down_clears_the_event() 
 
 def test_a_lost_gpu_is_unhealthy_while_lost_and_healthy_when_it_answers() -> None:
     tracker = HealthTracker(2)
-    (line,) = tracker.checks([OK, LOST], 10.0)
+    (note,) = tracker.checks([OK, LOST], 10.0)
+    line = note.text
     assert tracker.health()[1] == DeviceHealth(
         False, "GPU is lost (not answering: fallen off the bus?)", None, 10.0
     )
     assert "GPU 1 is unhealthy: GPU is lost" in line
     tracker.checks([OK, LOST], 11.0)
     assert tracker.health()[1].since_s == 10.0  # since it was first seen
-    (line,) = tracker.checks([OK, OK], 12.0)
+    (note,) = tracker.checks([OK, OK], 12.0)
+    line = note.text
     assert tracker.health() == (HEALTHY, HEALTHY)
     assert line == "GPU 1 is healthy again (was: GPU is lost (not answering: fallen off the bus?))"
 
@@ -114,7 +119,8 @@ def test_memory_repair_conditions_hold_while_the_check_finds_them(
 def test_a_second_event_keeps_the_first_reason_and_time() -> None:
     tracker = HealthTracker(1)
     tracker.event(HealthEvent(0, XID, 79, 1.0))
-    (line,) = tracker.event(HealthEvent(0, XID, 94, 2.0))
+    (note,) = tracker.event(HealthEvent(0, XID, 94, 2.0))
+    line = note.text
     assert tracker.health()[0].xid == 79
     assert tracker.health()[0].since_s == 1.0
     assert "already unhealthy" in line
@@ -132,6 +138,7 @@ def test_an_event_after_the_reset_makes_it_unhealthy_again() -> None:
 
 def test_an_event_for_a_gpu_the_node_does_not_have_is_ignored() -> None:
     tracker = HealthTracker(1)
-    (line,) = tracker.event(HealthEvent(5, XID, 79, 1.0))
+    (note,) = tracker.event(HealthEvent(5, XID, 79, 1.0))
+    line = note.text
     assert tracker.health() == (HEALTHY,)
     assert "does not have" in line
