@@ -41,14 +41,14 @@ from agent.health_monitor import HealthMonitor
 from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.plugin_site import refresh_volumes
-from agent.status_service import StatusService
+from agent.status_service import BACKEND_GONE, StatusService
 from agent.uvm import UvmError, ensure_uvm_device
 from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin")
 
 UPGRADE_IN_PROGRESS = "driver upgrade in progress"
-WORKER_RESTARTING = "GPU worker restarting"
+WORKER_RESTARTING = BACKEND_GONE
 POLL_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0
 # nvmlInit's "not yet" answers while a driver is being replaced.
@@ -147,6 +147,7 @@ class NodeLife:
             len(self.node.devices), on_change=self._publish, on_driver_error=self._on_driver_error
         )
         self.health.follow(self.worker)
+        self._watch_exit(self.worker)
         self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="driver")
 
     async def close(self) -> None:
@@ -184,6 +185,16 @@ class NodeLife:
             except Exception as err:  # the watch must never stop; the next look retries
                 log.error("Following the driver failed: %s: %s", type(err).__name__, err)
                 log.debug("Following the driver failed", exc_info=True)
+
+    def _watch_exit(self, worker: WorkerClient) -> None:
+        """When ``worker`` ends unasked, status says so at once and the next look is now."""
+
+        def ended(_: object) -> None:
+            if worker is self.worker and self._status is not None:
+                self._status.suspend(WORKER_RESTARTING)
+                self._poke.set()
+
+        asyncio.ensure_future(worker.closed.wait()).add_done_callback(ended)
 
     def _on_driver_error(self, code: int) -> None:
         self._driver_error = code
@@ -307,6 +318,7 @@ class NodeLife:
         self._tracked = installed == node.driver_version
         await self._status.resume(worker, node)
         self.health.follow(worker, fresh=changed)
+        self._watch_exit(worker)
         self._publish()
         took = time.monotonic() - (self._released_at or time.monotonic())
         if changed:

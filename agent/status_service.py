@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agent import render_json, render_text
-from agent.gpu.backend import BatchGpuBackend, GpuBackend
+from agent.gpu.backend import BackendGone, BatchGpuBackend, GpuBackend
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -33,6 +33,9 @@ from agent.gpu.model import (
 )
 
 log = logging.getLogger("nvidia-docker-plugin.status")
+
+
+BACKEND_GONE = "GPU worker restarting"  # the 503 while a backend that ended is replaced
 
 
 class StatusUnavailable(Exception):
@@ -177,6 +180,8 @@ class StatusService:
         batch, count = self._batch, self._count
         try:
             statuses = await batch.read_statuses()
+        except BackendGone:
+            raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
         except Exception as err:
             if self._unavailable is not None:
                 raise StatusUnavailable(self._unavailable) from None
@@ -204,6 +209,8 @@ class StatusService:
         if batch is not None:
             try:
                 sampled = await batch.read_throughputs()
+            except BackendGone:
+                raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
             except Exception as err:
                 if self._unavailable is not None or batch is not self._batch:
                     raise StatusUnavailable(self._unavailable or "the driver changed") from None

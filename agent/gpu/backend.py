@@ -25,6 +25,11 @@ class GpuBackendError(Exception):
         self.nvml_code = nvml_code
 
 
+class BackendGone(Exception):
+    """The backend cannot answer at all any more (the GPU worker's process ended): nothing
+    can be read until it is replaced. Per-device failures never raise this."""
+
+
 class GpuBackend(Protocol):
     """Source of GPU facts for one node."""
 

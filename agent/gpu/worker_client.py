@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.gpu import worker_protocol as wp
-from agent.gpu.backend import GpuBackendError
+from agent.gpu.backend import BackendGone, GpuBackendError
 from agent.gpu.model import DeviceStatus, NodeInfo, PcieThroughput
 
 log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
@@ -47,7 +47,7 @@ class WorkerFailed(GpuBackendError):
     """The worker started but its backend did not (no driver, version mismatch, bad file)."""
 
 
-class WorkerGone(Exception):
+class WorkerGone(BackendGone):
     """The worker stopped answering: it exited, or the pipe broke."""
 
 

@@ -114,7 +114,7 @@ def test_sighup_rereads_and_keeps_serving(tmp_path: Path) -> None:
         assert d.proc.poll() is None
     finally:
         code, log = d.stop()
-    assert code == 0
+    assert code == 0, log
     assert "Received SIGHUP: re-reading" in log
     assert "Traceback" not in log
 

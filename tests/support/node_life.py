@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import http.client
 import json
 import os
@@ -115,7 +116,44 @@ def start_agent(
     spec_file: Path | None = None,
     extra: Sequence[str] = (),
 ) -> Iterator[Agent]:
-    """The daemon serving ``node``; stopped (and checked for tracebacks) at the end."""
+    """The daemon serving ``node``; stopped at the end. A port that another process took
+    between choosing and binding it (other test runs on the machine) is chosen again."""
+    for attempt in range(3):
+        agent = _spawn_agent(base, node, ldcache, search_path, spec_file, extra)
+        try:
+            wait_until(
+                functools.partial(_ready, agent),
+                what=f"agent (log: {agent.log_path})",
+                timeout_s=60,
+                proc=agent.proc,
+            )
+        except RuntimeError:
+            stop_process(agent.proc)
+            if "cannot listen on" in agent.log() and attempt < 2:
+                continue
+            raise
+        except BaseException:
+            stop_process(agent.proc)
+            raise
+        break
+    try:
+        yield agent
+    finally:
+        stop_process(agent.proc)
+
+
+def _ready(agent: Agent) -> bool:
+    return port_open(agent.port) and agent.socket_path.exists() and "Ready" in agent.log()
+
+
+def _spawn_agent(
+    base: Path,
+    node: NodeFile,
+    ldcache: Path | None,
+    search_path: str | None,
+    spec_file: Path | None,
+    extra: Sequence[str],
+) -> Agent:
     port = free_port()
     socket_dir, volume_dir, log_path = base / "plugins", base / "volumes", base / "agent.log"
     command = [
@@ -133,17 +171,7 @@ def start_agent(
         env["PATH"] = search_path
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    agent = Agent(proc, port, socket_dir, volume_dir, log_path)
-    try:
-        wait_until(
-            lambda: port_open(port) and agent.socket_path.exists() and "Ready" in agent.log(),
-            what=f"agent (log: {log_path})",
-            timeout_s=60,
-            proc=proc,
-        )
-        yield agent
-    finally:
-        stop_process(proc)
+    return Agent(proc, port, socket_dir, volume_dir, log_path)
 
 
 @dataclass(frozen=True, slots=True)
