@@ -30,6 +30,7 @@ class HealthMonitor:
         on_driver_error: Callable[[int], None],
     ) -> None:
         self._tracker = HealthTracker(count)
+        self._last_xid = [0] * count  # the last XID each GPU reported, 0: none (for /metrics)
         self._on_change = on_change
         self._on_driver_error = on_driver_error
         self._worker: WorkerClient | None = None
@@ -38,12 +39,19 @@ class HealthMonitor:
     def health(self) -> tuple[DeviceHealth, ...]:
         return self._tracker.health()
 
+    @property
+    def last_xids(self) -> tuple[int, ...]:
+        """The last XID each GPU reported since the driver was loaded (0: none), the
+        application's ones too: what dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` shows."""
+        return tuple(self._last_xid)
+
     def follow(self, worker: WorkerClient, *, fresh: bool = False) -> None:
         """Take health from ``worker`` from now on; ``fresh``: a new driver, a new start."""
         if fresh:
             if any(not h.healthy for h in self._tracker.health()):
                 log.info("The driver was reloaded: every GPU's health starts afresh")
             self._tracker = HealthTracker(len(worker.node_info().devices))
+            self._last_xid = [0] * len(worker.node_info().devices)
         self._worker = worker
         worker.set_push_handler(lambda message: self._on_push(worker, message))
 
@@ -58,7 +66,10 @@ class HealthMonitor:
         before = self._tracker.health()
         try:
             if kind == wp.PUSH_EVENT:
-                lines = self._tracker.event(wp.decode_event(message["event"]))
+                event = wp.decode_event(message["event"])
+                if event.xid is not None and 0 <= event.index < len(self._last_xid):
+                    self._last_xid[event.index] = event.xid
+                lines = self._tracker.event(event)
             elif kind == wp.PUSH_CHECKS:
                 checks = [wp.decode_check(check) for check in message["checks"]]
                 lines = self._tracker.checks(checks)
@@ -68,7 +79,7 @@ class HealthMonitor:
                 return
             else:
                 return
-        except (KeyError, TypeError, ValueError) as err:
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
             log.debug("A health message of the GPU worker could not be read: %s", err)
             return
         after = self._tracker.health()

@@ -42,6 +42,7 @@ from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.plugin_site import refresh_volumes
 from agent.status_service import BACKEND_GONE, StatusService
+from agent.systemd_notify import status as tell_systemd
 from agent.uvm import UvmError, ensure_uvm_device
 from plugin.volumes import VolumeStore
 
@@ -261,6 +262,7 @@ class NodeLife:
         self._why_released = answer
         self._waiting = None
         await worker.stop()
+        tell_systemd(f"{answer}: {why}")
         if answer == UPGRADE_IN_PROGRESS:
             log.warning(
                 "%s: released the GPUs (GPU worker stopped, NVML shut down, no NVIDIA device "
@@ -335,6 +337,7 @@ class NodeLife:
         else:
             log.warning("GPU worker restarted (%s), %.1f s after it stopped", worker.name, took)
         self._released_at = self._why_released = self._waiting = None
+        tell_systemd(f"serving {len(node.devices)} GPU(s), driver {node.driver_version}")
 
     async def _refresh_volumes(self, node: NodeInfo) -> None:
         assert self._store is not None

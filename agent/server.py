@@ -31,8 +31,10 @@ from agent.node_facts import NodeFacts
 from agent.node_life import NodeLife
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
+from agent.readiness import NotAnswering, check_plugin, check_rest
 from agent.rest import create_app
 from agent.status_service import StatusService
+from agent.systemd_notify import notify
 from agent.uvm import UvmError, ensure_uvm_device
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -131,10 +133,16 @@ class Agent:
         await runner.setup()
         self.runners.append(runner)
         await listen(runner, cfg.listen_host, cfg.listen_port)
+        try:  # what is ordered after the agent at boot must find both answering
+            await check_plugin(socket_path)
+            await check_rest(runner.addresses[0][:2])
+        except NotAnswering as err:
+            raise StartupError(str(err)) from None
         self.life.serve(status=self.status, node_state=self.node, store=store)
         self.reload_steps.append(ReloadStep("driver", self.life.reread))
         release_startup_memory()
         log.info("Ready")
+        notify(f"READY=1\nSTATUS=serving {len(node.devices)} GPU(s), driver {node.driver_version}")
 
     def request_reload(self) -> None:
         """SIGHUP: run the reload steps once; a SIGHUP during a reload is folded into it."""
@@ -147,11 +155,15 @@ class Agent:
         """Re-read what can change while the agent runs; a failing step is logged (one line)
         and the agent keeps serving what it had."""
         log.info("Received SIGHUP: re-reading (%d step(s))", len(self.reload_steps))
-        for step in self.reload_steps:
-            try:
-                await step.run()
-            except Exception as err:
-                log.error("Reload: %s failed: %s; keeping the previous one", step.name, err)
+        notify("RELOADING=1")
+        try:
+            for step in self.reload_steps:
+                try:
+                    await step.run()
+                except Exception as err:
+                    log.error("Reload: %s failed: %s; keeping the previous one", step.name, err)
+        finally:
+            notify("READY=1")
 
     async def watch(self) -> None:
         """Wait for a signal, or for the plugin socket to vanish (then stop with an error)."""
@@ -193,6 +205,7 @@ async def run(config: Config) -> int:
             log.warning("Second %s: exiting now", signal.Signals(signum).name)
             os._exit(EXIT_FORCED)
         log.info("Received %s: shutting down", signal.Signals(signum).name)
+        notify("STOPPING=1")
         agent.stopping.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from controller.errors import NodeError
-from controller.transport.client import AgentClient
+from controller.transport.client import AgentClient, AgentHttpError
 from controller.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class Request:
     path: str
     params: Mapping[str, str] = field(default_factory=dict)
     must_have: str | None = None  # a top-level JSON key every agent answer has
+    optional: bool = False  # an agent without the route (404: older) still answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,11 @@ class Query:
 
 INFO_REQUEST = Request("info", "/gpu/info/json", must_have="Devices")
 STATUS_REQUEST = Request("status", "/gpu/status/json", must_have="Devices")
+HEALTH_REQUEST = Request("health", "/gpu/health/json", must_have="Devices")
 INFO = Query("info", (INFO_REQUEST,))
-STATUS = Query("status", (INFO_REQUEST, STATUS_REQUEST))
+# status shows unhealthy GPUs too: from agents that have /gpu/health (older ones: without).
+STATUS = Query("status", (INFO_REQUEST, STATUS_REQUEST, replace(HEALTH_REQUEST, optional=True)))
+HEALTH = Query("health", (INFO_REQUEST, HEALTH_REQUEST))
 
 
 def docker_cli_query(dev: str | None = None, vol: str | None = None) -> Query:
@@ -167,7 +171,12 @@ async def _ask_node(
                     await client.open()
                 for request in query.requests:
                     step = f"GET {request.path}"
-                    body = await client.get(request.path, request.params or None)
+                    try:
+                        body = await client.get(request.path, request.params or None)
+                    except AgentHttpError as exc:
+                        if request.optional and exc.status == 404:
+                            continue
+                        raise
                     answers[request.key] = _decode(request, body)
             finally:
                 await client.close()

@@ -20,44 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.benchmarks.status_loop import Loop, client
 from tests.support.services import free_port, port_open, stop_process, wait_until
 
 REREAD_LINE = "Reload: driver"
-
-
-@dataclass
-class Load:
-    requests: list[tuple[float, float, int]] = field(default_factory=list)  # start, end, status
-    broken: list[str] = field(default_factory=list)
-    stop: bool = False
-
-
-async def _client(port: int, load: Load, path: str) -> None:
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError as err:
-        load.broken.append(f"connect: {err}")
-        return
-    try:
-        while not load.stop:
-            started = time.monotonic()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
-            load.requests.append((started, time.monotonic(), int(head.split(b" ", 2)[1])))
-    except (OSError, asyncio.IncompleteReadError) as err:
-        load.broken.append(f"{type(err).__name__}: {err}")
-    finally:
-        writer.close()
 
 
 def _rereads(log: Path) -> int:
@@ -67,8 +35,8 @@ def _rereads(log: Path) -> int:
 async def _run(
     port: int, proc: subprocess.Popen[bytes], log: Path, args: argparse.Namespace
 ) -> int:
-    load = Load()
-    clients = [asyncio.create_task(_client(port, load, args.path)) for _ in range(args.clients)]
+    load = Loop()
+    clients = [asyncio.create_task(client(port, args.path, load)) for _ in range(args.clients)]
     windows: list[tuple[float, float]] = []
     try:
         await asyncio.sleep(args.warmup)

@@ -4,7 +4,7 @@
 with ``git archive``; or any checkout with ``--before-dir``), "after" is this checkout. In
 one run, interleaved ``--rounds`` times, each variant's daemon serves the same simulated
 node (or the real GPUs with ``--real``) on a free loopback port and is measured with the
-closed-loop client of bench_agent: ``/gpu/status/json`` with 1 client (p50) and with 64
+keep-alive closed-loop clients of ``status_loop``: ``/gpu/status/json`` with 1 client (p50) and 64
 (rate); then resident memory (the daemon, plus its worker after).
 
     python -m tests.benchmarks.bench_worker [--node h200 --node hgx-h200-8] [--real]
@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.benchmarks.loadgen import run_load
+from tests.benchmarks.status_loop import run_for
 from tests.support.services import free_port, port_open, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,12 +78,13 @@ def _measure(source: Path, node: str | None, duration_s: float, workdir: Path) -
     )
     try:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
-        one = asyncio.run(run_load("127.0.0.1", port, PATH, 1, duration_s))
-        many = asyncio.run(run_load("127.0.0.1", port, PATH, 64, duration_s))
+        one, _ = asyncio.run(run_for(port, PATH, 1, duration_s))
+        many, elapsed_s = asyncio.run(run_for(port, PATH, 64, duration_s))
         rss = _rss_mb(proc.pid)
     finally:
         stop_process(proc)
-    return Result(one.p50_ms, many.rate_per_s, many.p99_ms, rss, one.errors + many.errors)
+    rate = len(many.requests) / elapsed_s
+    return Result(one.p50_ms(), rate, many.p99_ms(), rss, one.failed() + many.failed())
 
 
 def main() -> int:

@@ -28,6 +28,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,17 +248,23 @@ class SystemdFleet:
         return container
 
     def _await_boot(self, name: str, container: str, timeout_s: float) -> SystemdHost:
-        state = self.engine.docker(
-            "exec",
-            container,
-            "timeout",
-            str(int(timeout_s)),
-            "systemctl",
-            "is-system-running",
-            "--wait",
-            check=False,
-            timeout_s=timeout_s + 10,
-        ).stdout.strip()
+        deadline = time.monotonic() + timeout_s
+        while True:  # until PID 1's bus exists, systemctl cannot even ask (just booted)
+            done = self.engine.docker(
+                "exec",
+                container,
+                "timeout",
+                str(int(timeout_s)),
+                "systemctl",
+                "is-system-running",
+                "--wait",
+                check=False,
+                timeout_s=timeout_s + 10,
+            )
+            if "Failed to connect to bus" not in done.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        state = done.stdout.strip()
         if state not in ("running", "degraded"):
             failed = self.exec(container, "systemctl", "--failed", "--no-legend").stdout
             raise RuntimeError(f"{name}: systemd did not boot (state {state!r}); failed: {failed}")
@@ -270,6 +277,16 @@ class SystemdFleet:
             return self.exec(container, "systemctl", "is-active", "ssh").stdout.strip() == "active"
 
         wait_until(sshd_active, what=f"sshd on {name}", timeout_s=timeout_s, interval_s=0.2)
+        return host
+
+    def reboot(self, name: str, *, timeout_s: float = 120) -> SystemdHost:
+        """Restart a host's container (systemd shuts down, then boots again) and wait for
+        the boot; its loopback SSH port may change, so the host is looked up again."""
+        index = next(i for i, host in enumerate(self.hosts) if host.name == name)
+        container = self.hosts[index].container
+        self.engine.docker("restart", container, timeout_s=timeout_s)
+        host = self._await_boot(name, container, timeout_s)
+        self.hosts[index] = host
         return host
 
     def exec(self, container: str, *command: str) -> subprocess.CompletedProcess[str]:
