@@ -96,6 +96,7 @@ class NodeLife:
         self._lock = asyncio.Lock()
         self._poke = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
+        self._closing = False
 
     @classmethod
     def for_daemon(
@@ -152,6 +153,7 @@ class NodeLife:
         self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="driver")
 
     async def close(self) -> None:
+        self._closing = True  # a worker that ends from now on is not restarted
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -191,7 +193,7 @@ class NodeLife:
         """When ``worker`` ends unasked, status says so at once and the next look is now."""
 
         def ended(_: object) -> None:
-            if worker is self.worker and self._status is not None:
+            if worker is self.worker and self._status is not None and not self._closing:
                 self._status.suspend(WORKER_RESTARTING)
                 self._poke.set()
 

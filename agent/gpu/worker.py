@@ -15,8 +15,10 @@ Threads: the main one reads requests and answers status reads (inline for one GP
 pool for more, as the daemon did before); PCIe samples run in their own thread, so a
 sample (about 40 ms a GPU) never delays a status read; one thread waits for NVML events;
 one sweeps health checks every ``--health-interval`` seconds and pushes what changed.
-The worker exits when the daemon says ``stop``, when its end of the pipe closes (the
-daemon died), or on SIGTERM; SIGINT is the daemon's to handle (same process group).
+The worker exits when the daemon says ``stop`` or when its end of the pipe closes (the
+daemon died). SIGINT and SIGTERM are the daemon's to handle: a terminal's Ctrl-C and
+systemd's stop reach the whole process group or unit, and the daemon, which decides when
+NVML goes, stops its worker as part of its own shutdown.
 """
 
 from __future__ import annotations
@@ -259,8 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if os.environ.get("NV_DEBUG") else logging.INFO)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the daemon decides when we stop
+        signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     return run(sock, lambda: open_backend(args.simulate), health_interval_s=args.health_interval)
 
