@@ -32,6 +32,7 @@ from typing import Any
 
 from agent.gpu import worker_protocol as wp
 from agent.gpu.backend import BackendGone, GpuBackendError
+from agent.gpu.codec import CodecError
 from agent.gpu.model import DeviceStatus, NodeInfo, PcieThroughput
 
 log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
@@ -135,7 +136,11 @@ class WorkerClient:
             await client.stop(timeout_s=STOP_TIMEOUT_S)
             raise
         client._name = str(hello.get("name") or "GPU worker")
-        client._node = wp.decode_node(hello.get("node") or {})
+        try:
+            client._node = wp.decode_node(hello.get("node") or {})
+        except (CodecError, AttributeError, TypeError) as err:  # a bug of ours: say so
+            await client.stop()
+            raise GpuBackendError(f"the GPU worker's node facts cannot be read ({err})") from None
         return client
 
     # -- the GpuBackend protocol -----------------------------------------------------------
