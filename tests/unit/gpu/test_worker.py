@@ -160,7 +160,7 @@ async def test_nvml_events_are_pushed_as_they_come(
     client, _ = await serve(nvml_starter(fake, tmp_path))
     events: list[dict[str, Any]] = []
     client.set_push_handler(lambda m: events.append(m["event"]) if m["push"] == "event" else None)
-    await until(lambda: bool(fake.event_sets and fake.event_sets[0].masks), "registered")
+    await until(lambda: "Watching NVML events" in caplog.text, "registered (its log line)")
     assert "Watching NVML events of GPU(s) 0, 1: critical XID errors, double-bit ECC" in caplog.text
 
     fake.emit_xid(1, 79)
