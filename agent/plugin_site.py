@@ -37,7 +37,7 @@ from aiohttp import web
 from agent.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, SOCKET_NAME
 from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.error_log import HttpErrorLog
-from plugin.discovery import find_driver_files
+from plugin.discovery import DriverFiles, find_driver_files
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
 
@@ -64,6 +64,24 @@ def prepare_volumes(
     search_path: str | None = None,
 ) -> VolumeStore:
     """Find the driver files and open the volume directory. Blocking: run in a thread."""
+    store = VolumeStore(volume_dir, _driver_files(driver_version, ldcache, search_path))
+    store.clean_stale()
+    return store
+
+
+def refresh_volumes(
+    store: VolumeStore,
+    driver_version: str,
+    *,
+    ldcache: Path = Path("/etc/ld.so.cache"),
+    search_path: str | None = None,
+) -> None:
+    """After a driver upgrade: find the new driver's files and serve them from now on (the
+    new volume can be created; old names mount it). Blocking: run in a thread."""
+    store.use_files(_driver_files(driver_version, ldcache, search_path))
+
+
+def _driver_files(driver_version: str, ldcache: Path, search_path: str | None) -> DriverFiles:
     files = find_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
     log.info("Driver files found: %s", files.summary())
     if not any(f.component == "libcuda" for f in files.libraries_64):
@@ -72,9 +90,7 @@ def prepare_volumes(
             driver_version,
             ldcache,
         )
-    store = VolumeStore(volume_dir, files)
-    store.clean_stale()
-    return store
+    return files
 
 
 PLUGIN_LIMITS = ConnectionLimits(DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S)

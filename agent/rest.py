@@ -2,7 +2,9 @@
 
 Every route exists under ``/v1.0`` and without the prefix. Static answers (info, the
 default ``/docker/cli``, the Mesos flags) are rendered once and served as cached bytes;
-status comes from the single-flight ``StatusService``.
+status comes from the single-flight ``StatusService``. While the driver is being replaced
+the live routes (status, health) answer 503 with why; ``/docker/cli`` and ``/mesos/cli``
+refuse an unhealthy GPU named in ``dev`` with 409 (docs/api.md).
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from urllib.parse import quote
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent import render_json, render_text
+from agent import health_routes, render_json, render_text
 from agent.gpu.model import DeviceInfo, NodeInfo
+from agent.health_selection import UnhealthyDevice
 from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent.metrics.service import MetricsService
 from agent.node_state import NodeState
 from agent.query_params import query_checks
 from agent.selection import InvalidParameter
-from agent.status_service import StatusService
+from agent.status_service import StatusService, StatusUnavailable
 
 log = logging.getLogger("nvidia-docker-plugin.rest")
 
@@ -68,6 +71,27 @@ def _bad_request(err: InvalidParameter) -> web.Response:
     )
 
 
+# 503 while the node's driver is being replaced (status and health cannot be read); the
+# body is one line, e.g. "driver upgrade in progress". Clients retry after a second.
+RETRY_AFTER_S = "1"
+
+
+def _unavailable(why: str) -> web.Response:
+    return web.Response(
+        status=503, text=f"{why}\n", content_type=TEXT, headers={"Retry-After": RETRY_AFTER_S}
+    )
+
+
+def _refused(err: UnhealthyDevice) -> web.Response:
+    """409: the GPU exists but may not be handed out now; the headers name the entry."""
+    return web.Response(
+        status=409,
+        text=f"{err}\n",
+        content_type=TEXT,
+        headers={INVALID_PARAMETER_HEADER: "dev", INVALID_VALUE_HEADER: quote(err.entry, safe="")},
+    )
+
+
 async def _info(request: web.Request, as_json: bool) -> web.Response:
     facts = request.app[NODE].facts
     dev = request.query.get("dev")
@@ -100,7 +124,10 @@ async def _status(request: web.Request, as_json: bool) -> web.Response:
         devices = facts.devices(request.query.get("dev"))
     except InvalidParameter as err:
         return _bad_request(err)
-    sweep = await request.app[STATUS].sweep()
+    try:
+        sweep = await request.app[STATUS].sweep()
+    except StatusUnavailable as err:
+        return _unavailable(str(err))
     if as_json:
         response = _answer(sweep.json_body(devices), JSON)
     else:
@@ -124,6 +151,8 @@ async def _docker(request: web.Request, as_json: bool) -> web.Response:
         body = facts.docker_cli(request.query.get("dev"), request.query.get("vol"), as_json)
     except InvalidParameter as err:
         return _bad_request(err)
+    except UnhealthyDevice as err:
+        return _refused(err)
     return _answer(body, JSON if as_json else TEXT)
 
 
@@ -141,7 +170,31 @@ async def mesos_cli(request: web.Request) -> web.Response:
         body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
     except InvalidParameter as err:
         return _bad_request(err)
+    except UnhealthyDevice as err:
+        return _refused(err)
     return _answer(body, TEXT)
+
+
+async def _health(request: web.Request, as_json: bool) -> web.Response:
+    unavailable = request.app[STATUS].unavailable
+    if unavailable is not None:
+        return _unavailable(unavailable)
+    facts = request.app[NODE].facts
+    try:
+        devices = facts.devices(request.query.get("dev"))
+    except InvalidParameter as err:
+        return _bad_request(err)
+    if as_json:
+        return _answer(health_routes.health_json(devices, facts.health), JSON)
+    return _answer(health_routes.health_text(devices, facts.health), TEXT)
+
+
+async def gpu_health(request: web.Request) -> web.Response:
+    return await _health(request, as_json=False)
+
+
+async def gpu_health_json(request: web.Request) -> web.Response:
+    return await _health(request, as_json=True)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -156,7 +209,10 @@ async def gpu_processes_json(request: web.Request) -> web.Response:
         devices = facts.devices(request.query.get("dev"))
     except InvalidParameter as err:
         return _bad_request(err)
-    return _answer(await request.app[METRICS].processes(devices), JSON)
+    try:
+        return _answer(await request.app[METRICS].processes(devices), JSON)
+    except StatusUnavailable as err:
+        return _unavailable(str(err))
 
 
 ROUTES: tuple[tuple[str, Handler], ...] = (
@@ -169,6 +225,8 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/mesos/cli", mesos_cli),
     ("/gpu/processes/json", gpu_processes_json),
     ("/metrics", metrics),
+    ("/gpu/health", gpu_health),
+    ("/gpu/health/json", gpu_health_json),
 )
 
 

@@ -41,6 +41,11 @@ def _entries(value: str | None) -> list[str] | None:
     return entries
 
 
+def means_all(value: str | None) -> bool:
+    """Whether a list parameter asks for everything (absent, empty or ``*``)."""
+    return _entries(value) is None
+
+
 def select_devices(devices: Sequence[DeviceInfo], dev: str | None) -> tuple[DeviceInfo, ...]:
     """The devices ``dev`` names, in index order, each once."""
     entries = _entries(dev)

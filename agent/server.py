@@ -21,7 +21,6 @@ from aiohttp import web
 
 from agent.attribution.docker_engine import DockerEngine
 from agent.attribution.owners import Attributor
-from agent.backends import open_backend
 from agent.config import SOCKET_NAME, Config
 from agent.connection_guard import ConnectionGuard, ConnectionLimits
 from agent.descriptors import descriptor_budget
@@ -29,16 +28,21 @@ from agent.docker_cli import control_devices
 from agent.error_log import HttpErrorLog, loop_exception_handler
 from agent.errors import StartupError
 from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
-from agent.gpu.backend import GpuBackend, GpuBackendError
+from agent.gpu.backend import GpuBackendError
+from agent.gpu.worker_client import WorkerClient
 from agent.listen import listen
 from agent.memory import release_startup_memory
 from agent.metrics.agent_metrics import AgentMetrics
+from agent.metrics.health_hook import GpuHealth
 from agent.metrics.service import MetricsService
 from agent.node_facts import NodeFacts
+from agent.node_life import NodeLife
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
+from agent.readiness import NotAnswering, check_plugin, check_rest
 from agent.rest import create_app
 from agent.status_service import StatusService
+from agent.systemd_notify import notify
 from agent.uvm import UvmError, ensure_uvm_device
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -60,7 +64,9 @@ class Agent:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.backend: GpuBackend | None = None
+        # NVML lives in a child process, the GPU worker (agent.gpu.worker), that ``life``
+        # replaces when the driver changes: read the current one as ``agent.backend``.
+        self.life = NodeLife.for_daemon(simulate=config.simulate, ldcache=config.ldcache)
         self.status: StatusService | None = None
         self.node: NodeState | None = None
         self.metrics: MetricsService | None = None
@@ -72,6 +78,23 @@ class Agent:
         # without a restart adds its step at start-up); see reload().
         self.reload_steps: list[ReloadStep] = []
         self._reloading: asyncio.Task[None] | None = None
+
+    def _gpu_health(self) -> dict[int, GpuHealth]:
+        """Each GPU's health and last XID, for /metrics (nothing before health is followed)."""
+        monitor = self.life.health
+        if monitor is None:
+            return {}
+        return {
+            index: GpuHealth(health.healthy, xid)
+            for index, (health, xid) in enumerate(
+                zip(monitor.health, monitor.last_xids, strict=False)
+            )
+        }
+
+    @property
+    def backend(self) -> WorkerClient | None:
+        """The GPU worker serving now (None while a driver upgrade has released the GPUs)."""
+        return self.life.worker
 
     async def start(self) -> None:
         cfg = self.config
@@ -105,12 +128,12 @@ class Agent:
 
         log.info("Initialising the GPU backend")
         try:
-            self.backend = await loop.run_in_executor(None, open_backend, cfg.simulate)
+            backend = await self.life.start()
         except GpuBackendError as err:
             raise StartupError(str(err)) from None
-        log.info("GPU backend: %s", self.backend.name)
+        log.info("GPU backend: %s (GPU worker, pid %s)", backend.name, backend.pid)
 
-        node = self.backend.node_info()
+        node = backend.node_info()
         models = sorted({d.model or "unknown model" for d in node.devices})
         log.info(
             "Discovered %d GPU(s): %s; driver %s, CUDA %s",
@@ -126,7 +149,7 @@ class Agent:
             lambda: prepare_volumes(cfg.volume_dir, node.driver_version, ldcache=cfg.ldcache),
         )
 
-        self.status = StatusService(self.backend, node, pcie_interval_s=cfg.pcie_interval_s)
+        self.status = StatusService(backend, node, pcie_interval_s=cfg.pcie_interval_s)
         await self.status.sample_pcie()
         self.status.start_sampler()
         self.node = NodeState(NodeFacts(node, control_devices()))
@@ -138,6 +161,7 @@ class Agent:
             self.status,
             attributor=Attributor(DockerEngine(cfg.docker_socket)),
             agent=counters,
+            health=self._gpu_health,
         )
 
         socket_path = cfg.socket_dir / SOCKET_NAME
@@ -178,8 +202,16 @@ class Agent:
         await runner.setup()
         self.runners.append(runner)
         await listen(runner, cfg.listen_host, cfg.listen_port, guard=guard)
+        try:  # what is ordered after the agent at boot must find both answering
+            await check_plugin(socket_path)
+            await check_rest(runner.addresses[0][:2])
+        except NotAnswering as err:
+            raise StartupError(str(err)) from None
+        self.life.serve(status=self.status, node_state=self.node, store=store)
+        self.reload_steps.append(ReloadStep("driver", self.life.reread))
         release_startup_memory()
         log.info("Ready")
+        notify(f"READY=1\nSTATUS=serving {len(node.devices)} GPU(s), driver {node.driver_version}")
 
     def request_reload(self) -> None:
         """SIGHUP: run the reload steps once; a SIGHUP during a reload is folded into it."""
@@ -192,11 +224,15 @@ class Agent:
         """Re-read what can change while the agent runs; a failing step is logged (one line)
         and the agent keeps serving what it had."""
         log.info("Received SIGHUP: re-reading (%d step(s))", len(self.reload_steps))
-        for step in self.reload_steps:
-            try:
-                await step.run()
-            except Exception as err:
-                log.error("Reload: %s failed: %s; keeping the previous one", step.name, err)
+        notify("RELOADING=1")
+        try:
+            for step in self.reload_steps:
+                try:
+                    await step.run()
+                except Exception as err:
+                    log.error("Reload: %s failed: %s; keeping the previous one", step.name, err)
+        finally:
+            notify("READY=1")
 
     async def watch(self) -> None:
         """Wait for a signal, or for the plugin socket to vanish (then stop with an error)."""
@@ -225,9 +261,7 @@ class Agent:
             self.metrics = None
         if self.status is not None:
             await self.status.close()
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        await self.life.close()
 
 
 async def run(config: Config) -> int:
@@ -244,6 +278,7 @@ async def run(config: Config) -> int:
             log.warning("Second %s: exiting now", signal.Signals(signum).name)
             os._exit(EXIT_FORCED)
         log.info("Received %s: shutting down", signal.Signals(signum).name)
+        notify("STOPPING=1")
         agent.stopping.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -6,6 +6,10 @@
 - The two PCIe throughput counters (about 20 ms each, as NVML samples them) are read by a
   background sampler; requests are served its latest sample, whose age is known.
 - Rendered bodies are cached on the sweep, so N requests sharing a sweep render once.
+- A backend that reads every device at once (``BatchGpuBackend``: the GPU worker) is asked
+  once per sweep and once per sample, from the event loop, instead of once per device.
+- While the node's driver is being replaced, ``suspend(why)`` makes every sweep raise
+  ``StatusUnavailable(why)`` (the REST API answers 503) until ``resume(backend, node)``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agent import render_json, render_text
-from agent.gpu.backend import GpuBackend
+from agent.gpu.backend import BackendGone, BatchGpuBackend, GpuBackend
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -30,6 +34,13 @@ from agent.gpu.model import (
 )
 
 log = logging.getLogger("nvidia-docker-plugin.status")
+
+
+BACKEND_GONE = "GPU worker restarting"  # the 503 while a backend that ended is replaced
+
+
+class StatusUnavailable(Exception):
+    """No status can be read now (the driver is being replaced); the message says why."""
 
 
 class Sweep:
@@ -80,18 +91,46 @@ class StatusService:
     """Single-flight status sweeps plus the background PCIe sampler of one node."""
 
     def __init__(self, backend: GpuBackend, node: NodeInfo, pcie_interval_s: float = 1.0) -> None:
-        self._backend = backend
-        self._node = node
-        self._count = len(node.devices)
         self._pcie_interval_s = pcie_interval_s
-        workers = max(1, self._count)
-        self._sweep_pool = ThreadPoolExecutor(workers, thread_name_prefix="status")
-        self._sample_pool = ThreadPoolExecutor(workers, thread_name_prefix="pcie")
         self._inflight: asyncio.Future[Sweep] | None = None
         self._sample: _Sample | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._failed: set[tuple[str, int]] = set()
+        self._unavailable: str | None = None
         self._sweep_listeners: list[Callable[[float], None]] = []
+        self._use(backend, node)
+
+    def _use(self, backend: GpuBackend, node: NodeInfo) -> None:
+        self._backend = backend
+        self._batch = backend if isinstance(backend, BatchGpuBackend) else None
+        self._node = node
+        self._count = len(node.devices)
+        workers = max(1, self._count)
+        self._sweep_pool = ThreadPoolExecutor(workers, thread_name_prefix="status")
+        self._sample_pool = ThreadPoolExecutor(workers, thread_name_prefix="pcie")
+
+    # -- the driver's life -----------------------------------------------------------------
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why status cannot be read now (``suspend``), or None."""
+        return self._unavailable
+
+    def suspend(self, why: str) -> None:
+        """Answer every sweep with ``StatusUnavailable(why)`` until ``resume``."""
+        self._unavailable = why
+
+    async def resume(self, backend: GpuBackend, node: NodeInfo) -> None:
+        """Read from ``backend`` (a new driver's) from now on; samples its PCIe first."""
+        old = (self._sweep_pool, self._sample_pool)
+        self._use(backend, node)
+        for pool in old:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._sample = None
+        self._failed.clear()
+        self._unavailable = None
+        with contextlib.suppress(StatusUnavailable):
+            await self.sample_pcie()
 
     def add_sweep_listener(self, listener: Callable[[float], None]) -> None:
         """Call ``listener(seconds)`` after every sweep, with how long it took (metrics)."""
@@ -100,7 +139,11 @@ class StatusService:
     # -- status sweeps ---------------------------------------------------------------------
 
     async def sweep(self) -> Sweep:
-        """The current status; joins the sweep in flight if there is one."""
+        """The current status; joins the sweep in flight if there is one.
+
+        Raises ``StatusUnavailable`` while suspended."""
+        if self._unavailable is not None:
+            raise StatusUnavailable(self._unavailable)
         inflight = self._inflight
         if inflight is None:
             inflight = asyncio.ensure_future(self._sweep())
@@ -113,21 +156,8 @@ class StatusService:
             self._inflight = None
 
     async def _sweep(self) -> Sweep:
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        if self._count == 1:
-            statuses: tuple[DeviceStatus, ...] = (
-                await loop.run_in_executor(self._sweep_pool, self._read_status, 0),
-            )
-        else:
-            statuses = tuple(
-                await asyncio.gather(
-                    *(
-                        loop.run_in_executor(self._sweep_pool, self._read_status, i)
-                        for i in range(self._count)
-                    )
-                )
-            )
+        statuses = await self._read_statuses()
         if self._sweep_listeners:
             elapsed_s = time.perf_counter() - started
             for listener in self._sweep_listeners:
@@ -140,6 +170,40 @@ class StatusService:
             return Sweep(self._node, statuses, (UNKNOWN_THROUGHPUT,) * self._count, None)
         return Sweep(self._node, statuses, sample.throughputs, time.monotonic() - sample.taken_at)
 
+    async def _read_statuses(self) -> tuple[DeviceStatus, ...]:
+        """Every device's status: one round trip to a batching backend (the GPU worker),
+        else one call per device in the thread pool, all at once."""
+        if self._batch is not None:
+            return await self._read_batch()
+        loop = asyncio.get_running_loop()
+        if self._count == 1:
+            return (await loop.run_in_executor(self._sweep_pool, self._read_status, 0),)
+        return tuple(
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(self._sweep_pool, self._read_status, i)
+                    for i in range(self._count)
+                )
+            )
+        )
+
+    async def _read_batch(self) -> tuple[DeviceStatus, ...]:
+        assert self._batch is not None
+        batch, count = self._batch, self._count
+        try:
+            statuses = await batch.read_statuses()
+        except BackendGone:
+            raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
+        except Exception as err:
+            if self._unavailable is not None:
+                raise StatusUnavailable(self._unavailable) from None
+            self._warn_once("status", -1, err)
+            return (LOST_DEVICE_STATUS,) * count
+        if len(statuses) != count:
+            self._warn_once("status", -2, ValueError(f"{len(statuses)} statuses, not {count}"))
+            return (statuses + (LOST_DEVICE_STATUS,) * count)[:count]
+        return statuses
+
     def _read_status(self, index: int) -> DeviceStatus:
         try:
             return self._backend.device_status(index)
@@ -151,6 +215,22 @@ class StatusService:
 
     async def sample_pcie(self) -> None:
         """Read every device's PCIe throughput once (in parallel) and keep it."""
+        if self._unavailable is not None:
+            raise StatusUnavailable(self._unavailable)
+        batch, count = self._batch, self._count
+        if batch is not None:
+            try:
+                sampled = await batch.read_throughputs()
+            except BackendGone:
+                raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
+            except Exception as err:
+                if self._unavailable is not None or batch is not self._batch:
+                    raise StatusUnavailable(self._unavailable or "the driver changed") from None
+                self._warn_once("pcie", -1, err)
+                sampled = (UNKNOWN_THROUGHPUT,) * count
+            if batch is self._batch and len(sampled) == count:
+                self._sample = _Sample(sampled, time.monotonic())
+            return
         loop = asyncio.get_running_loop()
         throughputs = await asyncio.gather(
             *(
@@ -172,6 +252,8 @@ class StatusService:
             started = time.monotonic()
             try:
                 await self.sample_pcie()
+            except StatusUnavailable:
+                pass  # the driver is being replaced: resume() samples the new one
             except Exception:  # keep sampling; the values go stale, their age shows it
                 log.exception("PCIe throughput sampling failed")
             elapsed = time.monotonic() - started
@@ -195,4 +277,9 @@ class StatusService:
     def _warn_once(self, what: str, index: int, err: Exception) -> None:
         if (what, index) not in self._failed:
             self._failed.add((what, index))
-            log.warning("GPU %d: reading its %s failed (%s); showing null values", index, what, err)
+            if index < 0:  # a batch read of every GPU at once
+                log.warning("Reading the GPUs' %s failed (%s); showing null values", what, err)
+            else:
+                log.warning(
+                    "GPU %d: reading its %s failed (%s); showing null values", index, what, err
+                )

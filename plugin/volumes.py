@@ -13,6 +13,11 @@ processes the rename decides (the loser discards its copy). Remove renames the v
 (``.<version>.removing-<token>``) before deleting it, so it disappears at once and whole.
 The per-name locks live only while used (``plugin.name_locks``), and Remove takes none for a
 volume that is not on disk, so made-up names cost no memory.
+
+After a driver upgrade (``use_files`` with the new driver's files), a Mount of another
+driver's volume (``nvidia_driver_<old>``, named by containers created before) serves the
+running driver's volume, built if needed: the old libraries cannot talk to the new kernel
+module. One log line per name. docs/volume-plugin.md says why, and what a downgrade does.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ VERSION_PATTERN = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,7}")
 BUILDING = ".building-"
 REMOVING = ".removing-"
 LOCK_SUFFIX = ".lock"
+MAX_REDIRECTS_LOGGED = 1024  # old names remembered for "one log line per name"
 
 
 class VolumeError(Exception):
@@ -86,10 +92,19 @@ class VolumeStore:
         # Called as listener(volume name, report) after each build this process completed,
         # in the building thread (the agent counts builds for its metrics).
         self.build_listeners: list[Callable[[str, BuildReport], None]] = []
+        self._previous_versions: set[str] = set()  # drivers this store served before
+        self._redirected: set[str] = set()  # old names already logged
 
     @property
     def driver_version(self) -> str:
         return self.files.driver_version
+
+    def use_files(self, files: DriverFiles) -> None:
+        """Serve another driver's files from now on (after a driver upgrade)."""
+        old = self.files.driver_version
+        if files.driver_version != old:
+            self._previous_versions.add(old)
+        self.files = files
 
     # --- names and paths ---
 
@@ -128,11 +143,32 @@ class VolumeStore:
         return self._existing(name)[1]
 
     def mountpoint(self, name: str) -> Path:
-        """The mountpoint for a container: the volume must be of the running driver."""
-        ref, path = self._existing(name)
-        if ref.version != self.driver_version:
-            raise VolumeError(INVALID_VERSION, name)
-        return path
+        """The mountpoint for a container: always a volume of the running driver.
+
+        A volume of another driver (on disk, or one this store served before an upgrade)
+        mounts the running driver's volume instead, built if needed: libraries of another
+        version cannot talk to the loaded kernel module."""
+        files = self.files
+        ref = self.parse(name)
+        if ref.version == files.driver_version:
+            return self._existing(name)[1]
+        path = self.path(ref)
+        if not path.is_dir() and ref.version not in self._previous_versions:
+            raise VolumeError(NO_SUCH_VOLUME, name)
+        running = ref.spec.docker_name(files.driver_version)
+        mounted = self.create(running)
+        if name not in self._redirected:
+            if len(self._redirected) >= MAX_REDIRECTS_LOGGED:
+                self._redirected.clear()
+            self._redirected.add(name)
+            log.info(
+                "Mount of %s: driver %s is not the one loaded; serving %s (the running "
+                "driver's files) instead",
+                name,
+                ref.version,
+                running,
+            )
+        return mounted
 
     def list(self) -> list[tuple[str, Path]]:
         """Every complete volume on disk, of any driver version, sorted by name."""

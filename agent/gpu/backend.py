@@ -7,13 +7,27 @@ device never raises: the affected values are ``None`` (see ``model.LOST_DEVICE_S
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agent.gpu.model import DeviceStatus, NodeInfo, PcieThroughput
 
 
 class GpuBackendError(Exception):
-    """The backend cannot start (no driver, NVML failed, bad node file): one clear line."""
+    """The backend cannot start (no driver, NVML failed, bad node file): one clear line.
+
+    ``nvml_code`` is NVML's return code when NVML itself refused (``nvmlInit``): during a
+    driver upgrade "driver not loaded" (9) and "library and kernel module versions differ"
+    (18) mean "not yet", not "broken".
+    """
+
+    def __init__(self, message: str, *, nvml_code: int | None = None) -> None:
+        super().__init__(message)
+        self.nvml_code = nvml_code
+
+
+class BackendGone(Exception):
+    """The backend cannot answer at all any more (the GPU worker's process ended): nothing
+    can be read until it is replaced. Per-device failures never raise this."""
 
 
 class GpuBackend(Protocol):
@@ -43,4 +57,21 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend (NVML shutdown). Idempotent."""
+        ...
+
+
+@runtime_checkable
+class BatchGpuBackend(GpuBackend, Protocol):
+    """A backend that reads every device in one call, as coroutines of the event loop.
+
+    The GPU worker's client is one: a status sweep is then one round trip to the worker,
+    instead of one thread per device. ``agent.status_service`` uses these when present.
+    """
+
+    async def read_statuses(self) -> tuple[DeviceStatus, ...]:
+        """Every device's ``device_status``, in index order."""
+        ...
+
+    async def read_throughputs(self) -> tuple[PcieThroughput, ...]:
+        """Every device's ``pcie_throughput``, in index order."""
         ...

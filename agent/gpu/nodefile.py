@@ -31,6 +31,24 @@ class SimulatedDevice:
     status: DeviceStatus
     throughput: PcieThroughput
     lost: bool  # every live call fails, as for a GPU that fell off the bus
+    # What the health sweep's checks find (docs/node-file.md, "Health").
+    row_remap_failure: bool = False
+    row_remap_pending: bool = False
+    retired_pages_pending: bool = False
+
+
+# The kinds of simulated events: two NVML delivers, and the GPU coming back after a reset.
+SIMULATED_EVENT_KINDS = ("xid", "double_bit_ecc", "answers_again")
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedEvent:
+    """One entry of a node file's ``events``: delivered once, by ``id``."""
+
+    id: str
+    gpu: int
+    kind: str  # one of SIMULATED_EVENT_KINDS
+    xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +59,7 @@ class NodeFile:
     devices: tuple[SimulatedDevice, ...]
     status_call_s: float  # time one device_status() takes, to mimic NVML
     pcie_sample_s: float  # time one pcie_throughput() takes (NVML: about 2 x 20 ms)
+    events: tuple[SimulatedEvent, ...] = ()
 
 
 def resolve(name_or_path: str) -> Path:
@@ -121,7 +140,40 @@ def _parse(raw: object) -> NodeFile:
         devices=tuple(simulated),
         status_call_s=timing.status_call_s,
         pcie_sample_s=timing.pcie_sample_s,
+        events=_events(raw.get("events"), len(infos)),
     )
+
+
+def _events(raw: object, count: int) -> tuple[SimulatedEvent, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise NodeFileError("events: expected a list")
+    events: list[SimulatedEvent] = []
+    seen: set[str] = set()
+    for number, entry in enumerate(raw):
+        where = f"events[{number}]"
+        if not isinstance(entry, Mapping):
+            raise NodeFileError(f"{where}: expected an object")
+        ident = entry.get("id")
+        if isinstance(ident, bool) or not isinstance(ident, str | int) or ident == "":
+            raise NodeFileError(f"{where}.id: expected a string or an integer")
+        if str(ident) in seen:
+            raise NodeFileError(
+                f"{where}.id: {ident!r} is used twice (each event is delivered once)"
+            )
+        seen.add(str(ident))
+        gpu = entry.get("gpu")
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < count:
+            raise NodeFileError(f"{where}.gpu: expected a device index from 0 to {count - 1}")
+        kind = entry.get("kind")
+        if kind not in SIMULATED_EVENT_KINDS:
+            raise NodeFileError(f"{where}.kind: expected one of {', '.join(SIMULATED_EVENT_KINDS)}")
+        xid = entry.get("xid")
+        if kind == "xid" and (isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0):
+            raise NodeFileError(f"{where}.xid: expected the XID number (an integer > 0)")
+        events.append(SimulatedEvent(str(ident), gpu, str(kind), xid if kind == "xid" else None))
+    return tuple(events)
 
 
 def _simulated(dev: Mapping[str, Any], where: str) -> SimulatedDevice:
@@ -129,14 +181,20 @@ def _simulated(dev: Mapping[str, Any], where: str) -> SimulatedDevice:
     status = {} if status is None else status
     if not isinstance(status, Mapping):
         raise NodeFileError(f"{where}.status: expected an object")
-    lost = dev.get("lost")
-    if lost is not None and not isinstance(lost, bool):
-        raise NodeFileError(f"{where}.lost: expected true, false or null, got {lost!r}")
+    flags = {}
+    for name in ("lost", *_HEALTH_FLAGS):
+        value = dev.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise NodeFileError(f"{where}.{name}: expected true, false or null, got {value!r}")
+        flags[name] = bool(value)
     return SimulatedDevice(
         status=codec.from_json(DeviceStatus, status, f"{where}.status"),
         throughput=codec.from_json(PcieThroughput, status.get("pcie"), f"{where}.status.pcie"),
-        lost=bool(lost),
+        **flags,
     )
+
+
+_HEALTH_FLAGS = ("row_remap_failure", "row_remap_pending", "retired_pages_pending")
 
 
 def dump(

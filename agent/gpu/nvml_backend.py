@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.gpu import architecture, cuda_probe
+from agent.gpu import architecture, cuda_probe, nvml_health
 from agent.gpu import nvml_query as nvml
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.cuda_driver import (
@@ -27,6 +27,7 @@ from agent.gpu.cuda_driver import (
     CudaFacts,
     cuda_bus_id,
 )
+from agent.gpu.health import DeviceCheck
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -291,6 +292,14 @@ class NvmlBackend:
     def _read_bar1_used(handle: Any) -> int | None:
         return _mib(_field(nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle), "bar1Used"))
 
+    def health_check(self, index: int) -> DeviceCheck:
+        """One health sweep of GPU ``index`` (``agent.gpu.nvml_health``)."""
+        return nvml_health.check_device(self._handles[index])
+
+    def event_watch(self) -> nvml_health.NvmlEventWatch | None:
+        """NVML's critical XID and double-bit ECC events of every GPU that delivers them."""
+        return nvml_health.NvmlEventWatch.register(self._handles)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -306,7 +315,7 @@ def _init_nvml() -> None:
     try:
         nvml.call("nvmlInit")
     except nvml.NvmlCallError as err:
-        raise GpuBackendError(_init_error(err)) from None
+        raise GpuBackendError(_init_error(err), nvml_code=err.code) from None
 
 
 def _init_error(err: nvml.NvmlCallError) -> str:

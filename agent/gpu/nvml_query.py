@@ -104,6 +104,23 @@ def _warn_once(func: str, code: int, message: str) -> None:
     log.warning("%s", message)
 
 
+# Codes that say the driver itself went away under a running NVML (module unloaded, library
+# and module versions differ), not that one value is missing: the GPU worker reports them
+# (``take_driver_error``) so that the daemon re-reads the driver instead of serving nulls.
+DRIVER_GONE = frozenset(
+    {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIB_RM_VERSION_MISMATCH}
+)
+_driver_error: list[int] = []  # the last such code, until taken
+
+
+def take_driver_error() -> int | None:
+    """The last driver-wide error code any call got since the previous call; None if none."""
+    with _warned_lock:
+        code = _driver_error[-1] if _driver_error else None
+        _driver_error.clear()
+    return code
+
+
 def reset_warnings() -> None:
     """Forget which warnings were given (for tests and after a driver reload)."""
     with _warned_lock:
@@ -137,10 +154,18 @@ def _invoke(func: str, *args: Any) -> Outcome:
     try:
         return Outcome(decode(fn(*args)), None)
     except pynvml.NVMLError as err:
-        return Outcome(None, _code_of(err))
+        code = _code_of(err)
+        if code in DRIVER_GONE:
+            _note_driver_error(code)
+        return Outcome(None, code)
     except Exception as err:  # a pynvml wrapper bug must not take the node down
         _warn_once(func, ERROR_PYTHON, f"{func} failed inside pynvml ({err!r}): reported as null")
         return Outcome(None, ERROR_PYTHON)
+
+
+def _note_driver_error(code: int) -> None:
+    with _warned_lock:
+        _driver_error[:] = [code]
 
 
 def _report(func: str, outcome: Outcome) -> Outcome:

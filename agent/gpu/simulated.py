@@ -3,13 +3,26 @@
 It is a real backend with the same model and the same threading contract as NVML, so the
 whole agent (REST API, plugin, Mesos flags) runs on machines without a GPU. It can mimic
 NVML's call costs (``timing`` in the node file) so that benchmarks see realistic latencies.
+
+It follows its file as NVML follows the hardware (docs/node-file.md, "Following the
+file"): once ``event_watch`` is asked for (the GPU worker does), the file is polled, and a
+new version of it (renamed into place) updates the statuses, the health flags, and delivers
+the ``events`` it has not delivered yet, each once, as ``nvmlEventSetWait`` would. Events
+already in the file when the backend starts are history: NVML delivers only what happens
+after it registers. An ``xid`` event 79 makes the GPU lost, as the real "fallen off the bus"
+does; ``answers_again`` brings it back through a reset (one check sees it not answering).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
+from pathlib import Path
 
 from agent.gpu import nodefile
+from agent.gpu.health import DOUBLE_BIT_ECC, XID, DeviceCheck, HealthEvent
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -18,11 +31,21 @@ from agent.gpu.model import (
     PcieThroughput,
 )
 
+log = logging.getLogger(__name__)
+
+FILE_POLL_S = 0.1  # how often the event watch looks at the file (one stat)
+FALLEN_OFF_THE_BUS_XID = 79
+
 
 class SimulatedBackend:
     def __init__(self, node: nodefile.NodeFile, source: str) -> None:
         self._node = node
         self._source = source
+        self._lock = threading.Lock()
+        self._lost: dict[int, bool] = {}  # set by events; else the file's ``lost``
+        self._resetting: set[int] = set()  # the next check sees it not answering
+        self._delivered = {event.id for event in node.events}
+        self._seen = _signature(Path(source))
 
     @classmethod
     def from_file(cls, name_or_path: str) -> SimulatedBackend:
@@ -36,17 +59,111 @@ class SimulatedBackend:
     def node_info(self) -> NodeInfo:
         return self._node.info
 
+    def _is_lost(self, index: int) -> bool:
+        return self._lost.get(index, self._node.devices[index].lost)
+
     def device_status(self, index: int) -> DeviceStatus:
         if self._node.status_call_s:
             time.sleep(self._node.status_call_s)
-        device = self._node.devices[index]
-        return LOST_DEVICE_STATUS if device.lost else device.status
+        return LOST_DEVICE_STATUS if self._is_lost(index) else self._node.devices[index].status
 
     def pcie_throughput(self, index: int) -> PcieThroughput:
         if self._node.pcie_sample_s:
             time.sleep(self._node.pcie_sample_s)
         device = self._node.devices[index]
-        return UNKNOWN_THROUGHPUT if device.lost else device.throughput
+        return UNKNOWN_THROUGHPUT if self._is_lost(index) else device.throughput
+
+    def health_check(self, index: int) -> DeviceCheck:
+        with self._lock:
+            resetting = index in self._resetting
+            self._resetting.discard(index)
+        device = self._node.devices[index]
+        return DeviceCheck(
+            answering=not (resetting or self._is_lost(index)),
+            row_remap_failure=device.row_remap_failure,
+            row_remap_pending=device.row_remap_pending,
+            retired_pages_pending=device.retired_pages_pending,
+            volatile_dbe=device.status.ecc_errors.global_,
+        )
+
+    def event_watch(self) -> SimulatedEventWatch:
+        return SimulatedEventWatch(self)
+
+    def follow_file(self) -> list[HealthEvent]:
+        """Re-read the file if it changed; the new events, as NVML would deliver them."""
+        path = Path(self._source)
+        signature = _signature(path)
+        if signature is None or signature == self._seen:
+            return []
+        try:
+            node = nodefile.load(str(path))
+        except nodefile.NodeFileError as err:
+            log.warning("%s: %s: keeping what it said before", path, err)
+            self._seen = signature  # a half-written file gets a new signature when done
+            return []
+        self._seen = signature
+        if len(node.devices) != len(self._node.devices):
+            log.warning(
+                "%s now has %d devices, not %d: only its events are taken",
+                path,
+                len(node.devices),
+                len(self._node.devices),
+            )
+        else:
+            self._node = nodefile.NodeFile(
+                info=self._node.info,  # static facts change only with a new driver (worker)
+                devices=node.devices,
+                status_call_s=node.status_call_s,
+                pcie_sample_s=node.pcie_sample_s,
+                events=node.events,
+            )
+        return self._deliver(node.events)
+
+    def _deliver(self, events: tuple[nodefile.SimulatedEvent, ...]) -> list[HealthEvent]:
+        delivered: list[HealthEvent] = []
+        now = time.time()
+        for event in events:
+            if event.id in self._delivered or event.gpu >= len(self._node.devices):
+                continue
+            self._delivered.add(event.id)
+            if event.kind == "answers_again":
+                with self._lock:
+                    self._lost.pop(event.gpu, None)
+                    self._resetting.add(event.gpu)
+                continue
+            if event.kind == "xid" and event.xid == FALLEN_OFF_THE_BUS_XID:
+                self._lost[event.gpu] = True
+            kind = XID if event.kind == "xid" else DOUBLE_BIT_ECC
+            delivered.append(HealthEvent(event.gpu, kind, event.xid, now))
+        return delivered
 
     def close(self) -> None:
         return None
+
+
+class SimulatedEventWatch:
+    """``nvmlEventSetWait`` for a node file: polls it, returns its new events."""
+
+    def __init__(self, backend: SimulatedBackend) -> None:
+        self._backend = backend
+
+    def wait(self, timeout_s: float) -> list[HealthEvent]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            events = self._backend.follow_file()
+            left = deadline - time.monotonic()
+            if events or left <= 0:
+                return events
+            time.sleep(min(FILE_POLL_S, left))
+
+    def close(self) -> None:
+        return None
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten or renamed into place; None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)

@@ -32,7 +32,7 @@ from agent.metrics.gpu_families import gpu_families
 from agent.metrics.health_hook import HealthSource
 from agent.metrics.processes_json import processes_body
 from agent.node_state import NodeState
-from agent.status_service import StatusService, Sweep
+from agent.status_service import StatusService, StatusUnavailable, Sweep
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format generate_latest writes
 
@@ -86,8 +86,16 @@ class MetricsService:
         self._view: _SweepView | None = None
 
     async def scrape(self) -> bytes:
-        """The whole ``/metrics`` body."""
-        sweep = await self.status.sweep()
+        """The whole ``/metrics`` body.
+
+        While no status can be read (a driver upgrade has the GPUs released), the GPU
+        families are absent and ``nvidia_docker_gpus_released`` says why, so the target stays
+        up and the agent's own counters keep flowing.
+        """
+        try:
+            sweep = await self.status.sweep()
+        except StatusUnavailable as err:
+            return self.agent.render() + render(self._released(str(err)))
         view = self._view_of(sweep)
         owners = await self._owners(view)
         if view.gpu_text is None:
@@ -128,7 +136,7 @@ class MetricsService:
             view.owners = asyncio.ensure_future(self.attributor.owners(pids))
         return await asyncio.shield(view.owners)
 
-    def _live(self, sweep: Sweep) -> list[Metric]:
+    def _build_info(self) -> Metric:
         node = self.node.facts.node
         build = InfoMetricFamily(
             "nvidia_docker_build",
@@ -136,7 +144,19 @@ class MetricsService:
             labels=("version", "driver_version", "cuda_version"),
         )
         build.add_metric([__version__, node.driver_version, node.cuda_version], {})
-        families: list[Metric] = [build]
+        return build
+
+    def _released(self, why: str) -> list[Metric]:
+        released = GaugeMetricFamily(
+            "nvidia_docker_gpus_released",
+            "1 while the agent has released the GPUs (a driver upgrade), with the reason.",
+            labels=("reason",),
+        )
+        released.add_metric([why], 1)
+        return [self._build_info(), released]
+
+    def _live(self, sweep: Sweep) -> list[Metric]:
+        families: list[Metric] = [self._build_info()]
         if sweep.throughput_age_s is not None:
             families.append(
                 GaugeMetricFamily(

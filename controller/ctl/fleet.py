@@ -90,6 +90,8 @@ def _fleet_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
+fleet_options = _fleet_options  # for commands of other modules (ctl.health)
+
 _EPILOG = (
     "NODE uses the NV_HOST syntax: node1: | http://10.0.0.1:3476 | ssh://admin@node2:[22[:3476]]. "
     "Exit codes: 0 all nodes answered, 1 some failed, 2 usage or inventory error, "
@@ -188,6 +190,7 @@ def _run(
     as_json: bool,
     as_jsonl: bool,
 ) -> int:
+    from controller.fleet.health_view import problems, status_notes  # noqa: PLC0415
     from controller.fleet.nodes import (  # noqa: PLC0415
         nodes_from_arguments,
         nodes_from_file,
@@ -238,7 +241,10 @@ def _run(
     elif not as_jsonl:
         width = shutil.get_terminal_size((80, 24)).columns
         lines = table_lines(query, results, width, _ellipsis())
-        sys.stdout.write("\n".join(lines) + "\n")
+        if query.name == "status":  # unhealthy GPUs, drivers that differ
+            lines += status_notes(results)
+        if lines:
+            sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
         for result in results:
             if not result.ok:
@@ -252,6 +258,8 @@ def _run(
         )
     failed = sum(1 for r in results if not r.ok)
     if failed == 0:
+        if query.name == "health" and problems(results):
+            return EXIT_SOME_FAILED  # health: any unhealthy GPU is a problem to report
         return EXIT_OK
     return EXIT_ALL_FAILED if failed == len(results) else EXIT_SOME_FAILED
 

@@ -9,6 +9,7 @@ import click
 
 from controller.ctl.endpoint import endpoint
 from controller.ctl.fleet import docker_cli, info, status
+from controller.ctl.health import health
 from controller.ctl.mesos import mesos
 
 
@@ -22,6 +23,7 @@ main.add_command(endpoint)
 main.add_command(info)
 main.add_command(status)
 main.add_command(docker_cli)
+main.add_command(health)
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
+from controller.fleet.health_view import problem_lines, problems
 from controller.fleet.query import NodeResult, Query
 from controller.fleet.table import Column, Row, Span, render
 
@@ -246,6 +247,8 @@ def table_lines(
     query: Query, results: Sequence[NodeResult], width: int, ellipsis: str = "…"
 ) -> list[str]:
     columns: tuple[Column, ...]
+    if query.name == "health":  # the problems only, whole lines; nothing when there are none
+        return problem_lines(results)
     if query.name == "status" and any(r.key == "processes" for r in query.requests):
         columns, make = STATUS_PROCESS_COLUMNS, status_process_rows
     elif query.name == "status":
@@ -288,11 +291,13 @@ def summary(results: Sequence[NodeResult]) -> dict[str, int]:
 
 
 def json_document(query: Query, results: Sequence[NodeResult]) -> str:
-    document = {
+    document: dict[str, Any] = {
         "command": query.name,
         "nodes": {r.node.name: node_entry(r) for r in results},
         "summary": summary(results),
     }
+    if query.name == "health":
+        document["problems"] = [problem.json() for problem in problems(results)]
     return json.dumps(document, indent=2) + "\n"
 
 

@@ -60,10 +60,13 @@ class Query:
 
 INFO_REQUEST = Request("info", "/gpu/info/json", must_have="Devices")
 STATUS_REQUEST = Request("status", "/gpu/status/json", must_have="Devices")
+HEALTH_REQUEST = Request("health", "/gpu/health/json", must_have="Devices")
 PROCESSES_REQUEST = Request("processes", "/gpu/processes/json", must_have="Devices", optional=True)
 INFO = Query("info", (INFO_REQUEST,))
-STATUS = Query("status", (INFO_REQUEST, STATUS_REQUEST))
-STATUS_WITH_PROCESSES = Query("status", (INFO_REQUEST, STATUS_REQUEST, PROCESSES_REQUEST))
+# status shows unhealthy GPUs too: from agents that have /gpu/health (older ones: without).
+STATUS = Query("status", (INFO_REQUEST, STATUS_REQUEST, replace(HEALTH_REQUEST, optional=True)))
+STATUS_WITH_PROCESSES = Query("status", (*STATUS.requests, PROCESSES_REQUEST))
+HEALTH = Query("health", (INFO_REQUEST, HEALTH_REQUEST))
 
 
 def docker_cli_query(dev: str | None = None, vol: str | None = None) -> Query:

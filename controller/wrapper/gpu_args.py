@@ -172,6 +172,11 @@ async def _facts_from_agent(
                 raise _refused(
                     err.invalid_parameter, err.invalid_value, count, agent.node
                 ) from None
+            if err.status == 409:  # the GPU exists but is unhealthy: the agent says why
+                raise GpuError(
+                    f"NV_GPU names a GPU that {agent.node} does not hand out now: "
+                    f"{err.agent_message}"
+                ) from None
             raise
     return GpuFacts(cuda_version=cuda, docker_args=tuple(body.decode().split()))
 

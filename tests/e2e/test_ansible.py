@@ -602,3 +602,80 @@ def test_rolling_upgrade_then_rollback_to_the_previous_wheel(fleet: Fleet, rolle
     except BaseException:
         _baseline(fleet)
         raise
+
+
+# A unit that needs the plugin at boot, as docker.service does: ordered after the agent, it
+# asks the plugin socket and the REST API once each, with no retry, and logs what it got.
+BOOT_PROBE_UNIT = """[Unit]
+Description=Boot probe: does the NVIDIA Docker agent answer when units after it start?
+After=nvidia-docker.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/python3 /usr/local/lib/nvd-boot-probe.py
+
+[Install]
+WantedBy=multi-user.target
+"""
+BOOT_PROBE = r"""
+import pathlib, socket, urllib.request
+
+def plugin():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2)
+    try:
+        sock.connect("/run/nvidia-docker/nvidia-docker.sock")
+        sock.sendall(b"POST /Plugin.Activate HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                     b"Accept: application/vnd.docker.plugins.v1.2+json\r\n\r\n")
+        return sock.recv(64).split(b" ")[1].decode()
+    except (OSError, IndexError) as err:
+        return type(err).__name__
+    finally:
+        sock.close()
+
+def rest():
+    try:
+        return str(urllib.request.urlopen("http://127.0.0.1:3476/gpu/info/json", timeout=2).status)
+    except Exception as err:
+        return type(err).__name__
+
+with pathlib.Path("/var/lib/nvd-boot-probe.log").open("a") as log:
+    log.write(f"plugin {plugin()} rest {rest()}\n")
+"""
+BOOTS = 3
+
+
+@pytest.mark.e2e
+def test_a_unit_after_the_agent_finds_it_answering_at_every_boot(
+    fleet: Fleet, rolled_out: Run
+) -> None:
+    """The packaged unit is Type=notify and says READY=1 only once both servers answer:
+    what is ordered after it (docker.service, the Mesos agents) never starts too early."""
+    node = "node1"
+    assert fleet.sh(node, "systemctl show -p Type nvidia-docker.service") == "Type=notify"
+    before = fleet.sh(node, "systemctl show -p Before nvidia-docker.service")
+    assert {"docker.service", "mesos-agent.service", "mesos-slave.service"} <= set(
+        before.removeprefix("Before=").split()
+    )
+    fleet.sh(
+        node,
+        f"cat > /usr/local/lib/nvd-boot-probe.py <<'EOF'\n{BOOT_PROBE}\nEOF\n"
+        f"cat > /etc/systemd/system/nvd-boot-probe.service <<'EOF'\n{BOOT_PROBE_UNIT}EOF\n"
+        "rm -f /var/lib/nvd-boot-probe.log && systemctl daemon-reload && "
+        "systemctl enable nvd-boot-probe.service",
+    )
+    try:
+        for _ in range(BOOTS):
+            host = fleet.systemd.reboot(fleet.hosts[node].name)
+            fleet.hosts[node] = host
+            (fleet.workdir / "known_hosts").write_text(fleet.systemd.known_hosts())
+        probes = fleet.sh(node, "cat /var/lib/nvd-boot-probe.log").splitlines()
+        assert probes == ["plugin 200 rest 200"] * BOOTS
+        assert fleet.unit(node)["ActiveState"] == "active"
+    finally:
+        fleet.sh(
+            node,
+            "systemctl disable nvd-boot-probe.service; rm -f "
+            "/etc/systemd/system/nvd-boot-probe.service /usr/local/lib/nvd-boot-probe.py; "
+            "systemctl daemon-reload",
+        )

@@ -115,7 +115,7 @@ def test_sighup_rereads_and_keeps_serving(tmp_path: Path) -> None:
         assert d.proc.poll() is None
     finally:
         code, log = d.stop()
-    assert code == 0
+    assert code == 0, log
     assert "Received SIGHUP: re-reading" in log
     assert "Traceback" not in log
 
@@ -224,3 +224,46 @@ def test_bad_listen_address_is_a_usage_error() -> None:
     result = _run("-l", "localhost", "--simulate", "h200")
     assert result.returncode == 2
     assert "expected HOST:PORT" in result.stderr
+
+
+def test_it_tells_systemd_it_is_ready_only_once_both_servers_answer(tmp_path: Path) -> None:
+    """Type=notify: docker.service starts after READY=1, and must find the plugin then."""
+    notify_path = tmp_path / "notify"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(notify_path))
+    receiver.settimeout(60)
+    port = free_port()
+    socket_path = tmp_path / "s" / "nvidia-docker.sock"
+    env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
+    proc = subprocess.Popen(
+        _command(
+            "-l", f"127.0.0.1:{port}", "-s", str(socket_path.parent), "-d", str(tmp_path / "v"),
+            "--simulate", "h200",
+        ),
+        env=env,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        ready = receiver.recv(4096).decode()
+        assert ready.startswith("READY=1\nSTATUS=serving 1 GPU(s), driver 580.159.04")
+        # At that moment both answer, first time.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/gpu/info/json", timeout=5) as r:
+            assert r.status == 200
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plugin:
+            plugin.connect(str(socket_path))
+            plugin.sendall(
+                b"POST /Plugin.Activate HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                b"Accept: application/vnd.docker.plugins.v1.2+json\r\n\r\n"
+            )
+            assert plugin.recv(4096).startswith(b"HTTP/1.1 200")
+        proc.send_signal(signal.SIGHUP)
+        assert receiver.recv(4096) == b"RELOADING=1"
+        assert receiver.recv(4096) == b"READY=1"
+        proc.send_signal(signal.SIGTERM)
+        assert receiver.recv(4096) == b"STOPPING=1"
+        proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+        proc.communicate()
+        receiver.close()
+    assert proc.returncode == 0

@@ -26,6 +26,7 @@ from pathlib import Path
 
 VERSION = "580.159.04"
 OLD_VERSION = "470.57.02"
+NEW_VERSION = "590.48.01"  # the driver an upgrade test installs over VERSION
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ class FakeDriver:
 
     def expected_lib64(self) -> set[str]:
         """Names under lib64/ of a good volume: files, soname links, the two extra links."""
-        names = {lib.file_name() for lib in self.libs_64} | {lib.soname() for lib in self.libs_64}
+        names = {lib.file_name(self.version) for lib in self.libs_64}
+        names |= {lib.soname(self.version) for lib in self.libs_64}
         return names | {"libcuda.so", "libGLX_indirect.so.0"}
 
 
@@ -255,6 +257,22 @@ def build_fake_driver(
         libs_32=libs_32,
         sizes_bytes=sizes,
     )
+
+
+def install_driver(target: FakeDriver, new: FakeDriver) -> None:
+    """Upgrade ``target``'s root in place to ``new``'s driver, as a package upgrade does.
+
+    The new binaries replace the old ones on the same PATH and the linker cache is replaced
+    by one that names the new libraries, each renamed into place (``ldconfig`` writes its
+    cache that way), so a reader sees the old cache or the new one, never half of one.
+    """
+    for name in target.binaries:
+        staged = target.bin / f".{name}.new"
+        shutil.copy2(new.bin / name, staged)
+        os.replace(staged, target.bin / name)
+    staged = target.ldcache.with_name(f".{target.ldcache.name}.new")
+    shutil.copy2(new.ldcache, staged)
+    os.replace(staged, target.ldcache)
 
 
 def remove_fake_driver(driver: FakeDriver) -> None:

@@ -207,10 +207,20 @@ class SystemdFleet:
                 container = self._create(name)
                 self.engine.docker("cp", f"{ssh_dir}/.", f"{container}:/root/.ssh")
         for container in self._containers:
-            self.engine.docker("start", container)
+            self._start_container(container)
         for name, container in zip(names, self._containers, strict=True):
             self.hosts.append(self._await_boot(name, container, timeout_s))
         return self.hosts
+
+    def _start_container(self, container: str, attempts: int = 5) -> None:
+        """``docker start``, again when the loopback port docker chose for sshd was taken
+        meanwhile (private engines of concurrent test runs allocate from the same range)."""
+        for attempt in range(attempts):
+            done = self.engine.docker("start", container, check=False)
+            if done.returncode == 0:
+                return
+            if "address already in use" not in done.stderr or attempt == attempts - 1:
+                raise AssertionError(f"docker start {container}: {done.stderr.strip()}")
 
     def _create(self, name: str) -> str:
         container = f"{self.prefix}-{name}"
@@ -278,6 +288,17 @@ class SystemdFleet:
             return self.exec(container, "systemctl", "is-active", "ssh").stdout.strip() == "active"
 
         wait_until(sshd_active, what=f"sshd on {name}", timeout_s=timeout_s, interval_s=0.2)
+        return host
+
+    def reboot(self, name: str, *, timeout_s: float = 120) -> SystemdHost:
+        """Restart a host's container (systemd shuts down, then boots again) and wait for
+        the boot; its loopback SSH port may change, so the host is looked up again."""
+        index = next(i for i, host in enumerate(self.hosts) if host.name == name)
+        container = self.hosts[index].container
+        self.engine.docker("stop", container, timeout_s=timeout_s)
+        self._start_container(container)
+        host = self._await_boot(name, container, timeout_s)
+        self.hosts[index] = host
         return host
 
     def exec(self, container: str, *command: str) -> subprocess.CompletedProcess[str]:

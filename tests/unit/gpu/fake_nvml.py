@@ -10,6 +10,7 @@ does not have (``remove_from_driver``: FunctionNotFound) or that pynvml does not
 from __future__ import annotations
 
 import json
+import queue
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,17 @@ from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts
 from tests.support.fixture_files import FIXTURES
 
 NOT_SUPPORTED = 3
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 LIBRARY_NOT_FOUND = 12
+LIB_RM_VERSION_MISMATCH = 18
+UNINITIALIZED = 1
+
+EVENT_DOUBLE_BIT_ECC = 0x0000000000000002  # nvmlEventTypeDoubleBitEccError
+EVENT_XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+EVENT_SINGLE_BIT_ECC = 0x0000000000000001
 
 
 def load_capture(name: str) -> dict[str, Any]:
@@ -39,6 +48,15 @@ class Handle:
 
 class Struct(types.SimpleNamespace):
     """A ctypes structure as pynvml returns it: attribute access."""
+
+
+class EventSet:
+    """An NVML event set: what was registered, and the events waiting to be delivered."""
+
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}  # GPU index -> registered event types
+        self.ready: queue.Queue[Struct] = queue.Queue()
+        self.freed = False
 
 
 class FakeNvml:
@@ -65,6 +83,12 @@ class FakeNvml:
             for index in range(len(self.devices))
         }
         self.field_value_types: dict[int, int] = {83: 3}  # energy: unsigned long long
+        # Health: what each GPU can deliver, its row remapper, retired pages, volatile DBEs.
+        self.supported_events: dict[int, int] = {}  # default: XID | DBE | SBE
+        self.remapped_rows: dict[int, tuple[int, int, int, int]] = {}
+        self.retired_pending: dict[int, int] = {}  # absent: not supported (Hopper)
+        self.volatile_dbe: dict[int, int] = {}
+        self.event_sets: list[EventSet] = []
         self.module = self._build_module()
 
     # -- what a test changes -------------------------------------------------------------
@@ -76,6 +100,24 @@ class FakeNvml:
     def lose(self, index: int) -> None:
         """GPU ``index`` fell off the bus: every per-device call raises GPU_IS_LOST."""
         self.failures["*", index] = GPU_IS_LOST
+
+    def emit(self, index: int, event_type: int, data: int = 0) -> None:
+        """The driver raises an event on GPU ``index``: every set registered for it gets it."""
+        for event_set in self.event_sets:
+            if event_set.masks.get(index, 0) & event_type:
+                event_set.ready.put(
+                    Struct(device=Handle(index), eventType=event_type, eventData=data)
+                )
+
+    def emit_xid(self, index: int, xid: int) -> None:
+        self.emit(index, EVENT_XID_CRITICAL, xid)
+
+    def emit_double_bit_ecc(self, index: int) -> None:
+        self.emit(index, EVENT_DOUBLE_BIT_ECC)
+
+    def recover(self, index: int) -> None:
+        """GPU ``index`` answers again (after a reset)."""
+        self.failures.pop(("*", index), None)
 
     def remove_from_driver(self, func: str) -> None:
         self.missing_in_driver.add(func)
@@ -301,6 +343,45 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, h: Handle, counter: int) -> int:
         return int(self._dev(h)["pcie_rx_KBps" if counter == 1 else "pcie_tx_KBps"])
+
+    # -- health --------------------------------------------------------------------------
+
+    def nvmlDeviceGetIndex(self, h: Handle) -> int:
+        return h.index
+
+    def nvmlDeviceGetRemappedRows(self, h: Handle) -> tuple[int, int, int, int]:
+        return self.remapped_rows.get(h.index, (0, 0, 0, 0))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Handle) -> int:
+        if h.index not in self.retired_pending:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return self.retired_pending[h.index]
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Handle, error_type: int, counter: int) -> int:
+        return self.volatile_dbe.get(h.index, 0)
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: Handle) -> int:
+        default = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
+        return self.supported_events.get(h.index, default)
+
+    def nvmlEventSetCreate(self) -> EventSet:
+        event_set = EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, h: Handle, event_types: int, event_set: EventSet) -> None:
+        if event_types & ~self.nvmlDeviceGetSupportedEventTypes(h):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        event_set.masks[h.index] = event_set.masks.get(h.index, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: EventSet, timeout_ms: int) -> Struct:
+        try:
+            return event_set.ready.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError(TIMEOUT) from None
+
+    def nvmlEventSetFree(self, event_set: EventSet) -> None:
+        event_set.freed = True
 
 
 @dataclass

@@ -12,7 +12,14 @@ import pytest
 
 from agent.gpu import codec, nodefile
 from agent.gpu.codec import CodecError
-from agent.gpu.model import DeviceInfo, DeviceStatus, EccErrors, PciLink, PeerLink
+from agent.gpu.model import (
+    DeviceInfo,
+    DeviceStatus,
+    EccErrors,
+    PcieThroughput,
+    PciLink,
+    PeerLink,
+)
 
 
 class Color(enum.IntEnum):
@@ -124,3 +131,21 @@ def test_node_file_errors_name_the_field() -> None:
     broken["devices"][0]["topology"][0]["link"] = 9
     with pytest.raises(nodefile.NodeFileError, match=r"topology\[0\]\.link: expected one of 0, 1"):
         nodefile.parse(broken)
+
+
+@pytest.mark.parametrize("name", nodefile.BUILTIN_NODES)
+def test_the_compiled_codec_writes_what_to_json_writes_and_reads_it_back(name: str) -> None:
+    """The GPU worker's hot path (encoder/decoder) agrees with the checked walk."""
+    node = nodefile.load(name)
+    for device in node.devices:
+        for cls, value in ((DeviceStatus, device.status), (PcieThroughput, device.throughput)):
+            written = codec.encoder(cls)(value)
+            assert written == codec.to_json(value)
+            assert codec.decoder(cls)(json.loads(json.dumps(written))) == value
+            assert codec.decoder(cls)(written) == codec.from_json(cls, written)
+
+
+def test_the_compiled_decoder_fills_what_is_missing_as_from_json_does() -> None:
+    assert codec.decoder(DeviceStatus)({}) == codec.from_json(DeviceStatus, {})
+    with pytest.raises(TypeError, match="not in JSON"):
+        codec.decoder(DeviceInfo)

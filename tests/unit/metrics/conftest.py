@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from pytest_aiohttp import AiohttpClient
 
 from agent.attribution.owners import Attributor
 from agent.metrics.agent_metrics import AgentMetrics
@@ -23,7 +21,11 @@ from agent.rest import create_app
 from agent.status_service import StatusService
 from tests.unit.agent.conftest import CONTROL, CountingBackend
 
-Client = TestClient[web.Request, web.Application]
+if TYPE_CHECKING:  # types only: generic from aiohttp 3.11 / pytest-aiohttp 1.1 (above the floors)
+    from aiohttp.test_utils import TestClient
+    from pytest_aiohttp import AiohttpClient
+
+    Client = TestClient[web.Request, web.Application]
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -247,14 +248,46 @@ def test_unsupported_other_versions_and_missing(store: VolumeStore) -> None:
     assert not store.volume_dir.joinpath("nvidia_driver").exists()
 
 
-def test_an_old_driver_s_volume_is_listed_removable_but_not_mounted(store: VolumeStore) -> None:
+def test_an_old_driver_s_volume_mounts_the_running_driver_s_and_stays_removable(
+    store: VolumeStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Containers created before a driver upgrade name the old volume: they get the files
+    of the driver that is loaded, since the old libraries cannot talk to its module."""
+    caplog.set_level(logging.INFO)
     old = store.volume_dir / "nvidia_driver" / "470.57.02"
     (old / "lib64").mkdir(parents=True)
     assert store.list() == [("nvidia_driver_470.57.02", old)]
-    with pytest.raises(VolumeError, match="invalid volume version"):
-        store.mountpoint("nvidia_driver_470.57.02")
+    running = store.volume_dir / "nvidia_driver" / "580.159.04"
+    assert store.mountpoint("nvidia_driver_470.57.02") == running
+    assert (running / "lib64" / "libcuda.so.1").exists()  # built on the way
+    assert store.mountpoint("nvidia_driver_470.57.02") == running
+    redirects = [r.getMessage() for r in caplog.records if "Mount of" in r.getMessage()]
+    assert redirects == [
+        "Mount of nvidia_driver_470.57.02: driver 470.57.02 is not the one loaded; serving "
+        "nvidia_driver_580.159.04 (the running driver's files) instead"
+    ]  # one line per name, however often it is mounted
+    assert [name for name, _ in store.list()] == [
+        "nvidia_driver_470.57.02",
+        "nvidia_driver_580.159.04",
+    ]  # docker volume ls keeps showing the old name until it is removed
     store.remove("nvidia_driver_470.57.02")
-    assert list(old.parent.iterdir()) == []
+    assert [p.name for p in old.parent.iterdir()] == ["580.159.04"]
+
+
+def test_after_an_upgrade_the_previous_driver_s_name_mounts_the_new_one(
+    store: VolumeStore, driver_files: DriverFiles
+) -> None:
+    """Even when the old volume was never built on disk (``docker volume create`` of a
+    container whose first start is after the upgrade)."""
+    newer = dataclasses.replace(driver_files, driver_version="590.48.01")
+    store.use_files(newer)
+    assert store.driver_version == "590.48.01"
+    mounted = store.mountpoint(NAME)
+    assert mounted == store.volume_dir / "nvidia_driver" / "590.48.01"
+    with pytest.raises(VolumeError, match=r"no such volume: nvidia_driver_1\.2\.3"):
+        store.mountpoint("nvidia_driver_1.2.3")  # never a driver of this node
+    with pytest.raises(VolumeError, match="invalid volume version"):
+        store.create(NAME)  # the old version cannot be created any more
 
 
 def test_a_symlinked_version_directory_is_refused(store: VolumeStore, tmp_path: Path) -> None:

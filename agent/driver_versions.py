@@ -1,0 +1,119 @@
+"""Which NVIDIA driver is installed, and which one is loaded: the two facts an upgrade changes.
+
+- **Installed**: the ``libnvidia-ml.so.1`` the dynamic linker cache (``--ldcache``) names,
+  resolved to its real file ``libnvidia-ml.so.<version>``: what a new process would load.
+  A package upgrade replaces the files and runs ``ldconfig``; the cache is re-parsed only
+  when its inode, size or modification time changed, and the library's link is resolved
+  again at every look (a cheap ``realpath``), so a poll costs two system calls.
+- **Loaded**: the kernel module's version, from ``/proc/driver/nvidia/version`` (or
+  ``/sys/module/nvidia/version``); ``None`` while no module is loaded. With ``--simulate
+  FILE`` the loaded driver is the node file's ``driver_version``: renaming a file with
+  another version into place is loading another module (docs/node-file.md).
+
+Every look is blocking file I/O: run it in a thread. None of these raise: a file that cannot
+be read means "not known" (``None``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from plugin.ldcache import LdCacheError, WordSize, read_ldcache
+
+log = logging.getLogger("nvidia-docker-plugin.driver")
+
+NVML_SONAME = "libnvidia-ml.so.1"
+_VERSIONED = re.compile(r"libnvidia-ml\.so\.([0-9]+(?:\.[0-9]+)+)$")
+_MODULE_LINE = re.compile(r"Kernel Module.*?\s([0-9]+\.[0-9]+(?:\.[0-9]+)?)\s")
+PROC_VERSION = Path("/proc/driver/nvidia/version")
+SYS_VERSION = Path("/sys/module/nvidia/version")
+
+Signature = tuple[int, int, int]
+
+
+def _signature(path: Path) -> Signature | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class InstalledDriver:
+    """The driver version the linker cache points ``libnvidia-ml.so.1`` at."""
+
+    def __init__(self, ldcache: Path) -> None:
+        self.ldcache = ldcache
+        self._seen: Signature | None = None
+        self._library: str | None = None  # the cache's path for libnvidia-ml.so.1
+
+    def version(self, *, force: bool = False) -> str | None:
+        signature = _signature(self.ldcache)
+        if force or signature != self._seen:
+            self._seen = signature
+            self._library = self._find_library()
+        if self._library is None:
+            return None
+        match = _VERSIONED.search(os.path.realpath(self._library))
+        return match.group(1) if match else None
+
+    def _find_library(self) -> str | None:
+        try:
+            entries = read_ldcache(self.ldcache)
+        except LdCacheError as err:
+            log.debug("%s", err)
+            return None
+        candidates = [e for e in entries if e.name == NVML_SONAME]
+        for entry in candidates:  # the 64-bit one first: what this process would load
+            if entry.word_size is WordSize.BITS_64:
+                return entry.path
+        return candidates[0].path if candidates else None
+
+
+class LoadedModule:
+    """The version of the NVIDIA kernel module that is loaded now; None when none is."""
+
+    def __init__(self, proc_file: Path = PROC_VERSION, sys_file: Path = SYS_VERSION) -> None:
+        self.proc_file = proc_file
+        self.sys_file = sys_file
+
+    def version(self, *, force: bool = False) -> str | None:
+        try:
+            text = self.proc_file.read_text(errors="replace")
+        except OSError:
+            text = ""
+        match = _MODULE_LINE.search(text.splitlines()[0] if text else "")
+        if match:
+            return match.group(1)
+        try:
+            value = self.sys_file.read_text().strip()
+        except OSError:
+            return None
+        return value or None
+
+
+class SimulatedModule:
+    """``--simulate FILE``: the loaded driver is the file's ``driver_version``."""
+
+    def __init__(self, node_file: Path) -> None:
+        self.node_file = node_file
+        self._seen: Signature | None = None
+        self._version: str | None = None
+
+    def version(self, *, force: bool = False) -> str | None:
+        signature = _signature(self.node_file)
+        if signature is None:
+            return self._version  # between an unlink and a rename: still what it was
+        if force or signature != self._seen:
+            try:
+                data = json.loads(self.node_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return self._version  # half written: look again at the next change
+            self._seen = signature
+            version = data.get("driver_version") if isinstance(data, dict) else None
+            self._version = version if isinstance(version, str) and version else None
+        return self._version

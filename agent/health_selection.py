@@ -1,0 +1,60 @@
+"""Which GPUs a container may get: the ``dev`` selection, less the unhealthy ones.
+
+``/docker/cli``, ``/mesos/cli`` and the ``nvidia-docker`` wrapper (which asks
+``/docker/cli``) hand out GPUs. Their default selection (no ``dev``, empty, ``*``) leaves the
+unhealthy GPUs out; naming one explicitly is refused with ``UnhealthyDevice``, one line
+naming the GPU and the reason (the REST API answers 409). ``/gpu/info`` and ``/gpu/status``
+still show every GPU: they describe the node, they hand nothing out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.gpu.health import DeviceHealth, utc_text
+from agent.gpu.model import DeviceInfo
+from agent.selection import means_all, select_devices
+
+
+class UnhealthyDevice(Exception):
+    """A GPU named explicitly is unhealthy; ``str()`` is the one-line answer."""
+
+    def __init__(self, entry: str, device: DeviceInfo, health: DeviceHealth) -> None:
+        since = f" since {utc_text(health.since_s)}" if health.since_s is not None else ""
+        uuid = f" ({device.uuid})" if device.uuid else ""
+        super().__init__(
+            f"unhealthy device: {entry}: GPU {device.index}{uuid} is unhealthy{since}: "
+            f"{health.reason or 'unknown reason'}; choose another GPU"
+        )
+        self.entry = entry
+        self.index = device.index
+        self.health = health
+
+
+def select_usable(
+    devices: Sequence[DeviceInfo], dev: str | None, health: Sequence[DeviceHealth]
+) -> tuple[DeviceInfo, ...]:
+    """The GPUs ``dev`` names that may be handed out; ``InvalidParameter`` for an entry that
+    names no GPU, ``UnhealthyDevice`` for one that names an unhealthy GPU."""
+    chosen = select_devices(devices, dev)
+    if means_all(dev):
+        return tuple(d for d in chosen if _healthy(health, d.index))
+    for device in chosen:
+        if not _healthy(health, device.index):
+            raise UnhealthyDevice(_entry_for(dev, device), device, health[device.index])
+    return chosen
+
+
+def _healthy(health: Sequence[DeviceHealth], index: int) -> bool:
+    return index >= len(health) or health[index].healthy
+
+
+def _entry_for(dev: str | None, device: DeviceInfo) -> str:
+    """The entry of ``dev`` that named ``device`` (as the client wrote it)."""
+    for entry in (dev or "").replace(",", " ").split():
+        if entry.isdigit() and int(entry) == device.index:
+            return entry
+        uuid = (device.uuid or "").lower()
+        if uuid and entry.upper().startswith("GPU-") and uuid.startswith(entry.lower()):
+            return entry
+    return str(device.index)

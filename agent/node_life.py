@@ -1,0 +1,370 @@
+"""The node's life: the GPU worker follows the driver through upgrades, and comes back if it dies.
+
+Once a second (and at ``SIGHUP``, and at once when NVML says the driver went away) the
+daemon looks at the installed driver (the linker cache) and the loaded one (the kernel
+module; the node file with ``--simulate``), ``agent.driver_versions``:
+
+- **release**: the installed files no longer match the library the worker loaded (a
+  package upgrade), or another module is loaded, or NVML reports the driver gone. The daemon
+  stops the worker, which closes every ``/dev/nvidia*`` it held, so the old module can be
+  unloaded; one log line; status and health answer 503 "driver upgrade in progress";
+  ``/gpu/info``, ``/docker/cli`` and ``/mesos/cli`` keep serving the last facts.
+- **pick-up**: a module is loaded and the installed files match it. A new worker starts on
+  the new library; the plugin finds the new driver's files (``nvidia_driver_<new>`` can be
+  created, old names mount it), status resumes, the node's facts are swapped
+  (``NodeState.replace``), every GPU's health starts afresh; one log line. If NVML refuses
+  ("driver not loaded", "versions differ": not yet), it is tried again at the next look.
+- a worker that exits or stops answering (a ping each look) is restarted the same way,
+  with 503 "GPU worker restarting" meanwhile.
+
+A look where nothing changed costs two ``stat``-like calls, a ``realpath`` and one ping.
+docs/node-life.md is the operator's page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+from agent.docker_cli import control_devices
+from agent.driver_versions import InstalledDriver, LoadedModule, SimulatedModule
+from agent.gpu import nodefile
+from agent.gpu.backend import GpuBackendError
+from agent.gpu.model import NodeInfo
+from agent.gpu.worker_client import WorkerClient, WorkerFailed
+from agent.health_monitor import HealthMonitor
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.plugin_site import refresh_volumes
+from agent.status_service import BACKEND_GONE, StatusService
+from agent.systemd_notify import status as tell_systemd
+from agent.uvm import UvmError, ensure_uvm_device
+from plugin.volumes import VolumeStore
+
+log = logging.getLogger("nvidia-docker-plugin")
+
+UPGRADE_IN_PROGRESS = "driver upgrade in progress"
+WORKER_RESTARTING = BACKEND_GONE
+POLL_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 10.0
+# nvmlInit's "not yet" answers while a driver is being replaced.
+NOT_YET_CODES = frozenset({9, 18})  # driver not loaded, library/module versions differ
+
+Spawn = Callable[[], Awaitable[WorkerClient]]
+
+
+class VersionSource(Protocol):
+    def version(self, *, force: bool = False) -> str | None: ...
+
+
+class NodeLife:
+    """Owns the GPU worker of a running daemon and replaces it when the driver changes."""
+
+    def __init__(
+        self,
+        *,
+        spawn: Spawn,
+        installed: VersionSource,
+        loaded: VersionSource,
+        ldcache: Path,
+        simulated: bool,
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> None:
+        self._spawn = spawn
+        self._installed = installed
+        self._loaded = loaded
+        self._ldcache = ldcache
+        self._simulated = simulated
+        self._poll_interval_s = poll_interval_s
+        self.worker: WorkerClient | None = None
+        self.node: NodeInfo | None = None
+        self._tracked = False  # the installed files matched the running driver
+        self._module_known = False  # the loaded module's version can be read here
+        self._released_at: float | None = None
+        self._why_released: str | None = None
+        self._driver_error: int | None = None
+        self._waiting: str | None = None  # the last "waiting because" logged
+        self._status: StatusService | None = None
+        self._node_state: NodeState | None = None
+        self._store: VolumeStore | None = None
+        self.health: HealthMonitor | None = None
+        self._lock = asyncio.Lock()
+        self._poke = asyncio.Event()
+        self._watch: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @classmethod
+    def for_daemon(
+        cls, *, simulate: str | None, ldcache: Path, health_interval_s: float = 1.0
+    ) -> NodeLife:
+        """The daemon's: real module and linker cache, or the node file with ``--simulate``."""
+
+        async def spawn() -> WorkerClient:
+            return await WorkerClient.spawn(simulate=simulate, health_interval_s=health_interval_s)
+
+        loaded: VersionSource = LoadedModule()
+        if simulate is not None:
+            loaded = SimulatedModule(nodefile.resolve(simulate))
+        return cls(
+            spawn=spawn,
+            installed=InstalledDriver(ldcache),
+            loaded=loaded,
+            ldcache=ldcache,
+            simulated=simulate is not None,
+        )
+
+    @property
+    def released(self) -> bool:
+        return self.worker is None
+
+    # -- start and stop --------------------------------------------------------------------
+
+    async def start(self) -> WorkerClient:
+        """The first worker; ``GpuBackendError`` (one line) when it cannot start."""
+        worker = await self._spawn()
+        self.worker, self.node = worker, worker.node_info()
+        installed, loaded = await self._look(force=True)
+        self._tracked = installed == self.node.driver_version
+        self._module_known = loaded is not None
+        return worker
+
+    def serve(
+        self,
+        *,
+        status: StatusService,
+        node_state: NodeState,
+        store: VolumeStore,
+    ) -> None:
+        """Follow the node from now on: health into ``node_state``, the driver's changes
+        into all three. Call once the servers are up."""
+        assert self.worker is not None
+        assert self.node is not None
+        self._status, self._node_state, self._store = status, node_state, store
+        self.health = HealthMonitor(
+            len(self.node.devices), on_change=self._publish, on_driver_error=self._on_driver_error
+        )
+        self.health.follow(self.worker)
+        self._watch_exit(self.worker)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="driver")
+
+    async def close(self) -> None:
+        self._closing = True  # a worker that ends from now on is not restarted
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        if self.worker is not None:
+            await self.worker.stop()
+            self.worker = None
+
+    async def reread(self) -> None:
+        """SIGHUP: look at the driver now (files re-read); changes nothing if nothing changed."""
+        async with self._lock:
+            before = self.node
+            await self._poll(force=True)
+            node, store = self.node, self._store
+            if node is None or self.released or node is not before:
+                return
+            if store is not None and store.driver_version != node.driver_version:
+                await self._refresh_volumes(node)  # they could not be found at the pick-up
+            log.info("Reload: driver %s, unchanged", node.driver_version)
+
+    # -- the watch -------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self._poll_interval_s)
+            self._poke.clear()
+            try:
+                async with self._lock:
+                    await self._poll(force=False)
+            except Exception as err:  # the watch must never stop; the next look retries
+                log.error("Following the driver failed: %s: %s", type(err).__name__, err)
+                log.debug("Following the driver failed", exc_info=True)
+
+    def _watch_exit(self, worker: WorkerClient) -> None:
+        """When ``worker`` ends unasked, status says so at once and the next look is now."""
+
+        def ended(_: object) -> None:
+            if worker is self.worker and self._status is not None and not self._closing:
+                self._status.suspend(WORKER_RESTARTING)
+                self._poke.set()
+
+        asyncio.ensure_future(worker.closed.wait()).add_done_callback(ended)
+
+    def _on_driver_error(self, code: int) -> None:
+        self._driver_error = code
+        self._poke.set()
+
+    async def _look(self, *, force: bool) -> tuple[str | None, str | None]:
+        def look() -> tuple[str | None, str | None]:
+            return self._installed.version(force=force), self._loaded.version(force=force)
+
+        return await asyncio.to_thread(look)
+
+    async def _poll(self, *, force: bool) -> None:
+        installed, loaded = await self._look(force=force)
+        if self.worker is not None:
+            why = await self._release_reason(self.worker, installed, loaded)
+            if why is None:
+                return
+            await self._release(*why)
+        await self._try_pick_up(installed, loaded)
+
+    async def _release_reason(
+        self, worker: WorkerClient, installed: str | None, loaded: str | None
+    ) -> tuple[str, str] | None:
+        """(log line, 503 text) when the worker must go; None when all is well."""
+        assert self.node is not None
+        version = self.node.driver_version
+        if worker.closed.is_set():
+            return (f"{worker.exit_reason}: restarting it", WORKER_RESTARTING)
+        if self._driver_error is not None:
+            code, self._driver_error = self._driver_error, None
+            return (f"NVML says the driver went away (NVML error {code})", UPGRADE_IN_PROGRESS)
+        if self._tracked and installed != version:
+            what = f"{version} -> {installed}" if installed else f"{version} removed"
+            return (f"The installed NVIDIA driver changed ({what})", UPGRADE_IN_PROGRESS)
+        if self._module_known and loaded is not None and loaded != version:
+            return (
+                f"The loaded NVIDIA kernel module is {loaded}, not {version}",
+                UPGRADE_IN_PROGRESS,
+            )
+        try:
+            await worker.ping(PING_TIMEOUT_S)
+        except TimeoutError:
+            return (
+                f"The GPU worker does not answer within {PING_TIMEOUT_S:.0f} s (NVML hangs?): "
+                "restarting it",
+                WORKER_RESTARTING,
+            )
+        except Exception:  # it just went away: the next look says how
+            return (
+                f"{worker.exit_reason or 'the GPU worker stopped'}: restarting it",
+                WORKER_RESTARTING,
+            )
+        return None
+
+    async def _release(self, why: str, answer: str) -> None:
+        worker = self.worker
+        assert worker is not None
+        assert self._status is not None
+        assert self.health is not None
+        self._status.suspend(answer)
+        self.health.forget()
+        self.worker = None
+        self._released_at = time.monotonic()
+        self._why_released = answer
+        self._waiting = None
+        await worker.stop()
+        tell_systemd(f"{answer}: {why}")
+        if answer == UPGRADE_IN_PROGRESS:
+            log.warning(
+                "%s: released the GPUs (GPU worker stopped, NVML shut down, no NVIDIA device "
+                "file open); status answers 503 until the new kernel module is loaded",
+                why,
+            )
+        else:
+            log.error("%s", why)
+
+    async def _try_pick_up(self, installed: str | None, loaded: str | None) -> None:
+        not_yet = self._not_yet(installed, loaded)
+        if not_yet is not None:
+            self._wait(not_yet)
+            return
+        try:
+            worker = await self._spawn()
+        except WorkerFailed as err:
+            ready = "NVML is not ready" if err.nvml_code in NOT_YET_CODES else "NVML failed"
+            self._wait(f"{ready} ({err})")
+            return
+        except GpuBackendError as err:
+            self._wait(f"the GPU worker cannot start ({err})")
+            return
+        await self._picked_up(worker, installed)
+
+    def _not_yet(self, installed: str | None, loaded: str | None) -> str | None:
+        """Why a new worker would not start yet, as far as the files tell; None: try it."""
+        if not (self._module_known or self._simulated):
+            return None  # no module version here: NVML itself says when
+        if loaded is None:
+            return "no NVIDIA kernel module is loaded"
+        if self._tracked and installed is not None and installed != loaded:
+            return f"driver {installed} is installed, the loaded module is {loaded}"
+        return None
+
+    def _wait(self, why: str) -> None:
+        if why != self._waiting:
+            self._waiting = why
+            log.info(
+                "Waiting for the driver: %s; looking again every %.0f s", why, self._poll_interval_s
+            )
+
+    async def _picked_up(self, worker: WorkerClient, installed: str | None) -> None:
+        assert self._status is not None
+        assert self._store is not None
+        assert self.health is not None
+        old = self.node.driver_version if self.node is not None else None
+        node = worker.node_info()
+        changed = node.driver_version != old
+        if changed:
+            await self._refresh_volumes(node)
+            if not self._simulated:
+                await asyncio.to_thread(self._check_uvm)
+        self.worker, self.node = worker, node
+        self._tracked = installed == node.driver_version
+        await self._status.resume(worker, node)
+        self.health.follow(worker, fresh=changed)
+        self._watch_exit(worker)
+        self._publish()
+        took = time.monotonic() - (self._released_at or time.monotonic())
+        if changed:
+            log.warning(
+                "Driver %s picked up (was %s), %.1f s after the release: %s; %d GPU(s), "
+                "volume nvidia_driver_%s",
+                node.driver_version,
+                old,
+                took,
+                worker.name,
+                len(node.devices),
+                node.driver_version,
+            )
+        else:
+            log.warning("GPU worker restarted (%s), %.1f s after it stopped", worker.name, took)
+        self._released_at = self._why_released = self._waiting = None
+        tell_systemd(f"serving {len(node.devices)} GPU(s), driver {node.driver_version}")
+
+    async def _refresh_volumes(self, node: NodeInfo) -> None:
+        assert self._store is not None
+        try:
+            await asyncio.to_thread(
+                refresh_volumes, self._store, node.driver_version, ldcache=self._ldcache
+            )
+        except (OSError, ValueError) as err:  # NVML works: serve it, say what is missing
+            log.error(
+                "The files of driver %s cannot be found (%s): nvidia_driver_%s cannot be "
+                "built until a SIGHUP finds them",
+                node.driver_version,
+                err,
+                node.driver_version,
+            )
+
+    @staticmethod
+    def _check_uvm() -> None:
+        try:
+            log.info("Checking the NVIDIA unified memory device: %s", ensure_uvm_device())
+        except UvmError as err:
+            log.warning("%s", err)
+
+    def _publish(self) -> None:
+        """Serve the current node and health (a driver change or a health change)."""
+        if self._node_state is None or self.node is None or self.health is None:
+            return
+        self._node_state.replace(NodeFacts(self.node, control_devices(), self.health.health))

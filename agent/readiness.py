@@ -1,0 +1,64 @@
+"""Before the agent says it is ready: do its plugin socket and its REST API answer?
+
+``docker.service`` starts once the agent is ready (``agent.systemd_notify``), and restarts
+containers that name the driver volume: the plugin must answer by then. So the agent asks
+itself, as its clients will: ``POST /Plugin.Activate`` on the unix socket, and
+``GET /gpu/info/json`` on the first address the REST API listens on. Each answer must be
+200 within ``timeout_s``; otherwise ``NotAnswering`` says which one and how it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from pathlib import Path
+
+PLUGIN_REQUEST = (
+    b"POST /Plugin.Activate HTTP/1.1\r\nHost: plugin\r\n"
+    b"Accept: application/vnd.docker.plugins.v1.2+json\r\n"
+    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+)
+
+
+class NotAnswering(Exception):
+    """A server of the agent does not answer itself; the message says which and how."""
+
+
+async def _status(
+    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes
+) -> int:
+    reader, writer = connection
+    try:
+        writer.write(request)
+        line = await reader.readline()
+    finally:
+        writer.close()
+    parts = line.split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+
+
+async def check_plugin(socket_path: Path, timeout_s: float = 5.0) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            code = await _status(
+                await asyncio.open_unix_connection(str(socket_path)), PLUGIN_REQUEST
+            )
+    except (OSError, TimeoutError) as err:
+        raise NotAnswering(f"the plugin socket {socket_path} does not answer ({err})") from None
+    if code != 200:
+        raise NotAnswering(f"the plugin socket {socket_path} answered {code} to Plugin.Activate")
+
+
+async def check_rest(address: tuple[str, int], timeout_s: float = 5.0) -> None:
+    host, port = address
+    if ipaddress.ip_address(host).is_unspecified:  # bound to every interface
+        host = "::1" if ":" in host else "127.0.0.1"
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    request = f"GET /gpu/info/json HTTP/1.1\r\nHost: {shown}\r\nConnection: close\r\n\r\n"
+    try:
+        async with asyncio.timeout(timeout_s):
+            code = await _status(await asyncio.open_connection(host, port), request.encode())
+    except (OSError, TimeoutError) as err:
+        raise NotAnswering(f"the REST API on {shown} does not answer ({err})") from None
+    if code != 200:
+        raise NotAnswering(f"the REST API on {shown} answered {code} to GET /gpu/info/json")

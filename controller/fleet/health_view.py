@@ -1,0 +1,119 @@
+"""The fleet's problems: unhealthy GPUs, nodes that do not answer, drivers that differ.
+
+- ``problems(results)``: one ``Problem`` per unhealthy GPU (from the agents'
+  ``/gpu/health/json``) and per node that did not answer, in the order of the nodes;
+- ``problem_lines``: what ``nvidia-docker-ctl health`` prints, one whole line per problem
+  (never cut to the terminal: the reason is the point);
+- ``status_notes``: the lines ``nvidia-docker-ctl status`` prints after its table: each
+  unhealthy GPU with its reason, and the driver versions when the fleet is not uniform
+  (``drivers: 580.159.04 on 998 nodes, 575.64.05 on 2``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.fleet.query import NodeResult
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    node: str
+    gpu: int | None  # None: the node as a whole
+    what: str
+    since: str | None = None
+    xid: int | None = None
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "gpu": self.gpu,
+            "problem": self.what,
+            "since": self.since,
+            "xid": self.xid,
+        }
+
+
+def _devices(answer: Any) -> list[Any]:
+    devices = answer.get("Devices") if isinstance(answer, Mapping) else None
+    return devices if isinstance(devices, list) else []
+
+
+def _node_problem(result: NodeResult) -> Problem:
+    error = result.error or "failed"
+    if result.reason == "HTTP 503":
+        what = error.rsplit(": ", 1)[-1]  # the agent's own words: "driver upgrade in progress"
+    elif result.reason == "HTTP 404" and "/gpu/health" in error:
+        what = "its agent has no /gpu/health (an older release: upgrade it to see GPU health)"
+    else:
+        what = f"does not answer: {error}"
+    return Problem(result.node.name, None, what)
+
+
+def gpu_problems(result: NodeResult) -> list[Problem]:
+    found = []
+    for index, device in enumerate(_devices(result.answers.get("health"))):
+        if isinstance(device, Mapping) and device.get("Healthy") is False:
+            reason = device.get("Reason")
+            since = device.get("Since")
+            xid = device.get("XID")
+            found.append(
+                Problem(
+                    result.node.name,
+                    index,
+                    f"unhealthy: {reason}" if isinstance(reason, str) else "unhealthy",
+                    since if isinstance(since, str) else None,
+                    xid if isinstance(xid, int) and not isinstance(xid, bool) else None,
+                )
+            )
+    return found
+
+
+def problems(results: Sequence[NodeResult]) -> list[Problem]:
+    found: list[Problem] = []
+    for result in results:
+        found += gpu_problems(result) if result.ok else [_node_problem(result)]
+    return found
+
+
+def problem_lines(results: Sequence[NodeResult]) -> list[str]:
+    """``node3  GPU 2  unhealthy: XID 79 (...)  since 2026-...Z``; ``node5  does not ...``."""
+    lines = []
+    for problem in problems(results):
+        where = problem.node if problem.gpu is None else f"{problem.node}  GPU {problem.gpu}"
+        since = f"  since {problem.since}" if problem.since else ""
+        lines.append(f"{where}  {problem.what}{since}")
+    return lines
+
+
+def driver_summary(results: Sequence[NodeResult]) -> str | None:
+    """``580.159.04 on 998 nodes, 575.64.05 on 2`` when the answering nodes differ."""
+    versions: Counter[str] = Counter()
+    for result in results:
+        info = result.answers.get("info") if result.ok else None
+        version = info.get("Version", {}).get("Driver") if isinstance(info, Mapping) else None
+        if isinstance(version, str):
+            versions[version] += 1
+    if len(versions) < 2:
+        return None
+    ranked = sorted(versions.items(), key=lambda item: (-item[1], item[0]))
+    first, *rest = ranked
+    parts = [f"{first[0]} on {first[1]} node{'s' if first[1] != 1 else ''}"]
+    parts += [f"{version} on {count}" for version, count in rest]
+    return ", ".join(parts)
+
+
+def status_notes(results: Sequence[NodeResult]) -> list[str]:
+    """What ``status`` says after its table: unhealthy GPUs, then differing drivers."""
+    notes = []
+    for result in results:
+        for problem in gpu_problems(result) if result.ok else []:
+            since = f" since {problem.since}" if problem.since else ""
+            notes.append(f"{problem.node} GPU {problem.gpu} {problem.what}{since}")
+    summary = driver_summary(results)
+    if summary is not None:
+        notes.append(f"drivers: {summary}")
+    return notes
