@@ -86,8 +86,8 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     metavar="FILE",
     envvar="NVIDIA_DOCKER_PLUGIN_SIMULATE",
     show_envvar=True,
-    help="Serve a simulated node from a node file (or a built-in: h200, h200x2, hgx-h200-8) "
-    "instead of the GPUs NVML finds. Never used unless given.",
+    help="Serve a simulated node from a node file (or a built-in: h200, h200x2, hgx-h200-8, "
+    "h200x2-mig) instead of the GPUs NVML finds. Never used unless given.",
 )
 @click.option(
     "--ldcache",

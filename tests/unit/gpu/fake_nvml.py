@@ -31,7 +31,10 @@ FIXTURES = next(
     _ROOT.parent / "shared" / "fixtures",
 )
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
+NOT_FOUND = 6
+MAX_MIG_DEVICES = 7  # an H200 splits into at most seven MIG devices
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 LIBRARY_NOT_FOUND = 12
@@ -46,6 +49,26 @@ def load_capture(name: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Handle:
     index: int
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    """The handle of MIG device ``slot`` of GPU ``parent``."""
+
+    parent: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class FakeMig:
+    """A MIG device as the fake NVML reports it."""
+
+    slot: int
+    uuid: str
+    profile: str  # "1g.18gb": the name is "<GPU name> MIG <profile>"
+    memory_mib: int
+    gpu_instance: int
+    compute_instance: int
 
 
 class Struct(types.SimpleNamespace):
@@ -67,6 +90,7 @@ class FakeNvml:
         self.shutdowns = 0
         self.remote_device_type: int | None = 0  # NVML_NVLINK_DEVICE_TYPE_GPU
         self.processes: dict[int, list[Struct]] = {}
+        self.mig: dict[int, list[FakeMig]] = {}  # GPU index -> MIG devices, when MIG is on
         self.module = self._build_module()
 
     # -- what a test changes -------------------------------------------------------------
@@ -78,6 +102,10 @@ class FakeNvml:
     def lose(self, index: int) -> None:
         """GPU ``index`` fell off the bus: every per-device call raises GPU_IS_LOST."""
         self.failures["*", index] = GPU_IS_LOST
+
+    def enable_mig(self, index: int, devices: list[FakeMig]) -> None:
+        """GPU ``index`` is in MIG mode with these MIG devices (the capture's GPUs are not)."""
+        self.mig[index] = list(devices)
 
     def remove_from_driver(self, func: str) -> None:
         self.missing_in_driver.add(func)
@@ -103,8 +131,9 @@ class FakeNvml:
             if name in self.missing_in_driver:
                 raise pynvml.NVMLError(FUNCTION_NOT_FOUND)
             for arg in args:
-                if isinstance(arg, Handle):
-                    for key in ((name, arg.index), ("*", arg.index)):
+                if isinstance(arg, Handle | MigHandle):
+                    index = arg.index if isinstance(arg, Handle) else arg.parent
+                    for key in ((name, index), ("*", index)):
                         if key in self.failures:
                             raise pynvml.NVMLError(self.failures[key])
             if (name, None) in self.failures:
@@ -158,10 +187,14 @@ class FakeNvml:
 
     # -- static facts --------------------------------------------------------------------
 
-    def nvmlDeviceGetName(self, h: Handle) -> str:
+    def nvmlDeviceGetName(self, h: Handle | MigHandle) -> str:
+        if isinstance(h, MigHandle):
+            return f"{self.devices[h.parent]['name']} MIG {self._mig(h).profile}"
         return str(self._dev(h)["name"])
 
-    def nvmlDeviceGetUUID(self, h: Handle) -> bytes:
+    def nvmlDeviceGetUUID(self, h: Handle | MigHandle) -> bytes:
+        if isinstance(h, MigHandle):
+            return self._mig(h).uuid.encode()
         return str(self._dev(h)["uuid"]).encode()
 
     def nvmlDeviceGetMinorNumber(self, h: Handle) -> int:
@@ -199,8 +232,44 @@ class FakeNvml:
     def nvmlDeviceGetEccMode(self, h: Handle) -> list[int]:
         return list(self._dev(h)["ecc_mode"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: Handle) -> Struct:
+    def nvmlDeviceGetMemoryInfo(self, h: Handle | MigHandle) -> Struct:
+        if isinstance(h, MigHandle):
+            total = self._mig(h).memory_mib * 1024 * 1024
+            return Struct(total=total, free=total, used=0)
         return Struct(**self._dev(h)["memory"])
+
+    # -- MIG -----------------------------------------------------------------------------
+
+    def _mig(self, h: MigHandle) -> FakeMig:
+        for device in self.mig.get(h.parent, []):
+            if device.slot == h.slot:
+                return device
+        raise pynvml.NVMLError(NOT_FOUND)
+
+    def nvmlDeviceGetMigMode(self, h: Handle | MigHandle) -> list[int]:
+        if isinstance(h, MigHandle) or "mig_mode" not in self._dev(h):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        if h.index in self.mig:
+            return [1, 1]
+        return [int(mode) for mode in self._dev(h)["mig_mode"]]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Handle) -> int:
+        if "mig_mode" not in self._dev(h):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Handle, slot: int) -> MigHandle:
+        if h.index not in self.mig:
+            raise pynvml.NVMLError(INVALID_ARGUMENT)  # MIG mode is off
+        handle = MigHandle(h.index, slot)
+        self._mig(handle)  # not found: an empty slot
+        return handle
+
+    def nvmlDeviceGetGpuInstanceId(self, h: MigHandle) -> int:
+        return self._mig(h).gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, h: MigHandle) -> int:
+        return self._mig(h).compute_instance
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, h: Handle, size: int, scope: int) -> list[int]:
         return [1] + [0] * (size - 1)  # NUMA node 0
