@@ -17,6 +17,7 @@ import click
 
 from agent import __version__
 from agent.config import (
+    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_LDCACHE,
     DEFAULT_LISTEN,
     DEFAULT_PCIE_INTERVAL_S,
@@ -41,6 +42,10 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[s
         return parse_listen(value)
     except ListenAddressError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _optional_dir(_ctx: click.Context, _param: click.Parameter, value: str) -> Path | None:
+    return Path(value) if value else None
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -107,6 +112,26 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     "outside /run/docker/plugins; e.g. /etc/docker/plugins/nvidia-docker.spec.",
 )
 @click.option(
+    "--cdi-spec-dir",
+    default=DEFAULT_CDI_SPEC_DIR,
+    show_default=True,
+    callback=_optional_dir,
+    envvar="NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR",
+    show_envvar=True,
+    help="Write the CDI spec of kind nvidia.com/gpu (nvidia-docker.json) into this "
+    "directory and keep it current, for Podman and Docker 25+; empty: no spec.",
+)
+@click.option(
+    "--cdi-dev-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_CDI_DEV_ROOT",
+    show_envvar=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the device nodes the CDI spec names are on this host (a driver container "
+    "that makes them under its own root, e.g. /run/nvidia/driver).",
+)
+@click.option(
     "--pcie-interval",
     "pcie_interval_s",
     default=DEFAULT_PCIE_INTERVAL_S,
@@ -147,6 +172,8 @@ def command(
     simulate: str | None,
     ldcache: Path,
     spec_file: Path | None,
+    cdi_spec_dir: Path | None,
+    cdi_dev_root: Path,
     pcie_interval_s: float,
     event_loop: str,
     dump_target: str | None,
@@ -167,6 +194,8 @@ def command(
         ldcache=ldcache,
         pcie_interval_s=pcie_interval_s,
         spec_file=spec_file,
+        cdi_spec_dir=cdi_spec_dir,
+        cdi_dev_root=cdi_dev_root,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

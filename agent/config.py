@@ -13,6 +13,7 @@ DEFAULT_VOLUMES = "/var/lib/nvidia-docker/volumes"
 DEFAULT_SOCKET_DIR = "/run/docker/plugins"
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 DEFAULT_PCIE_INTERVAL_S = 1.0
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"  # one of the two directories every CDI reader scans
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
 
 
@@ -30,6 +31,8 @@ class Config:
     ldcache: Path
     pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
     spec_file: Path | None = None
+    cdi_spec_dir: Path | None = None  # None: no CDI spec (the command line's default is set)
+    cdi_dev_root: Path = Path("/")  # where the device nodes the CDI spec names are
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 
 from agent import render_json, render_text
-from agent.docker_cli import docker_cli
+from agent.cdi_cli import cdi_cli
+from agent.docker_cli import docker_cli_for
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.mesos_cli import MesosCli
-from agent.selection import select_devices, select_volumes
+from agent.selection import Target, select_devices, select_targets, select_volumes
 
 
 class NodeFacts:
@@ -26,12 +27,23 @@ class NodeFacts:
         """The GPUs a ``dev`` parameter names; ``InvalidParameter`` for a bad entry."""
         return select_devices(self.node.devices, dev)
 
+    def targets(self, dev: str | None) -> tuple[Target, ...]:
+        """The GPUs and MIG devices a ``dev`` parameter names; ``InvalidParameter`` too."""
+        return select_targets(self.node.devices, dev)
+
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one instance per node, lives as long
     def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
-        cli = docker_cli(
+        cli = docker_cli_for(
             self.node.driver_version,
             self.control_devices,
-            self.devices(dev),
+            self.targets(dev),
             select_volumes(vol),
         )
+        return cli.json() if as_json else cli.text().encode()
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - as docker_cli
+    def docker_cli_cdi(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
+        """The CDI form (``format=cdi``); ``vol`` is checked, the spec mounts the volume."""
+        select_volumes(vol)
+        cli = cdi_cli(self.targets(dev))
         return cli.json() if as_json else cli.text().encode()

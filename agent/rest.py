@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent import render_json, render_text
+from agent.cdi_writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.node_state import NodeState
 from agent.selection import InvalidParameter
@@ -29,6 +30,8 @@ TEXT = "text/plain"
 
 NODE = web.AppKey("node", NodeState)
 STATUS = web.AppKey("status", StatusService)
+CDI = web.AppKey("cdi", CdiSpecWriter)  # only when the agent writes a CDI spec
+DOCKER_FORMATS = ("legacy", "cdi")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -113,8 +116,17 @@ async def gpu_status_json(request: web.Request) -> web.Response:
 
 async def _docker(request: web.Request, as_json: bool) -> web.Response:
     facts = request.app[NODE].facts
+    dev, vol, fmt = (request.query.get(name) for name in ("dev", "vol", "format"))
     try:
-        body = facts.docker_cli(request.query.get("dev"), request.query.get("vol"), as_json)
+        if fmt in (None, "", "legacy"):
+            body = facts.docker_cli(dev, vol, as_json)
+        elif fmt == "cdi":
+            if CDI not in request.app:
+                hint = " (this agent writes no CDI spec: start it with --cdi-spec-dir DIR)"
+                raise InvalidParameter("format", fmt, hint)
+            body = facts.docker_cli_cdi(dev, vol, as_json)
+        else:
+            raise InvalidParameter("format", fmt, f" (expected {' or '.join(DOCKER_FORMATS)})")
     except InvalidParameter as err:
         return _bad_request(err)
     return _answer(body, JSON if as_json else TEXT)
@@ -128,13 +140,38 @@ async def docker_cli_json(request: web.Request) -> web.Response:
     return await _docker(request, as_json=True)
 
 
+LEFT_OUT_HEADER = "X-Left-Out"  # what a Mesos line does not offer, and why
+
+
 async def mesos_cli(request: web.Request) -> web.Response:
     facts = request.app[NODE].facts
     try:
-        body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
+        answer = facts.mesos.render(request.query.get("format"), request.query.get("dev"))
     except InvalidParameter as err:
         return _bad_request(err)
-    return _answer(body, TEXT)
+    response = _answer(answer.body, TEXT)
+    if answer.left_out:
+        response.headers[LEFT_OUT_HEADER] = "; ".join(answer.left_out)
+    return response
+
+
+async def cdi_spec(request: web.Request) -> web.Response:
+    """The node's CDI spec, the bytes of the file engines read (docs/cdi.md)."""
+    writer = request.app.get(CDI)
+    if writer is None:
+        return web.Response(
+            status=404,
+            text="no CDI spec: this agent runs without --cdi-spec-dir\n",
+            content_type=TEXT,
+        )
+    body = writer.current
+    if body is None:
+        return web.Response(
+            status=503,
+            text=f"the CDI spec {writer.path} could not be written: see the agent's log\n",
+            content_type=TEXT,
+        )
+    return _answer(body, JSON)
 
 
 ROUTES: tuple[tuple[str, Handler], ...] = (
@@ -145,11 +182,16 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/docker/cli", docker_cli_text),
     ("/docker/cli/json", docker_cli_json),
     ("/mesos/cli", mesos_cli),
+    ("/cdi/spec", cdi_spec),
 )
 
 
 def create_app(
-    node: NodeState, status: StatusService, *, middlewares: Sequence[Middleware] = ()
+    node: NodeState,
+    status: StatusService,
+    *,
+    middlewares: Sequence[Middleware] = (),
+    cdi: CdiSpecWriter | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -159,6 +201,8 @@ def create_app(
     app = web.Application(middlewares=list(middlewares))
     app[NODE] = node
     app[STATUS] = status
+    if cdi is not None:
+        app[CDI] = cdi
     for path, handler in ROUTES:
         app.router.add_get(path, handler)
         for version in API_VERSIONS:

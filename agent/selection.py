@@ -52,6 +52,11 @@ class Target:
     mig: MigDevice | None = None
 
 
+def entries_of(value: str | None) -> list[str] | None:
+    """The entries of a list parameter (``dev``, ``vol``), or None when it means "all"."""
+    return _entries(value)
+
+
 def select_targets(devices: Sequence[DeviceInfo], dev: str | None) -> tuple[Target, ...]:
     """What ``dev`` names, in GPU index order (a GPU's MIG devices in MIG index order), each
     once; a whole GPU includes its MIG devices, so naming both gives the GPU."""

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from agent import render_text
 from agent.backends import open_backend
+from agent.cdi_writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
 from agent.config import SOCKET_NAME, Config
 from agent.docker_cli import control_devices
 from agent.errors import StartupError
@@ -56,6 +58,7 @@ class Agent:
         self.backend: GpuBackend | None = None
         self.status: StatusService | None = None
         self.node: NodeState | None = None
+        self.cdi: CdiSpecWriter | None = None
         self.runners: list[web.AppRunner] = []
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
@@ -91,6 +94,7 @@ class Agent:
             node.driver_version,
             node.cuda_version,
         )
+        log.info("MIG mode: %s", render_text.mig_summary(node))
 
         log.info("Finding the driver files of each volume (ld.so.cache: %s)", cfg.ldcache)
         store = await loop.run_in_executor(
@@ -102,6 +106,12 @@ class Agent:
         await self.status.sample_pcie()
         self.status.start_sampler()
         self.node = NodeState(NodeFacts(node, control_devices()))
+        if cfg.cdi_spec_dir is not None:
+            settings = CdiSettings(cfg.cdi_spec_dir, cfg.cdi_dev_root, find_linker_cache_hook())
+            self.cdi = CdiSpecWriter(settings, volume_builder(store))
+            log.info("Writing the CDI spec %s (with the driver volume it mounts)", self.cdi.path)
+            await self.cdi.write(self.node.facts)
+            self.node.subscribe(self.cdi.on_node_change)
 
         socket_path = cfg.socket_dir / SOCKET_NAME
         log.info("Serving the plugin API on unix://%s", socket_path)
@@ -115,7 +125,7 @@ class Agent:
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
         log.info("Serving the REST API on %s", where)
         runner = web.AppRunner(
-            create_app(self.node, self.status),
+            create_app(self.node, self.status, cdi=self.cdi),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             handle_signals=False,
@@ -165,6 +175,8 @@ class Agent:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
         self.runners.clear()
+        if self.cdi is not None:
+            await self.cdi.close()
         if self.status is not None:
             await self.status.close()
         if self.backend is not None:

@@ -1,11 +1,12 @@
 """The layering rules of the README ("Architecture"), checked on every import of our code.
 
 Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``, ``cdi``.
-``agent.gpu``, ``plugin``, ``mesos`` and ``cdi`` import nothing of ours; nothing imports ``controller``; only
-``agent/gpu/`` imports pynvml; in ``controller``, paramiko only in the SSH tunnel and
-aiohttp only in the HTTP client and the fleet query; the wrapper's fast path imports nothing
-but the standard library at module level. Every import counts, also one inside a function
-(a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
+``agent.gpu``, ``plugin``, ``mesos`` and ``cdi`` import nothing of ours; nothing imports
+``controller``, and ``controller`` imports neither ``plugin`` nor ``cdi`` (the agent speaks
+for them); only ``agent/gpu/`` imports pynvml; in ``controller``, paramiko only in the SSH
+tunnel and aiohttp only in the HTTP client and the fleet query; the wrapper's fast path
+imports nothing but the standard library at module level. Every import counts, also one
+inside a function (a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
 """
 
 from __future__ import annotations
