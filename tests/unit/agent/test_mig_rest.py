@@ -59,7 +59,8 @@ async def test_docker_cli_gives_the_gpu_node_and_the_mig_capability_nodes(
     ]
     whole = await (await client.get("/docker/cli/json", params={"dev": "0"})).json()
     assert whole["Devices"][2:] == ["/dev/nvidia0", *(c for m in MIGS for c in m.capabilities)]
-    text = await (await client.get("/docker/cli", params={"dev": f"{MIGS[3].uuid[:12]} 1"})).text()
+    prefix = str(MIGS[3].uuid)[:12]
+    text = await (await client.get("/docker/cli", params={"dev": f"{prefix} 1"})).text()
     assert text.endswith(
         "--device=/dev/nvidia0 --device=/dev/nvidia-caps/nvidia-cap129 "
         "--device=/dev/nvidia-caps/nvidia-cap130 --device=/dev/nvidia1\n"
