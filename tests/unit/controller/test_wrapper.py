@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -114,7 +114,7 @@ class Docker:
     def volume(self, name: str) -> None:
         (self.root / "volumes" / name).touch()
 
-    def engine(self, version: dict[str, object], cdi_spec_dirs: list[str] | None = None) -> None:
+    def engine(self, version: Mapping[str, object], cdi_spec_dirs: list[str] | None = None) -> None:
         """What ``version --format`` and ``info --format`` answer (default: Docker 20.10)."""
         engine = {"version": version, "cdi_spec_dirs": cdi_spec_dirs}
         (self.root / "engine.json").write_text(json.dumps(engine))
@@ -550,8 +550,10 @@ def test_pass_through_imports_nothing_heavy() -> None:
 
 # --- CDI: engines that read CDI specs get --device=nvidia.com/gpu=<UUID> ---------------------
 
-PODMAN = {"Client": {"APIVersion": "4.3.1", "Version": "4.3.1", "OsArch": "linux/amd64"}}
-DOCKER_28 = {
+PODMAN: dict[str, object] = {
+    "Client": {"APIVersion": "4.3.1", "Version": "4.3.1", "OsArch": "linux/amd64"}
+}
+DOCKER_28: dict[str, dict[str, str]] = {
     "Client": {"Version": "28.2.2", "ApiVersion": "1.50", "Os": "linux", "Arch": "amd64"},
     "Server": {"Version": "28.2.2", "ApiVersion": "1.50"},
 }
