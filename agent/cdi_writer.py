@@ -36,6 +36,8 @@ from plugin.volumes import VolumeStore
 log = logging.getLogger("nvidia-docker-plugin.cdi")
 
 SPEC_NAME = "nvidia-docker.json"
+# Where every CDI reader looks (Podman always; Docker 25+ unless its daemon.json says else).
+SCANNED_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 FILE_MODE = 0o644
 HOOK_PROGRAM = "nvidia-docker-cdi-hook"
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
@@ -75,6 +77,20 @@ def find_linker_cache_hook() -> spec.LinkerCacheHook | None:
         )
         return None
     return spec.LinkerCacheHook(program=os.path.abspath(program), ldconfig=ldconfig)
+
+
+def readers_find(spec_file: Path, scanned: tuple[Path, ...] = SCANNED_DIRS) -> bool:
+    """Whether CDI readers see ``spec_file``: it is in a directory they scan, or such a
+    directory holds a ``.json``/``.yaml`` link to it (the packaged unit's way)."""
+    real = os.path.realpath(spec_file)
+    for directory in scanned:
+        if os.path.realpath(directory) == os.path.dirname(real):
+            return True
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.endswith((".json", ".yaml")) and os.path.realpath(entry) == real:
+                    return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +141,7 @@ class CdiSpecWriter:
         self._current: bytes | None = None
         self._wanted: NodeFacts | None = None
         self._task: asyncio.Task[None] | None = None
+        self._checked_readers = False
 
     @property
     def path(self) -> Path:
@@ -176,6 +193,16 @@ class CdiSpecWriter:
             return False
         changed = on_disk != data
         self._current = data
+        if not self._checked_readers:
+            self._checked_readers = True
+            if not readers_find(self.path):
+                log.warning(
+                    "CDI readers (Podman; Docker 25+ by default) scan %s only, and none of "
+                    "them holds %s or a link to it: link /var/run/cdi/%s to it (docs/cdi.md)",
+                    " and ".join(map(str, SCANNED_DIRS)),
+                    self.path,
+                    SPEC_NAME,
+                )
         for line in built.left_out:
             log.warning("CDI spec: %s", line)
         log.info(

@@ -111,7 +111,8 @@ def image_labels(docker: Sequence[str], command: DockerCommand) -> dict[str, str
     fmt = "{{json .Config.Labels}}"
     done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
     if done.returncode != 0:
-        if "no such image" not in done.stderr.lower():
+        message = done.stderr.lower()
+        if "no such image" not in message and "image not known" not in message:  # docker, podman
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
         if command.options.get("pull") == "never":
             return None

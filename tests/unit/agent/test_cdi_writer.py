@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpClient
 
+from agent import cdi_writer
 from agent.cdi_writer import CdiSettings, CdiSpecWriter, volume_builder
 from agent.gpu import nodefile
 from agent.gpu.model import NodeInfo
@@ -338,3 +339,33 @@ async def test_the_cdi_form_needs_an_agent_that_writes_a_spec(
     )
     legacy = await client.get("/docker/cli", params={"format": "legacy"})
     assert await legacy.read() == await (await client.get("/docker/cli")).read()
+
+
+def test_readers_find_a_spec_in_their_directory_or_linked_from_it(tmp_path: Path) -> None:
+    scanned = (tmp_path / "etc-cdi", tmp_path / "run-cdi")
+    for directory in scanned:
+        directory.mkdir()
+    inside = scanned[1] / "nvidia-docker.json"
+    inside.write_text("{}")
+    assert cdi_writer.readers_find(inside, scanned)
+    own = tmp_path / "state" / "cdi" / "nvidia-docker.json"
+    own.parent.mkdir(parents=True)
+    own.write_text("{}")
+    assert not cdi_writer.readers_find(own, scanned)
+    (scanned[1] / "other.txt").symlink_to(own)  # readers load .json and .yaml only
+    assert not cdi_writer.readers_find(own, scanned)
+    (scanned[1] / "nvidia-docker.json").unlink()
+    (scanned[1] / "nvidia-docker.json").symlink_to(own)
+    assert cdi_writer.readers_find(own, scanned)
+
+
+async def test_a_spec_no_reader_sees_is_warned_about(
+    tmp_path: Path, volumes: Volumes, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = make_writer(tmp_path, volumes)  # under tmp_path: no reader scans it
+    with caplog.at_level(logging.WARNING):
+        await writer.write(facts())
+        await writer.write(facts())
+    lines = [r.getMessage() for r in caplog.records if "CDI readers" in r.getMessage()]
+    assert len(lines) == 1  # once, not at every rewrite
+    assert "link /var/run/cdi/nvidia-docker.json to it" in lines[0]
