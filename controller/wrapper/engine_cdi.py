@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from controller.errors import ControllerError
 from controller.wrapper.docker_args import DockerCommand
 
-DOCKER_CDI_MAJOR = 25  # Docker Engine 25.0 added CDI (experimental until 27, default on in 28)
+DOCKER_CDI_MAJOR = 25  # Docker Engine 25.0 added CDI (opt-in; on by default from 28.2)
 PODMAN_CDI_MAJOR = 4
 PROBE_TIMEOUT_S = 10.0
 CHOICES = {"yes": True, "1": True, "true": True, "no": False, "0": False, "false": False}
