@@ -4,12 +4,12 @@ Asked once per ``run``/``create`` of an image that wants GPUs, never for anythin
 
 1. ``<docker> version --format '{{json .}}'``: Podman's client answers with ``OsArch`` (Docker's
    never does); Podman 4 and later read CDI. Docker says its engine's version: before 25 it
-   has no CDI, and the answer is known after this one call (about 17 ms on this machine).
+   has no CDI, and the answer is known after this one call (17-26 ms here, under load).
 2. Docker 25 and later only: ``<docker> info --format '{{json .CDISpecDirs}}'``; a non-empty
    list means the engine reads specs from those directories (CDI is a daemon feature that
    may be off).
 
-Podman's ``info`` would tell too, but costs 200-300 ms against 30 ms for ``version``.
+Podman's ``info`` would tell too, but costs 200-700 ms against 30-100 ms for ``version``.
 ``NV_CDI`` overrides the question: ``yes`` (CDI without asking), ``no`` (the volume form
 without asking), ``auto`` or unset (ask). Any failure to ask means "no": the volume form
 works with every engine.
