@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
 
-from agent.gpu import nvml_mig
+from agent.gpu import nodefile, nvml_mig
 from agent.gpu.model import MigDevice
 from tests.unit.gpu.conftest import MakeFake, StartBackend
 from tests.unit.gpu.fake_nvml import NOT_SUPPORTED, FakeMig
@@ -159,3 +160,25 @@ def test_a_mig_value_nvml_cannot_read_is_none(
     assert (mig.gpu_instance_id, mig.compute_instance_id) == (3, None)
     assert mig.capabilities == ()  # the compute instance's node cannot be known
     assert (mig.uuid, mig.profile, mig.memory_mib) == (UUIDS[0], "1g.18gb", 16384)
+
+
+def test_mig_devices_survive_a_node_file_round_trip(
+    make_fake: MakeFake, start_backend: StartBackend, tmp_path: Path
+) -> None:
+    """--dump-node of a MIG node gives a node file that serves the same MIG devices."""
+    fake = make_fake("h200x2")
+    fake.enable_mig(0, [FakeMig(0, UUIDS[0], "3g.71gb", 71424, 1, 0)])
+    backend = start_backend(fake, proc=_proc(tmp_path))
+    info = backend.node_info()
+    count = len(info.devices)
+    dumped = nodefile.dump(
+        info,
+        [backend.device_status(i) for i in range(count)],
+        [backend.pcie_throughput(i) for i in range(count)],
+    )
+    assert dumped["devices"][0]["mig_enabled"] is True
+    assert dumped["devices"][0]["mig_devices"][0]["capabilities"] == [
+        "/dev/nvidia-caps/nvidia-cap12",
+        "/dev/nvidia-caps/nvidia-cap13",
+    ]
+    assert nodefile.parse(json.loads(json.dumps(dumped))).info == info
