@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from agent import __version__
 from agent.config import (
@@ -44,7 +46,17 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[s
         raise click.BadParameter(str(err)) from None
 
 
-def _optional_dir(_ctx: click.Context, _param: click.Parameter, value: str) -> Path | None:
+CDI_SPEC_DIR_ENV = "NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"
+
+
+def _cdi_spec_dir(ctx: click.Context, param: click.Parameter, value: str) -> Path | None:
+    """Empty turns the spec off, as a flag or in the environment: click takes an empty
+    variable for an unset one (and would use the default), so that case is read here."""
+    from_default = param.name is not None and (
+        ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT
+    )
+    if from_default and os.environ.get(CDI_SPEC_DIR_ENV) == "":
+        return None
     return Path(value) if value else None
 
 
@@ -115,8 +127,8 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     "--cdi-spec-dir",
     default=DEFAULT_CDI_SPEC_DIR,
     show_default=True,
-    callback=_optional_dir,
-    envvar="NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR",
+    callback=_cdi_spec_dir,
+    envvar=CDI_SPEC_DIR_ENV,
     show_envvar=True,
     help="Write the CDI spec of kind nvidia.com/gpu (nvidia-docker.json) into this "
     "directory and keep it current, for Podman and Docker 25+; empty: no spec.",

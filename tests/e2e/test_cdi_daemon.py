@@ -119,8 +119,19 @@ def test_written_at_start_kept_at_stop_and_not_rewritten_at_restart(
     assert spec.stat().st_ino == inode
 
 
-def test_off_when_the_spec_dir_is_empty(start: StartAgent, tmp_path: Path) -> None:
-    agent = start("--cdi-spec-dir", "")
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),  # NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR="" in the environment (tests/conftest.py)
+        ("--cdi-spec-dir", ""),
+    ],
+)
+def test_off_when_the_spec_dir_is_empty(
+    start: StartAgent, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    assert os.environ["NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"] == ""
+    agent = start(*args)
+    assert "CDI spec" not in agent.text()
     assert agent.get("/cdi/spec")[0] == 404
     status, body = agent.get("/docker/cli?format=cdi")
     assert status == 400
