@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from agent import __version__
 from agent.config import (
+    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_DOCKER_SOCKET,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -46,6 +49,20 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[s
         return parse_listen(value)
     except ListenAddressError as err:
         raise click.BadParameter(str(err)) from None
+
+
+CDI_SPEC_DIR_ENV = "NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"
+
+
+def _cdi_spec_dir(ctx: click.Context, param: click.Parameter, value: str) -> Path | None:
+    """Empty turns the spec off, as a flag or in the environment: click takes an empty
+    variable for an unset one (and would use the default), so that case is read here."""
+    from_default = param.name is not None and (
+        ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT
+    )
+    if from_default and os.environ.get(CDI_SPEC_DIR_ENV) == "":
+        return None
+    return Path(value) if value else None
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -91,8 +108,8 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     metavar="FILE",
     envvar="NVIDIA_DOCKER_PLUGIN_SIMULATE",
     show_envvar=True,
-    help="Serve a simulated node from a node file (or a built-in: h200, h200x2, hgx-h200-8) "
-    "instead of the GPUs NVML finds. Never used unless given.",
+    help="Serve a simulated node from a node file (or a built-in: h200, h200x2, hgx-h200-8, "
+    "h200x2-mig) instead of the GPUs NVML finds. Never used unless given.",
 )
 @click.option(
     "--ldcache",
@@ -110,6 +127,26 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write this Docker plugin spec file (unix://<socket>) while serving, for a socket "
     "outside /run/docker/plugins; e.g. /etc/docker/plugins/nvidia-docker.spec.",
+)
+@click.option(
+    "--cdi-spec-dir",
+    default=DEFAULT_CDI_SPEC_DIR,
+    show_default=True,
+    callback=_cdi_spec_dir,
+    envvar=CDI_SPEC_DIR_ENV,
+    show_envvar=True,
+    help="Write the CDI spec of kind nvidia.com/gpu (nvidia-docker.json) into this "
+    "directory and keep it current, for Podman and Docker 25+; empty: no spec.",
+)
+@click.option(
+    "--cdi-dev-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_CDI_DEV_ROOT",
+    show_envvar=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the device nodes the CDI spec names are on this host (a driver container "
+    "that makes them under its own root, e.g. /run/nvidia/driver).",
 )
 @click.option(
     "--pcie-interval",
@@ -204,6 +241,8 @@ def command(
     simulate: str | None,
     ldcache: Path,
     spec_file: Path | None,
+    cdi_spec_dir: Path | None,
+    cdi_dev_root: Path,
     pcie_interval_s: float,
     docker_socket: Path,
     event_loop: str,
@@ -234,6 +273,8 @@ def command(
         idle_timeout_s=idle_timeout_s,
         max_connections=max_connections,
         reserved_fds=reserved_fds,
+        cdi_spec_dir=cdi_spec_dir,
+        cdi_dev_root=cdi_dev_root,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

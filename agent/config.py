@@ -14,6 +14,7 @@ DEFAULT_SOCKET_DIR = "/run/docker/plugins"
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 DEFAULT_PCIE_INTERVAL_S = 1.0
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"  # asked for GPU processes' container names
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"  # one of the two directories every CDI reader scans
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
 # Connection limits of both servers (docs/agent.md, "Limits").
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -41,6 +42,8 @@ class Config:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     reserved_fds: int = DEFAULT_RESERVED_FDS
+    cdi_spec_dir: Path | None = None  # None: no CDI spec (the command line's default is set)
+    cdi_dev_root: Path = Path("/")  # where the device nodes the CDI spec names are
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

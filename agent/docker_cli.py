@@ -1,17 +1,20 @@
 """The ``docker run`` arguments that give a container GPUs and the driver volume.
 
 Control devices come first (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, and
-``/dev/nvidia-uvm-tools`` only where it exists), then the selected GPUs in index order.
+``/dev/nvidia-uvm-tools`` only where it exists), then the selected GPUs in index order. A GPU
+in MIG mode comes with the capability nodes of its MIG devices (``/dev/nvidia-caps/...``):
+all of them for the whole GPU, those of one MIG device when only that one is selected.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent import render_json
 from agent.gpu.model import DeviceInfo
+from agent.selection import Target
 from plugin.volume_specs import VOLUME_DRIVER, VolumeSpec
 
 UVM_TOOLS = "/dev/nvidia-uvm-tools"
@@ -54,6 +57,33 @@ def docker_cli(
     devices: tuple[DeviceInfo, ...],
     volumes: tuple[VolumeSpec, ...],
 ) -> DockerCli:
+    """The arguments for whole GPUs."""
+    return docker_cli_for(driver_version, control, [Target(dev) for dev in devices], volumes)
+
+
+def docker_cli_for(
+    driver_version: str,
+    control: tuple[str, ...],
+    targets: Sequence[Target],
+    volumes: tuple[VolumeSpec, ...],
+) -> DockerCli:
+    """The arguments for a selection of GPUs and MIG devices."""
     volume_args = tuple(spec.binding(driver_version) for spec in volumes)
-    gpu_paths = tuple(dev.path for dev in devices if dev.path)
-    return DockerCli(volume_driver=VOLUME_DRIVER, volumes=volume_args, devices=control + gpu_paths)
+    return DockerCli(
+        volume_driver=VOLUME_DRIVER, volumes=volume_args, devices=control + gpu_nodes(targets)
+    )
+
+
+def gpu_nodes(targets: Sequence[Target]) -> tuple[str, ...]:
+    """The device nodes of a selection, in order, each once: a GPU's node, then the
+    capability nodes of its MIG devices (of every one for a whole GPU). A GPU whose node is
+    unknown (NVML could not open it) gives nothing."""
+    nodes: list[str] = []
+    for target in targets:
+        if not target.gpu.path:
+            continue
+        migs = target.gpu.mig_devices if target.mig is None else (target.mig,)
+        for node in (target.gpu.path, *(cap for mig in migs for cap in mig.capabilities)):
+            if node not in nodes:
+                nodes.append(node)
+    return tuple(nodes)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from agent.gpu.health import DeviceHealth, utc_text
 from agent.gpu.model import DeviceInfo
-from agent.selection import means_all, select_devices
+from agent.selection import Target, means_all, select_targets
 
 
 class UnhealthyDevice(Exception):
@@ -33,15 +33,16 @@ class UnhealthyDevice(Exception):
 
 def select_usable(
     devices: Sequence[DeviceInfo], dev: str | None, health: Sequence[DeviceHealth]
-) -> tuple[DeviceInfo, ...]:
-    """The GPUs ``dev`` names that may be handed out; ``InvalidParameter`` for an entry that
-    names no GPU, ``UnhealthyDevice`` for one that names an unhealthy GPU."""
-    chosen = select_devices(devices, dev)
+) -> tuple[Target, ...]:
+    """The GPUs and MIG devices ``dev`` names that may be handed out (a MIG device is as
+    healthy as its GPU); ``InvalidParameter`` for an entry that names nothing,
+    ``UnhealthyDevice`` for one that names an unhealthy GPU or one of its MIG devices."""
+    chosen = select_targets(devices, dev)
     if means_all(dev):
-        return tuple(d for d in chosen if _healthy(health, d.index))
-    for device in chosen:
-        if not _healthy(health, device.index):
-            raise UnhealthyDevice(_entry_for(dev, device), device, health[device.index])
+        return tuple(t for t in chosen if _healthy(health, t.gpu.index))
+    for target in chosen:
+        if not _healthy(health, target.gpu.index):
+            raise UnhealthyDevice(_entry_for(dev, target), target.gpu, health[target.gpu.index])
     return chosen
 
 
@@ -49,12 +50,20 @@ def _healthy(health: Sequence[DeviceHealth], index: int) -> bool:
     return index >= len(health) or health[index].healthy
 
 
-def _entry_for(dev: str | None, device: DeviceInfo) -> str:
-    """The entry of ``dev`` that named ``device`` (as the client wrote it)."""
+def _entry_for(dev: str | None, target: Target) -> str:
+    """The entry of ``dev`` that named ``target`` (as the client wrote it)."""
+    device = target.gpu
     for entry in (dev or "").replace(",", " ").split():
-        if entry.isdigit() and int(entry) == device.index:
+        if entry.isascii() and entry.isdigit() and int(entry) == device.index:
             return entry
         uuid = (device.uuid or "").lower()
         if uuid and entry.upper().startswith("GPU-") and uuid.startswith(entry.lower()):
             return entry
+        mig = target.mig
+        if mig is not None:
+            if entry == f"{device.index}:{mig.index}":
+                return entry
+            mig_uuid = (mig.uuid or "").lower()
+            if mig_uuid and entry.upper().startswith("MIG-") and mig_uuid.startswith(entry.lower()):
+                return entry
     return str(device.index)

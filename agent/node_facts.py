@@ -1,20 +1,22 @@
 """The static answers of one node, rendered once: what ``/gpu/info``, ``/docker/cli`` and
 ``/mesos/cli`` serve as cached bytes until the node changes.
 
-The GPUs' health is part of the facts: ``/docker/cli`` and ``/mesos/cli`` hand out only
-healthy GPUs (``agent.health_selection``), so a health change builds new facts."""
+The GPUs' health is part of the facts: ``/docker/cli`` (both forms) and ``/mesos/cli`` hand
+out only healthy GPUs and MIG devices (``agent.health_selection``), so a health change
+builds new facts."""
 
 from __future__ import annotations
 
 import functools
 
 from agent import render_json, render_text
-from agent.docker_cli import docker_cli
+from agent.cdi_cli import cdi_cli
+from agent.docker_cli import docker_cli_for
 from agent.gpu.health import HEALTHY, DeviceHealth
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health_selection import select_usable
 from agent.mesos_cli import MesosCli
-from agent.selection import select_devices, select_volumes
+from agent.selection import Target, select_devices, select_volumes
 
 
 class NodeFacts:
@@ -39,16 +41,29 @@ class NodeFacts:
         """The GPUs a ``dev`` parameter names; ``InvalidParameter`` for a bad entry."""
         return select_devices(self.node.devices, dev)
 
-    def usable(self, dev: str | None) -> tuple[DeviceInfo, ...]:
-        """The GPUs ``dev`` names that may be handed out (``agent.health_selection``)."""
+    def usable(self, dev: str | None) -> tuple[Target, ...]:
+        """The GPUs and MIG devices ``dev`` names that may be handed out: ``InvalidParameter``
+        for an entry that names nothing, ``UnhealthyDevice`` for an unhealthy one."""
         return select_usable(self.node.devices, dev, self.health)
+
+    @property
+    def unhealthy(self) -> frozenset[int]:
+        """Indices of the GPUs that are not handed out now."""
+        return frozenset(i for i, health in enumerate(self.health) if not health.healthy)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one instance per node, lives as long
     def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
-        cli = docker_cli(
+        cli = docker_cli_for(
             self.node.driver_version,
             self.control_devices,
             self.usable(dev),
             select_volumes(vol),
         )
+        return cli.json() if as_json else cli.text().encode()
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - as docker_cli
+    def docker_cli_cdi(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
+        """The CDI form (``format=cdi``); ``vol`` is checked, the spec mounts the volume."""
+        select_volumes(vol)
+        cli = cdi_cli(self.usable(dev))
         return cli.json() if as_json else cli.text().encode()

@@ -22,7 +22,7 @@ def device_info(dev: DeviceInfo) -> dict[str, Any]:
         {"BusID": peer.bus_id, "Link": int(peer.link), "NVLinks": peer.nvlinks}
         for peer in dev.topology
     ]
-    return {
+    body = {
         "UUID": dev.uuid,
         "Path": dev.path,
         "Model": dev.model,
@@ -47,6 +47,26 @@ def device_info(dev: DeviceInfo) -> dict[str, Any]:
             "Bandwidth": dev.memory.bandwidth_mbps,
         },
     }
+    if dev.mig_enabled:  # additive, and only for GPUs in MIG mode: other bodies stay as they were
+        body["MIG"] = mig(dev)
+    return body
+
+
+def mig(dev: DeviceInfo) -> dict[str, Any]:
+    """``Devices[].MIG`` of ``/gpu/info/json``: the MIG devices of a GPU in MIG mode."""
+    devices = [
+        {
+            "Index": m.index,
+            "UUID": m.uuid,
+            "Profile": m.profile,
+            "Memory": m.memory_mib,
+            "GPUInstance": m.gpu_instance_id,
+            "ComputeInstance": m.compute_instance_id,
+            "Paths": list(m.capabilities) or None,
+        }
+        for m in dev.mig_devices
+    ]
+    return {"Enabled": True, "Devices": devices or None}
 
 
 def info(node: NodeInfo) -> bytes:

@@ -78,7 +78,41 @@ def _device_info(dev: DeviceInfo) -> list[str]:
         for peer in dev.topology:
             nvlinks = f", {peer.nvlinks} NVLinks" if peer.nvlinks else ""
             lines.append(f"    {peer.bus_id} - {peer.link.label}{nvlinks}")
+    if dev.mig_enabled:  # only GPUs in MIG mode: the old tool's text stays as it was
+        lines += _mig_devices(dev)
     return lines
+
+
+def _mig_devices(dev: DeviceInfo) -> list[str]:
+    if not dev.mig_devices:
+        return ["  MIG Devices:  None"]
+    lines = ["  MIG Devices"]
+    for mig in dev.mig_devices:
+        instances = f"GI {_v(mig.gpu_instance_id)}, CI {_v(mig.compute_instance_id)}"
+        lines.append(
+            f"    {dev.index}:{mig.index}  {_v(mig.profile):<10} {_v(mig.memory_mib, 'MiB'):>10}"
+            f"  {_v(mig.uuid)}  ({instances})"
+        )
+    return lines
+
+
+def mig_summary(node: NodeInfo) -> str:
+    """One line for the log: which GPUs are in MIG mode (``on for GPU 0 (4 MIG devices);
+    off for GPU 1``), or that none can be."""
+    on = [d for d in node.devices if d.mig_enabled]
+    off = [d.index for d in node.devices if d.mig_enabled is False]
+    unknown = [d.index for d in node.devices if d.mig_enabled is None]
+    parts = [f"on for GPU {d.index} ({len(d.mig_devices)} MIG devices)" for d in on]
+    if off:
+        parts.append("off for " + ("every GPU" if len(off) == len(node.devices) else _gpus(off)))
+    if unknown:
+        what = "every GPU" if len(unknown) == len(node.devices) else _gpus(unknown)
+        parts.append(f"not supported or not read for {what}")
+    return "; ".join(parts) or "no GPU"
+
+
+def _gpus(indices: Sequence[int]) -> str:
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(map(str, indices))
 
 
 def info(node: NodeInfo) -> str:

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent import health_routes, render_json, render_text
+from agent.cdi_writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health_selection import UnhealthyDevice
 from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -36,6 +37,8 @@ TEXT = "text/plain"
 NODE = web.AppKey("node", NodeState)
 STATUS = web.AppKey("status", StatusService)
 METRICS = web.AppKey("metrics", MetricsService)
+CDI = web.AppKey("cdi", CdiSpecWriter)  # only when the agent writes a CDI spec
+DOCKER_FORMATS = ("legacy", "cdi")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -147,8 +150,17 @@ async def gpu_status_json(request: web.Request) -> web.Response:
 
 async def _docker(request: web.Request, as_json: bool) -> web.Response:
     facts = request.app[NODE].facts
+    dev, vol, fmt = (request.query.get(name) for name in ("dev", "vol", "format"))
     try:
-        body = facts.docker_cli(request.query.get("dev"), request.query.get("vol"), as_json)
+        if fmt in (None, "", "legacy"):
+            body = facts.docker_cli(dev, vol, as_json)
+        elif fmt == "cdi":
+            if CDI not in request.app:
+                hint = " (this agent writes no CDI spec: start it with --cdi-spec-dir DIR)"
+                raise InvalidParameter("format", fmt, hint)
+            body = facts.docker_cli_cdi(dev, vol, as_json)
+        else:
+            raise InvalidParameter("format", fmt, f" (expected {' or '.join(DOCKER_FORMATS)})")
     except InvalidParameter as err:
         return _bad_request(err)
     except UnhealthyDevice as err:
@@ -164,15 +176,40 @@ async def docker_cli_json(request: web.Request) -> web.Response:
     return await _docker(request, as_json=True)
 
 
+LEFT_OUT_HEADER = "X-Left-Out"  # what a Mesos line does not offer, and why
+
+
 async def mesos_cli(request: web.Request) -> web.Response:
     facts = request.app[NODE].facts
     try:
-        body = facts.mesos.answer(request.query.get("format"), request.query.get("dev"))
+        answer = facts.mesos.render(request.query.get("format"), request.query.get("dev"))
     except InvalidParameter as err:
         return _bad_request(err)
     except UnhealthyDevice as err:
         return _refused(err)
-    return _answer(body, TEXT)
+    response = _answer(answer.body, TEXT)
+    if answer.left_out:
+        response.headers[LEFT_OUT_HEADER] = "; ".join(answer.left_out)
+    return response
+
+
+async def cdi_spec(request: web.Request) -> web.Response:
+    """The node's CDI spec, the bytes of the file engines read (docs/cdi.md)."""
+    writer = request.app.get(CDI)
+    if writer is None:
+        return web.Response(
+            status=404,
+            text="no CDI spec: this agent runs without --cdi-spec-dir\n",
+            content_type=TEXT,
+        )
+    body = writer.current
+    if body is None:
+        return web.Response(
+            status=503,
+            text=f"the CDI spec {writer.path} could not be written: see the agent's log\n",
+            content_type=TEXT,
+        )
+    return _answer(body, JSON)
 
 
 async def _health(request: web.Request, as_json: bool) -> web.Response:
@@ -227,6 +264,7 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/metrics", metrics),
     ("/gpu/health", gpu_health),
     ("/gpu/health/json", gpu_health_json),
+    ("/cdi/spec", cdi_spec),
 )
 
 
@@ -236,6 +274,7 @@ def create_app(
     *,
     middlewares: Sequence[Middleware] = (),
     metrics: MetricsService | None = None,
+    cdi: CdiSpecWriter | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -249,6 +288,8 @@ def create_app(
     app[NODE] = node
     app[STATUS] = status
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
+    if cdi is not None:
+        app[CDI] = cdi
     for path, handler in ROUTES:
         app.router.add_get(path, handler)
         for version in API_VERSIONS:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from agent import render_text
 from agent.attribution.docker_engine import DockerEngine
 from agent.attribution.owners import Attributor
+from agent.cdi_writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
 from agent.config import SOCKET_NAME, Config
 from agent.connection_guard import ConnectionGuard, ConnectionLimits
 from agent.descriptors import descriptor_budget
@@ -70,6 +72,7 @@ class Agent:
         self.status: StatusService | None = None
         self.node: NodeState | None = None
         self.metrics: MetricsService | None = None
+        self.cdi: CdiSpecWriter | None = None
         self.runners: list[web.AppRunner] = []
         self.rest_connections: ConnectionGuard | None = None
         self.stopping = asyncio.Event()
@@ -142,6 +145,7 @@ class Agent:
             node.driver_version,
             node.cuda_version,
         )
+        log.info("MIG mode: %s", render_text.mig_summary(node))
 
         log.info("Finding the driver files of each volume (ld.so.cache: %s)", cfg.ldcache)
         store = await loop.run_in_executor(
@@ -163,6 +167,15 @@ class Agent:
             agent=counters,
             health=self._gpu_health,
         )
+        if cfg.cdi_spec_dir is not None:
+            settings = CdiSettings(cfg.cdi_spec_dir, cfg.cdi_dev_root, find_linker_cache_hook())
+            # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node_life)
+            self.cdi = CdiSpecWriter(
+                settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy
+            )
+            log.info("Writing the CDI spec %s (with the driver volume it mounts)", self.cdi.path)
+            await self.cdi.write(self.node.facts)
+            self.node.subscribe(self.cdi.on_node_change)
 
         socket_path = cfg.socket_dir / SOCKET_NAME
         log.info("Serving the plugin API on unix://%s", socket_path)
@@ -192,6 +205,7 @@ class Agent:
                 self.status,
                 middlewares=[guard.middleware, counters.middleware],
                 metrics=self.metrics,
+                cdi=self.cdi,
             ),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
@@ -259,6 +273,8 @@ class Agent:
         if self.metrics is not None:
             await self.metrics.close()
             self.metrics = None
+        if self.cdi is not None:
+            await self.cdi.close()
         if self.status is not None:
             await self.status.close()
         await self.life.close()

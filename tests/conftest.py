@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -11,6 +12,10 @@ from tests.support.fake_driver import FakeDriver, build_fake_driver, remove_fake
 from tests.support.plugin_agent import PluginAgent, running_plugin_agent
 from tests.support.prerequisites import in_ci, require_command, require_root
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
+
+# Agents the tests start write no CDI spec unless a test asks for one (--cdi-spec-dir): the
+# default, /var/run/cdi, is the machine's own, read by every CDI engine here.
+os.environ["NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"] = ""
 
 
 @pytest.hookimpl(wrapper=True)

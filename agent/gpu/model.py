@@ -76,6 +76,26 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device of a GPU in MIG mode: a GPU instance with one compute instance.
+
+    ``index`` is NVML's MIG device index on its GPU (``nvmlDeviceGetMigDeviceHandleByIndex``;
+    ``<gpu>:<index>`` names it in ``dev``, ``NV_GPU`` and CDI, as NVIDIA's tools do).
+    ``capabilities`` are the device nodes that grant access to it
+    (``/dev/nvidia-caps/nvidia-cap<minor>`` of its GPU instance and compute instance, minors
+    from ``/proc/driver/nvidia-caps/mig-minors``); empty when they are unknown.
+    """
+
+    index: int
+    uuid: str | None  # "MIG-<uuid>"
+    profile: str | None  # "1g.18gb", "1c.2g.35gb"
+    memory_mib: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """Static facts of one GPU, read once at start (``/gpu/info``)."""
 
@@ -92,6 +112,9 @@ class DeviceInfo:
     arch: str | None  # compute capability "9.0"
     cores: int | None  # CUDA cores: SMs x cores per SM
     memory: DeviceMemory
+    # MIG mode now (not the pending mode); None: the GPU cannot do MIG, or it was not read.
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()  # in MIG index order; empty unless MIG is on
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from agent.gpu.codec import CodecError
 from agent.gpu.model import DeviceInfo, DeviceStatus, NodeInfo, PcieThroughput
 
 SCHEMA = "nvidia-docker-node/1"
-BUILTIN_NODES = ("h200", "h200x2", "hgx-h200-8")
+BUILTIN_NODES = ("h200", "h200x2", "hgx-h200-8", "h200x2-mig")
 
 
 class NodeFileError(ValueError):

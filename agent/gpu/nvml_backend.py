@@ -14,11 +14,11 @@ import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.gpu import architecture, cuda_probe, nvml_health
+from agent.gpu import architecture, cuda_probe, nvml_health, nvml_mig
 from agent.gpu import nvml_query as nvml
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.cuda_driver import (
@@ -179,8 +179,11 @@ class NvmlBackend:
         bus_ids = [_bus_id(handle) for handle in handles]
         cuda = open_cuda([bus for bus in bus_ids if bus])
         topology = node_topology(handles, bus_ids, cuda)
+        mig_minors = nvml_mig.read_mig_minors(proc)
         devices = tuple(
-            _device_info(index, handles[index], bus_ids[index], topology[index], cuda, sysfs)
+            _device_info(
+                index, handles[index], bus_ids[index], topology[index], cuda, sysfs, mig_minors
+            )
             for index in range(count)
         )
         info = NodeInfo(
@@ -401,6 +404,7 @@ def _device_info(
     topology: tuple[PeerLink, ...],
     cuda: CudaFacts | None,
     sysfs: Path,
+    mig_minors: Mapping[str, int] | None = None,
 ) -> DeviceInfo:
     if handle is None:
         return DeviceInfo(
@@ -435,6 +439,7 @@ def _device_info(
     ecc = nvml.query("nvmlDeviceGetEccMode", handle)
     memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
     bar1 = nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle)
+    mig_enabled, mig_devices = nvml_mig.mig_state(handle, index, minor, mig_minors or {})
     return DeviceInfo(
         index=index,
         uuid=_text(nvml.query("nvmlDeviceGetUUID", handle)),
@@ -468,6 +473,8 @@ def _device_info(
                 max_memory_mhz, _int(nvml.query("nvmlDeviceGetMemoryBusWidth", handle))
             ),
         ),
+        mig_enabled=mig_enabled,
+        mig_devices=mig_devices,
     )
 
 

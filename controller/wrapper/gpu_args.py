@@ -13,6 +13,12 @@ wrapper imports it only for run/create):
    only when ``docker volume inspect`` does not find the driver volume;
 4. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
 
+When the engine reads CDI (``engine_cdi``: Podman, Docker 25+ with CDI on; asked only here,
+after the label says GPUs are wanted), the GPU arguments are the CDI form instead:
+``--device=nvidia.com/gpu=<UUID>`` per selected GPU or MIG device
+(``GET /docker/cli?format=cdi``), and the node's spec brings the control nodes and the driver
+volume. An agent that writes no spec (or predates CDI) gets the volume form, with a warning.
+
 Every failure is a ``ControllerError`` with one line; no container is created.
 """
 
@@ -28,10 +34,12 @@ from dataclasses import dataclass
 from controller.errors import DockerError, GpuError, NodeError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.wrapper.docker_args import DockerCommand
+from controller.wrapper.engine_cdi import engine_cdi
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
 CUDA_LABEL = "com.nvidia.cuda.version"
 VOLUME_DRIVER_ARG = "--volume-driver="
+CDI_DEVICE_ARG = "--device=nvidia.com/gpu="
 LOCAL_PROBE_CONNECT_S = 0.5
 
 
@@ -41,6 +49,8 @@ class GpuFacts:
 
     cuda_version: str  # "13.0"
     docker_args: tuple[str, ...]  # ("--volume-driver=...", "--volume=...", "--device=...")
+    cdi: bool = False  # docker_args are the CDI form ("--device=nvidia.com/gpu=...")
+    warnings: tuple[str, ...] = ()
 
 
 def gpu_request(environ: Mapping[str, str]) -> str:
@@ -101,7 +111,8 @@ def image_labels(docker: Sequence[str], command: DockerCommand) -> dict[str, str
     fmt = "{{json .Config.Labels}}"
     done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
     if done.returncode != 0:
-        if "no such image" not in done.stderr.lower():
+        message = done.stderr.lower()
+        if "no such image" not in message and "image not known" not in message:  # docker, podman
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
         if command.options.get("pull") == "never":
             return None
@@ -150,7 +161,13 @@ def drop_volume_driver_when_present(
 
 
 async def _facts_from_agent(
-    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None, *, probe: bool
+    endpoint: Endpoint,
+    volumes: str,
+    devices: str,
+    cuda_needed: str | None,
+    *,
+    probe: bool,
+    cdi: bool = False,
 ) -> GpuFacts:
     from controller.transport.client import AgentClient, AgentHttpError  # noqa: PLC0415
 
@@ -163,12 +180,30 @@ async def _facts_from_agent(
             raise NodeError(agent.node, "GET /gpu/info/json has no Version.CUDA") from None
         if cuda_needed is not None:
             check_cuda(cuda, cuda_needed)
+        count = len(info.get("Devices") or [])
         params = {"vol": volumes, "dev": devices}
+        warnings: list[str] = []
         try:
+            if cdi:
+                try:
+                    body = await agent.get("/docker/cli", params={**params, "format": "cdi"})
+                    args = tuple(body.decode().split())
+                    if not args:
+                        raise GpuError(
+                            f"{agent.node} has no CDI device for the GPUs asked for "
+                            f"(NV_GPU={devices or 'all'}): see GET /cdi/spec on the node"
+                        )
+                    if all(arg.startswith(CDI_DEVICE_ARG) for arg in args):
+                        return GpuFacts(cuda, args, cdi=True)
+                    warnings.append(_NO_CDI.format(node=agent.node, why="predates CDI"))
+                    return GpuFacts(cuda, args, warnings=tuple(warnings))
+                except AgentHttpError as err:
+                    if err.status != 400 or err.invalid_parameter != "format":
+                        raise
+                warnings.append(_NO_CDI.format(node=agent.node, why="writes no CDI spec"))
             body = await agent.get("/docker/cli", params=params)
         except AgentHttpError as err:
             if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
-                count = len(info.get("Devices") or [])
                 raise _refused(
                     err.invalid_parameter, err.invalid_value, count, agent.node
                 ) from None
@@ -178,7 +213,13 @@ async def _facts_from_agent(
                     f"{err.agent_message}"
                 ) from None
             raise
-    return GpuFacts(cuda_version=cuda, docker_args=tuple(body.decode().split()))
+    return GpuFacts(cuda, tuple(body.decode().split()), warnings=tuple(warnings))
+
+
+_NO_CDI = (
+    "the engine reads CDI but the agent of {node} {why}: using the volume form (start the "
+    "agent with --cdi-spec-dir, or set NV_CDI=no)"
+)
 
 
 def _refused(parameter: str, entry: str, count: int, node: str) -> GpuError:
@@ -192,7 +233,8 @@ def _refused(parameter: str, entry: str, count: int, node: str) -> GpuError:
     have = f"GPUs 0 to {count - 1}" if count else "no GPUs"
     return GpuError(
         f"NV_GPU names an unknown GPU: {entry} ({node} has {have}; use indices or UUID "
-        "prefixes starting GPU-, as nvidia-smi -L lists them)"
+        "prefixes starting GPU-, as nvidia-smi -L lists them, or for MIG devices <gpu>:<mig> "
+        "or UUID prefixes starting MIG-)"
     )
 
 
@@ -208,10 +250,13 @@ def _quiet_agent_logs() -> None:
         quiet.propagate = False
 
 
-def _facts_from_nvml(volumes: str, devices: str, cuda_needed: str | None) -> GpuFacts:
-    from agent.docker_cli import control_devices, docker_cli  # noqa: PLC0415
+def _facts_from_nvml(
+    volumes: str, devices: str, cuda_needed: str | None, cdi: bool = False
+) -> GpuFacts:
+    from agent.cdi_cli import cdi_cli  # noqa: PLC0415
+    from agent.docker_cli import control_devices, docker_cli_for  # noqa: PLC0415
     from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
-    from agent.selection import InvalidParameter, select_devices, select_volumes  # noqa: PLC0415
+    from agent.selection import InvalidParameter, select_targets, select_volumes  # noqa: PLC0415
 
     _quiet_agent_logs()
     try:
@@ -232,28 +277,35 @@ def _facts_from_nvml(volumes: str, devices: str, cuda_needed: str | None) -> Gpu
     if cuda_needed is not None:
         check_cuda(info.cuda_version, cuda_needed)
     try:
-        chosen = select_devices(info.devices, devices)
+        chosen = select_targets(info.devices, devices)
         specs = select_volumes(volumes)
     except InvalidParameter as err:
         raise _refused(err.parameter, err.entry, len(info.devices), "this node") from None
-    cli = docker_cli(info.driver_version, control_devices(), chosen, specs)
+    if cdi:  # the spec the agent left in place names the same devices (docs/cdi.md)
+        args = tuple(cdi_cli(chosen).text().split())
+        return GpuFacts(cuda_version=info.cuda_version, docker_args=args, cdi=True)
+    cli = docker_cli_for(info.driver_version, control_devices(), chosen, specs)
     return GpuFacts(cuda_version=info.cuda_version, docker_args=tuple(cli.text().split()))
 
 
 async def _node_facts(
-    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None
+    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None, cdi: bool = False
 ) -> GpuFacts:
     if not endpoint.is_local:
-        return await _facts_from_agent(endpoint, volumes, devices, cuda_needed, probe=False)
+        return await _facts_from_agent(
+            endpoint, volumes, devices, cuda_needed, probe=False, cdi=cdi
+        )
     local_agent = Endpoint(transport="http", host="localhost", source="local agent")
     try:
-        return await _facts_from_agent(local_agent, volumes, devices, cuda_needed, probe=True)
+        return await _facts_from_agent(
+            local_agent, volumes, devices, cuda_needed, probe=True, cdi=cdi
+        )
     except NodeError as err:
         from controller.transport.client import AgentHttpError  # noqa: PLC0415
 
         if isinstance(err, AgentHttpError):
             raise
-    return await asyncio.to_thread(_facts_from_nvml, volumes, devices, cuda_needed)
+    return await asyncio.to_thread(_facts_from_nvml, volumes, devices, cuda_needed, cdi)
 
 
 # --- the whole step -------------------------------------------------------------------------
@@ -269,10 +321,23 @@ def gpu_arguments(
     wanted_volumes = " ".join(labels[VOLUMES_LABEL].split())
     cuda_needed = labels.get(CUDA_LABEL) or None
     endpoint, warning = resolve(environ, docker_host_option=command.docker_host)
-    facts = asyncio.run(_node_facts(endpoint, wanted_volumes, gpu_request(environ), cuda_needed))
+    engine = engine_cdi(docker, command, environ)
+    if environ.get("NV_DEBUG"):
+        sys.stderr.write(
+            f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
+            f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms)\n"
+        )
+    facts = asyncio.run(
+        _node_facts(
+            endpoint, wanted_volumes, gpu_request(environ), cuda_needed, cdi=engine.reads_cdi
+        )
+    )
+    warnings = [*([warning] if warning else []), *facts.warnings]
     args = list(facts.docker_args)
+    if facts.cdi:  # the node's spec brings the control nodes and the driver volume
+        return args, warnings
     if not wanted_volumes:  # the label is there but names no volume: devices only
         args = [a for a in args if a.startswith("--device=")]
     elif endpoint.is_local:
         args = drop_volume_driver_when_present(args, docker, command)
-    return args, [warning] if warning else []
+    return args, warnings

@@ -473,6 +473,12 @@ def test_rollout_installs_and_starts_the_agent_on_every_node(fleet: Fleet, rolle
         assert spec == "unix:///run/nvidia-docker/nvidia-docker.sock"
         fleet.sh(node, "test -S /run/nvidia-docker/nvidia-docker.sock")
         fleet.sh(node, "test -d /var/lib/nvidia-docker/volumes")
+        # The CDI spec: in the agent's state directory, linked from /run/cdi (as root).
+        link = fleet.sh(node, "readlink /run/cdi/nvidia-docker.json")
+        assert link == "/var/lib/nvidia-docker/cdi/nvidia-docker.json"
+        cdi = json.loads(fleet.sh(node, "cat /run/cdi/nvidia-docker.json"))
+        assert cdi["kind"] == "nvidia.com/gpu"
+        assert len(cdi["devices"]) == 2 * BASELINE_GPUS[node] + 1  # index, UUID; "all"
         assert fleet.api_gpus(node) == BASELINE_GPUS[node]
     # The report play: one line per node.
     assert "node1: 1 GPU(s), NVIDIA H200, driver 580." in rolled_out.output

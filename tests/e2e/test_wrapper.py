@@ -177,9 +177,13 @@ def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) 
     record = tmp_path / f"argv-{time.monotonic_ns()}"
     recorder = tmp_path / "record-docker"
     if not recorder.exists():
+        # The wrapper's own questions (image and volume inspect, the engine's CDI check:
+        # version/info --format) are not what it finally executes: not recorded.
         recorder.write_text(
-            '#!/bin/sh\n[ -n "$NVD_RECORD" ] && [ "$1" != image ] && [ "$1" != volume ] && '
-            'printf \'%s\\0\' "$@" > "$NVD_RECORD"\nexec docker "$@"\n'
+            "#!/bin/sh\n"
+            'case "$1 $2" in image\\ *|volume\\ *|"version --format"|"info --format") ;;\n'
+            '*) [ -n "$NVD_RECORD" ] && printf \'%s\\0\' "$@" > "$NVD_RECORD";;\nesac\n'
+            'exec docker "$@"\n'
         )
         recorder.chmod(0o755)
     environ = {

@@ -103,11 +103,7 @@ def ensure_image(engine: DockerEngine) -> str:
     tag = f"nvd-systemd-host:{key}"
     if engine.docker("image", "inspect", tag, check=False).returncode == 0:
         return tag
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tarball = CACHE_DIR / f"systemd-host-{SUITE}-{key}.tar.gz"
-    with locked(CACHE_DIR / "systemd-host.lock"):
-        if not tarball.exists():
-            _build_rootfs_tarball(tarball)
+    tarball = ensure_rootfs_tarball()
     engine.docker(
         "import",
         "--change",
@@ -119,6 +115,17 @@ def ensure_image(engine: DockerEngine) -> str:
         timeout_s=300,
     )
     return tag
+
+
+def ensure_rootfs_tarball() -> Path:
+    """The cached Debian root filesystem of the hosts (built with debootstrap if missing),
+    also what other engines import (the Podman tests: it has python3 and glibc's ldconfig)."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE_DIR / f"systemd-host-{SUITE}-{recipe_key()[:16]}.tar.gz"
+    with locked(CACHE_DIR / "systemd-host.lock"):
+        if not tarball.exists():
+            _build_rootfs_tarball(tarball)
+    return tarball
 
 
 @contextlib.contextmanager

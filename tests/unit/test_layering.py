@@ -1,12 +1,13 @@
 """The layering rules of the README ("Architecture"), checked on every import of our code.
 
-Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``. ``agent.gpu``,
-``plugin`` and ``mesos`` import nothing of ours; nothing imports ``controller``; only
-``agent/gpu/`` imports pynvml and only ``agent/metrics/`` prometheus_client; in
-``controller``, paramiko only in the SSH tunnel and aiohttp only in the HTTP client and the
-fleet query; the wrapper's fast path imports nothing but the standard library at module
-level. Every import counts, also one inside a function (a lazy import is still a
-dependency), and ``if TYPE_CHECKING`` blocks too.
+Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``, ``cdi``.
+``agent.gpu``, ``plugin``, ``mesos`` and ``cdi`` import nothing of ours; nothing imports
+``controller``, and ``controller`` imports neither ``plugin`` nor ``cdi`` (the agent speaks
+for them); only ``agent/gpu/`` imports pynvml and only ``agent/metrics/``
+prometheus_client; in ``controller``, paramiko only in the SSH tunnel and aiohttp only in
+the HTTP client and the fleet query; the wrapper's fast path imports nothing but the
+standard library at module level. Every import counts, also one
+inside a function (a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "plugin", "mesos", "controller")
+PACKAGES = ("agent", "plugin", "mesos", "controller", "cdi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +106,12 @@ def test_the_scan_sees_lazy_and_relative_imports() -> None:
 @pytest.mark.parametrize(
     ("importer", "forbidden", "allowed"),
     [
-        ("plugin", ("agent", "mesos", "controller"), ()),
-        ("mesos", ("agent", "plugin", "controller"), ()),
-        ("agent.gpu", ("agent", "plugin", "mesos", "controller"), ("agent.gpu",)),
+        ("plugin", ("agent", "mesos", "controller", "cdi"), ()),
+        ("mesos", ("agent", "plugin", "controller", "cdi"), ()),
+        ("cdi", ("agent", "plugin", "mesos", "controller"), ()),
+        ("agent.gpu", ("agent", "plugin", "mesos", "controller", "cdi"), ("agent.gpu",)),
         ("agent", ("controller",), ()),
-        ("controller", ("plugin",), ()),
+        ("controller", ("plugin", "cdi"), ()),
     ],
 )
 def test_imports_point_one_way(

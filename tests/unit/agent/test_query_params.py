@@ -26,7 +26,7 @@ DEVICES = CountingBackend("hgx-h200-8").node_info().devices
         ("dev=0+GPU-zz", "invalid device: GPU-zz\n"),
         ("dev=%C2%B2", "invalid device: ²\n"),
         ("dev=%D9%A3", "invalid device: ٣\n"),  # an Arabic-Indic three: isdigit(), not ASCII
-        ("dev=0:1", "invalid device: 0:1\n"),  # MIG indices: refused until MIG is served
+        ("dev=0:1", "invalid device: 0:1 (GPU 0 is not in MIG mode)\n"),
         ("dev=MIG-4f5e", "invalid device: MIG-4f5e\n"),
         ("dev=" + "9" * 4301, f"invalid device: {'9' * 80}... (4301 characters)\n"),
         (

@@ -3,7 +3,9 @@
 
 State lives in ``$FAKE_DOCKER_DIR``: ``calls`` (one JSON argv per line), ``images/<name>.json``
 (labels of present images), ``registry/<name>.json`` (what ``pull`` can fetch),
-``volumes/<name>`` (volumes that exist). Any other command prints ``EXEC <argv as JSON>``:
+``volumes/<name>`` (volumes that exist), ``engine.json`` (what ``version --format`` and
+``info --format`` answer: ``{"version": {...}, "cdi_spec_dirs": [...]}``; default a Docker
+20.10 engine, which has no CDI). Any other command prints ``EXEC <argv as JSON>``:
 that is the command the wrapper finally executed; then ``ENV <its CUDA_* variables>``.
 """
 
@@ -42,6 +44,20 @@ elif args[:1] == ["pull"]:
         sys.exit(1)
     print(f"pulling {image}: done")
     (state / "images" / f"{key(image)}.json").write_text(source.read_text())
+elif args[:1] in (["version"], ["info"]) and "--format" in args:
+    engine_file = state / "engine.json"
+    engine = json.loads(engine_file.read_text()) if engine_file.exists() else {}
+    version = engine.get("version") or {
+        "Client": {"Version": "28.2.2", "ApiVersion": "1.41", "Os": "linux", "Arch": "amd64"},
+        "Server": {"Version": "20.10.24+dfsg1", "ApiVersion": "1.41"},
+    }
+    if args[0] == "version":
+        print(json.dumps(version))
+    elif "OsArch" in version.get("Client", {}):  # podman: no such field in its info
+        sys.stderr.write("Error: template: info:1:7: can't evaluate field CDISpecDirs\n")
+        sys.exit(125)
+    else:
+        print(json.dumps(engine.get("cdi_spec_dirs")))
 elif args[:2] == ["volume", "inspect"]:
     if not (state / "volumes" / args[2]).exists():
         sys.stderr.write(f"Error response from daemon: get {args[2]}: no such volume\n")

@@ -11,7 +11,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -36,6 +36,7 @@ class Agent:
     cuda: str = "13.0"
     queries: list[dict[str, str]] = field(default_factory=list)
     old: bool = False  # answer 400s as 1.0.1 did, without the X-Invalid-* headers
+    cdi: bool = True  # writes a CDI spec: answers format=cdi (an old agent ignores format)
 
 
 def _info(agent: Agent) -> dict[str, object]:
@@ -58,6 +59,15 @@ def _cli(agent: Agent, query: dict[str, str]) -> web.Response:
             if agent.old:  # nvidia-docker-plugin 1.0.1 said it in the text only
                 headers = {}
             return web.Response(status=400, text=f"invalid device: {entry}\n", headers=headers)
+    if query.get("format") == "cdi" and not agent.old:
+        if not agent.cdi:
+            return web.Response(
+                status=400,
+                text="invalid format: cdi (this agent writes no CDI spec)\n",
+                headers={"X-Invalid-Parameter": "format", "X-Invalid-Value": "cdi"},
+            )
+        cdi = [f"--device=nvidia.com/gpu={UUIDS[i]}" for i in sorted(chosen)]
+        return web.Response(text=" ".join(cdi) + "\n")
     devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [f"/dev/nvidia{i}" for i in sorted(chosen)]
     args = [
         "--volume-driver=nvidia-docker",
@@ -104,6 +114,11 @@ class Docker:
 
     def volume(self, name: str) -> None:
         (self.root / "volumes" / name).touch()
+
+    def engine(self, version: Mapping[str, object], cdi_spec_dirs: list[str] | None = None) -> None:
+        """What ``version --format`` and ``info --format`` answer (default: Docker 20.10)."""
+        engine = {"version": version, "cdi_spec_dirs": cdi_spec_dirs}
+        (self.root / "engine.json").write_text(json.dumps(engine))
 
     def calls(self) -> list[list[str]]:
         path = self.root / "calls"
@@ -283,7 +298,8 @@ async def test_unknown_gpu(docker: Docker, agent: Agent) -> None:
     assert result.executed is None
     assert result.error() == (
         f"NV_GPU names an unknown GPU: 7 (http://127.0.0.1:{agent.port} has GPUs 0 to 1; "
-        "use indices or UUID prefixes starting GPU-, as nvidia-smi -L lists them)"
+        "use indices or UUID prefixes starting GPU-, as nvidia-smi -L lists them, or for MIG "
+        "devices <gpu>:<mig> or UUID prefixes starting MIG-)"
     )
 
 
@@ -521,7 +537,8 @@ def test_pass_through_imports_nothing_heavy() -> None:
         "    except SystemExit:\n"
         "        pass\n"
         "heavy = ('aiohttp', 'paramiko', 'pynvml', 'click', 'asyncio', 'json', 'dataclasses',"
-        " 'controller.wrapper.gpu_args', 'controller.transport.client')\n"
+        " 'controller.wrapper.gpu_args', 'controller.wrapper.engine_cdi',"
+        " 'controller.transport.client', 'subprocess')\n"
         "new = set(sys.modules) - before\n"
         "sys.stderr.write(repr(sorted(m for m in new if m.split('.')[0] in heavy or m in heavy)))"
         "\n"
@@ -534,3 +551,156 @@ def test_pass_through_imports_nothing_heavy() -> None:
         check=True,
     )
     assert done.stderr == "[]"
+
+
+# --- CDI: engines that read CDI specs get --device=nvidia.com/gpu=<UUID> ---------------------
+
+PODMAN: dict[str, object] = {
+    "Client": {"APIVersion": "4.3.1", "Version": "4.3.1", "OsArch": "linux/amd64"}
+}
+DOCKER_28: dict[str, dict[str, str]] = {
+    "Client": {"Version": "28.2.2", "ApiVersion": "1.50", "Os": "linux", "Arch": "amd64"},
+    "Server": {"Version": "28.2.2", "ApiVersion": "1.50"},
+}
+VERSION_PROBE = ["version", "--format", "{{json .}}"]
+INFO_PROBE = ["info", "--format", "{{json .CDISpecDirs}}"]
+CDI_ARGS = [f"--device=nvidia.com/gpu={uuid}" for uuid in UUIDS]
+
+
+async def run_gpu_image(docker: Docker, agent: Agent, **env: str) -> Result:
+    docker.image("nvidia/cuda:12.4", GPU_LABELS)
+    return await nvidia_docker(
+        docker,
+        "run",
+        "--rm",
+        "nvidia/cuda:12.4",
+        "nvidia-smi",
+        NV_HOST=f"http://127.0.0.1:{agent.port}:",
+        DOCKER_HOST="tcp://127.0.0.1:2375",
+        **env,
+    )
+
+
+async def test_podman_gets_cdi_devices_by_uuid(docker: Docker, agent: Agent) -> None:
+    docker.engine(PODMAN)
+    result = await run_gpu_image(docker, agent)
+    assert result.code == 0, result.stderr
+    assert result.executed == ["run", *CDI_ARGS, "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
+    assert result.stderr == ""
+    assert agent.queries == [{"vol": "nvidia_driver", "dev": "", "format": "cdi"}]
+    probes = [call for call in docker.calls() if call[:1] in (["version"], ["info"])]
+    assert probes == [VERSION_PROBE]  # Podman: one cheap question
+
+
+async def test_nv_gpu_selects_cdi_devices(docker: Docker, agent: Agent) -> None:
+    docker.engine(PODMAN)
+    result = await run_gpu_image(docker, agent, NV_GPU="1")
+    assert result.executed == ["run", CDI_ARGS[1], "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
+
+
+@pytest.mark.parametrize(
+    ("dirs", "cdi"), [(["/etc/cdi", "/var/run/cdi"], True), ([], False), (None, False)]
+)
+async def test_docker_25_and_later_reads_cdi_when_its_engine_lists_spec_dirs(
+    docker: Docker, agent: Agent, dirs: list[str] | None, cdi: bool
+) -> None:
+    docker.engine(DOCKER_28, dirs)
+    result = await run_gpu_image(docker, agent)
+    assert result.executed is not None
+    assert (result.executed[1] == CDI_ARGS[0]) is cdi
+    probes = [call for call in docker.calls() if call[:1] in (["version"], ["info"])]
+    assert probes == [VERSION_PROBE, INFO_PROBE]
+
+
+async def test_docker_20_10_gets_the_volume_form_after_one_question(
+    docker: Docker, agent: Agent
+) -> None:
+    result = await run_gpu_image(docker, agent)  # the fake's default engine: Docker 20.10
+    assert result.executed is not None
+    assert result.executed[1] == "--volume-driver=nvidia-docker"
+    probes = [call for call in docker.calls() if call[:1] in (["version"], ["info"])]
+    assert probes == [VERSION_PROBE]
+    assert "format" not in agent.queries[0]
+
+
+@pytest.mark.parametrize(("value", "cdi"), [("yes", True), ("no", False), ("1", True)])
+async def test_nv_cdi_decides_without_asking(
+    docker: Docker, agent: Agent, value: str, cdi: bool
+) -> None:
+    result = await run_gpu_image(docker, agent, NV_CDI=value)
+    assert result.executed is not None
+    assert (result.executed[1] == CDI_ARGS[0]) is cdi
+    assert [c for c in docker.calls() if c[:1] in (["version"], ["info"])] == []
+
+
+async def test_a_bad_nv_cdi_is_one_line(docker: Docker, agent: Agent) -> None:
+    result = await run_gpu_image(docker, agent, NV_CDI="maybe")
+    assert result.code == 1
+    assert result.error() == (
+        "NV_CDI='maybe' is not yes, no or auto: set it to one of those, or unset it to ask "
+        "the engine"
+    )
+
+
+async def test_an_agent_without_a_spec_gives_the_volume_form_and_a_warning(
+    docker: Docker, agent: Agent
+) -> None:
+    docker.engine(PODMAN)
+    agent.cdi = False
+    result = await run_gpu_image(docker, agent)
+    assert result.executed is not None
+    assert result.executed[1] == "--volume-driver=nvidia-docker"
+    (line,) = result.stderr.strip().splitlines()
+    assert "Warning: the engine reads CDI but the agent of http://127.0.0.1" in line
+    assert "writes no CDI spec: using the volume form" in line
+
+
+async def test_an_agent_that_predates_cdi_gives_the_volume_form(
+    docker: Docker, agent: Agent
+) -> None:
+    docker.engine(PODMAN)
+    agent.old = True  # nvidia-docker-plugin 1.0.1 ignores format=cdi
+    result = await run_gpu_image(docker, agent)
+    assert result.executed is not None
+    assert result.executed[1] == "--volume-driver=nvidia-docker"
+    assert "predates CDI: using the volume form" in result.stderr
+
+
+async def test_an_unlabelled_image_runs_unchanged_without_asking_the_engine(
+    docker: Docker,
+) -> None:
+    docker.engine(PODMAN)
+    docker.image("busybox", {"maintainer": "x"})
+    result = await nvidia_docker(docker, "run", "--rm", "busybox", "true")
+    assert result.executed == ["run", "--rm", "busybox", "true"]
+    assert [c for c in docker.calls() if c[:1] in (["version"], ["info"])] == []
+
+
+async def test_nv_debug_says_what_the_engine_check_found_and_cost(
+    docker: Docker, agent: Agent
+) -> None:
+    docker.engine(PODMAN)
+    result = await run_gpu_image(docker, agent, NV_DEBUG="1")
+    assert re.search(
+        r"^nvidia-docker \| engine: Podman 4\.3\.1, CDI: yes \(Podman reads CDI; asked in "
+        r"\d+\.\d ms\)$",
+        result.stderr,
+        flags=re.MULTILINE,
+    )
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        {"Client": {"Version": "3.4.4", "OsArch": "linux/amd64"}},  # Podman before CDI
+        {"Client": DOCKER_28["Client"], "Server": None},  # the daemon does not answer
+        {"unexpected": True},
+    ],
+)
+async def test_engines_that_cannot_read_cdi_get_the_volume_form(
+    docker: Docker, agent: Agent, version: dict[str, object]
+) -> None:
+    docker.engine(version)
+    result = await run_gpu_image(docker, agent)
+    assert result.executed is not None
+    assert result.executed[1] == "--volume-driver=nvidia-docker"

@@ -21,9 +21,12 @@ import pynvml
 from agent.gpu.cuda_driver import UNKNOWN_FACTS, CudaDeviceFacts
 from tests.support.fixture_files import FIXTURES
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
+NOT_FOUND = 6
+MAX_MIG_DEVICES = 7  # an H200 splits into at most seven MIG devices
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 LIBRARY_NOT_FOUND = 12
@@ -44,6 +47,26 @@ def load_capture(name: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Handle:
     index: int
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    """The handle of MIG device ``slot`` of GPU ``parent``."""
+
+    parent: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class FakeMig:
+    """A MIG device as the fake NVML reports it."""
+
+    slot: int
+    uuid: str
+    profile: str  # "1g.18gb": the name is "<GPU name> MIG <profile>"
+    memory_mib: int
+    gpu_instance: int
+    compute_instance: int
 
 
 class Struct(types.SimpleNamespace):
@@ -89,6 +112,7 @@ class FakeNvml:
         self.retired_pending: dict[int, int] = {}  # absent: not supported (Hopper)
         self.volatile_dbe: dict[int, int] = {}
         self.event_sets: list[EventSet] = []
+        self.mig: dict[int, list[FakeMig]] = {}  # GPU index -> MIG devices, when MIG is on
         self.module = self._build_module()
 
     # -- what a test changes -------------------------------------------------------------
@@ -119,6 +143,10 @@ class FakeNvml:
         """GPU ``index`` answers again (after a reset)."""
         self.failures.pop(("*", index), None)
 
+    def enable_mig(self, index: int, devices: list[FakeMig]) -> None:
+        """GPU ``index`` is in MIG mode with these MIG devices (the capture's GPUs are not)."""
+        self.mig[index] = list(devices)
+
     def remove_from_driver(self, func: str) -> None:
         self.missing_in_driver.add(func)
 
@@ -143,8 +171,9 @@ class FakeNvml:
             if name in self.missing_in_driver:
                 raise pynvml.NVMLError(FUNCTION_NOT_FOUND)
             for arg in args:
-                if isinstance(arg, Handle):
-                    for key in ((name, arg.index), ("*", arg.index)):
+                if isinstance(arg, Handle | MigHandle):
+                    index = arg.index if isinstance(arg, Handle) else arg.parent
+                    for key in ((name, index), ("*", index)):
                         if key in self.failures:
                             raise pynvml.NVMLError(self.failures[key])
             if (name, None) in self.failures:
@@ -198,10 +227,14 @@ class FakeNvml:
 
     # -- static facts --------------------------------------------------------------------
 
-    def nvmlDeviceGetName(self, h: Handle) -> str:
+    def nvmlDeviceGetName(self, h: Handle | MigHandle) -> str:
+        if isinstance(h, MigHandle):
+            return f"{self.devices[h.parent]['name']} MIG {self._mig(h).profile}"
         return str(self._dev(h)["name"])
 
-    def nvmlDeviceGetUUID(self, h: Handle) -> bytes:
+    def nvmlDeviceGetUUID(self, h: Handle | MigHandle) -> bytes:
+        if isinstance(h, MigHandle):
+            return self._mig(h).uuid.encode()
         return str(self._dev(h)["uuid"]).encode()
 
     def nvmlDeviceGetMinorNumber(self, h: Handle) -> int:
@@ -239,7 +272,10 @@ class FakeNvml:
     def nvmlDeviceGetEccMode(self, h: Handle) -> list[int]:
         return list(self._dev(h)["ecc_mode"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: Handle, version: int | None = None) -> Struct:
+    def nvmlDeviceGetMemoryInfo(self, h: Handle | MigHandle, version: int | None = None) -> Struct:
+        if isinstance(h, MigHandle):
+            total = self._mig(h).memory_mib * 1024 * 1024
+            return Struct(total=total, free=total, used=0)
         memory = self._dev(h)["memory"]
         if not version:
             return Struct(**memory)
@@ -269,6 +305,39 @@ class FakeNvml:
                            value=Struct(**{member: 0}))
                 )  # fmt: skip
         return entries
+
+    # -- MIG -----------------------------------------------------------------------------
+
+    def _mig(self, h: MigHandle) -> FakeMig:
+        for device in self.mig.get(h.parent, []):
+            if device.slot == h.slot:
+                return device
+        raise pynvml.NVMLError(NOT_FOUND)
+
+    def nvmlDeviceGetMigMode(self, h: Handle | MigHandle) -> list[int]:
+        if isinstance(h, MigHandle) or "mig_mode" not in self._dev(h):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        if h.index in self.mig:
+            return [1, 1]
+        return [int(mode) for mode in self._dev(h)["mig_mode"]]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Handle) -> int:
+        if "mig_mode" not in self._dev(h):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Handle, slot: int) -> MigHandle:
+        if h.index not in self.mig:
+            raise pynvml.NVMLError(INVALID_ARGUMENT)  # MIG mode is off
+        handle = MigHandle(h.index, slot)
+        self._mig(handle)  # not found: an empty slot
+        return handle
+
+    def nvmlDeviceGetGpuInstanceId(self, h: MigHandle) -> int:
+        return self._mig(h).gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, h: MigHandle) -> int:
+        return self._mig(h).compute_instance
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, h: Handle, size: int, scope: int) -> list[int]:
         return [1] + [0] * (size - 1)  # NUMA node 0

@@ -26,8 +26,11 @@ def test_h200_equals_a_real_dump_but_for_the_uuid() -> None:
     real = nodefile.parse(json.loads((DUMPS / "h200.json").read_text())).info
     assert (ours.driver_version, ours.cuda_version) == (real.driver_version, real.cuda_version)
     assert len(ours.devices) == len(real.devices) == 1
-    assert dataclasses.replace(ours.devices[0], uuid=None) == dataclasses.replace(
-        real.devices[0], uuid=None
+    # The real dump predates the MIG fields (its machine's nvidia-smi -q: MIG mode Disabled).
+    assert ours.devices[0].mig_enabled is False
+    assert real.devices[0].mig_enabled is None
+    assert dataclasses.replace(ours.devices[0], uuid=None, mig_enabled=None) == (
+        dataclasses.replace(real.devices[0], uuid=None)
     )
 
 

@@ -1,0 +1,32 @@
+"""``/docker/cli?format=cdi``: a selection's GPUs as CDI devices, ``--device=nvidia.com/gpu=X``.
+
+The CDI form carries no volume: the node's spec mounts the driver volume for every device
+of kind ``nvidia.com/gpu`` (docs/cdi.md). Engines that read CDI (Podman, Docker 25+ with CDI
+on) take these arguments as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent import render_json
+from agent.cdi_inputs import cdi_names
+from agent.selection import Target
+from cdi.spec import KIND
+
+
+@dataclass(frozen=True, slots=True)
+class CdiCli:
+    devices: tuple[str, ...]  # "nvidia.com/gpu=GPU-..."
+
+    def text(self) -> str:
+        """One line, space separated, as ``/docker/cli?format=cdi`` answers it."""
+        return " ".join(f"--device={device}" for device in self.devices) + "\n"
+
+    def json(self) -> bytes:
+        return render_json.encode({"Kind": KIND, "Devices": list(self.devices)})
+
+
+def cdi_cli(targets: Sequence[Target]) -> CdiCli:
+    return CdiCli(devices=cdi_names(targets))

@@ -1,0 +1,113 @@
+"""A real Podman (Debian's ``podman`` package) with its storage and state in a private
+directory, for the CDI tests.
+
+Every call passes ``--root``, ``--runroot``, ``--tmpdir`` and ``--network-config-dir`` under
+that directory, so containers and images never touch the machine's own Podman store. Podman
+still creates two small machine paths of its own on first use (``/var/lib/containers/cache``,
+its blob-info cache, and ``/run/containers``); ``private_podman`` removes them afterwards
+when they were not there before. Containers run as this sandbox allows them: ``--network
+none`` and ``--ulimit nofile=1024:1024 --ulimit nproc=1024:1024`` (it refuses Podman's
+default limits). Images come from ``podman import`` of a root filesystem tarball.
+
+Podman 4.3 reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only (no option moves
+them), so a test that runs CDI devices writes its spec there, under ``CDI_LOCK``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.dockerd import BUSYBOX
+from tests.support.services import machine_lock
+
+LOCK = "podman"  # machine_lock names: one podman test run at a time on the machine
+CDI_LOCK = "cdi"  # and one writer of the machine-wide CDI directories
+MACHINE_PATHS = (Path("/var/lib/containers"), Path("/run/containers"))
+RUN_LIMITS = ("--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+APPLETS = ("sh", "ls", "cat", "echo", "find", "stat", "test", "sort", "grep")
+
+
+@dataclass(frozen=True)
+class Podman:
+    base: Path
+
+    @property
+    def command(self) -> list[str]:
+        """``podman`` and its global options: what NV_DOCKER names for the wrapper."""
+        return [
+            "podman",
+            "--root", str(self.base / "root"),
+            "--runroot", str(self.base / "run"),
+            "--tmpdir", str(self.base / "tmp"),
+            "--network-config-dir", str(self.base / "networks"),
+            "--events-backend", "file",
+            "--cgroup-manager", "cgroupfs",
+        ]  # fmt: skip
+
+    def __call__(
+        self, *args: str, check: bool = True, timeout_s: float = 180
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*self.command, *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+    def run(
+        self, image: str, *command: str, devices: Sequence[str] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """``podman run --rm`` with the sandbox's limits and the given ``--device`` values."""
+        device_args = [f"--device={device}" for device in devices]
+        return self("run", "--rm", *RUN_LIMITS, *device_args, image, *command, check=False)
+
+    def import_tarball(self, tarball: Path, tag: str, labels: Mapping[str, str]) -> str:
+        changes = [arg for k, v in labels.items() for arg in ("--change", f"LABEL {k}={v}")]
+        self("import", "--quiet", *changes, str(tarball), tag, timeout_s=600)
+        return tag
+
+    def import_busybox(self, tag: str, labels: Mapping[str, str]) -> str:
+        with tempfile.TemporaryDirectory(prefix="nvd-podman-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            for name in ("bin", "tmp", "etc", "proc", "sys", "dev", "usr/local"):
+                (rootfs / name).mkdir(parents=True)
+            shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+            for applet in APPLETS:
+                (rootfs / "bin" / applet).symlink_to("busybox")
+            tarball = Path(tmp) / "rootfs.tar"
+            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+            return self.import_tarball(tarball, tag, labels)
+
+
+@contextlib.contextmanager
+def private_podman() -> Iterator[Podman]:
+    """A Podman whose store lives in a temporary directory, removed afterwards."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman; scripts/test-all does)")
+    if not BUSYBOX.exists():
+        pytest.skip("needs busybox-static for the test image")
+    with machine_lock(LOCK):
+        there_before = {path for path in MACHINE_PATHS if path.exists()}
+        podman = Podman(Path(tempfile.mkdtemp(prefix="nvd-podman-")))
+        try:
+            yield podman
+        finally:
+            podman("rm", "--all", "--force", check=False)
+            podman("rmi", "--all", "--force", check=False)
+            shutil.rmtree(podman.base, ignore_errors=True)
+            for path in MACHINE_PATHS:
+                if path not in there_before:
+                    shutil.rmtree(path, ignore_errors=True)
