@@ -309,6 +309,13 @@ class GuardedSite(web.BaseSite):
                 ssl_handshake_timeout=handshake_s,
             )
 
+    @property
+    def bound(self) -> list[tuple[str, int]]:
+        """The (host, port) of every socket this site listens on (none before ``start``)."""
+        if self._listener is None:
+            return []
+        return [tuple(sock.getsockname()[:2]) for sock in self._listener.sockets]
+
     async def stop(self) -> None:
         if self._listener is not None:
             self._listener.close()

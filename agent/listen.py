@@ -21,9 +21,10 @@ _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 async def listen(
     runner: web.AppRunner, host: str | None, port: int, *, guard: ConnectionGuard | None = None
-) -> None:
+) -> list[tuple[str, int]]:
     """Serve ``runner`` on every address of ``host`` (all interfaces for None); ``guard``
-    sees (and limits) the connections of all of them together."""
+    sees (and limits) the connections of all of them together. Returns the (host, port) of
+    every socket bound."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -37,6 +38,7 @@ async def listen(
             raise StartupError(f"cannot listen on {where}: {err} (check -l)") from None
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     started = 0
+    bound: list[tuple[str, int]] = []
     for address in addresses:
         try:
             site: web.BaseSite
@@ -45,6 +47,8 @@ async def listen(
             else:
                 site = GuardedSite(runner, guard, host=address, port=port, reuse_address=True)
             await site.start()
+            if isinstance(site, GuardedSite):
+                bound += site.bound
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
@@ -56,3 +60,4 @@ async def listen(
         started += 1
     if not started:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")
+    return bound or [tuple(address[:2]) for address in runner.addresses]

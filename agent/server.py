@@ -215,10 +215,10 @@ class Agent:
         )
         await runner.setup()
         self.runners.append(runner)
-        await listen(runner, cfg.listen_host, cfg.listen_port, guard=guard)
+        bound = await listen(runner, cfg.listen_host, cfg.listen_port, guard=guard)
         try:  # what is ordered after the agent at boot must find both answering
             await check_plugin(socket_path)
-            await check_rest(runner.addresses[0][:2])
+            await check_rest(bound[0])
         except NotAnswering as err:
             raise StartupError(str(err)) from None
         self.life.serve(status=self.status, node_state=self.node, store=store)
