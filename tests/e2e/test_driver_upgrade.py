@@ -63,7 +63,7 @@ class Upgrade:
 def upgrade(tmp_path: Path, docker_engine: DockerEngine) -> Iterator[Upgrade]:
     old, new = build_fake_driver(), build_fake_driver(version=NEW_VERSION)
     plugin = f"nvd-upgrade-{secrets.token_hex(3)}"
-    spec = Path("/etc/docker/plugins") / f"{plugin}.spec"
+    spec = docker_engine.plugin_specs / f"{plugin}.spec"
     node = NodeFile(tmp_path / "node.json", "h200")
     assert node.driver_version == VERSION
     try:

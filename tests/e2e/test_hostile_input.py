@@ -119,8 +119,12 @@ def test_control_characters_are_escaped_in_the_answer(watch: Watch) -> None:
     assert headers["X-Invalid-Value"] == "GPU-%1B%5B31m"
 
 
-def test_mig_entries_are_refused_like_any_unknown_device(watch: Watch) -> None:
-    for entry, shown in (("0:1", "0:1"), ("MIG-4f5e6d7c", "MIG-4f5e6d7c")):
+def test_mig_entries_of_a_node_without_mig_are_refused_in_one_line(watch: Watch) -> None:
+    for entry, shown in (
+        ("0:1", "0:1 (GPU 0 is not in MIG mode)"),
+        ("MIG-4f5e6d7c", "MIG-4f5e6d7c"),
+        ("0:99999999", "0:99999999"),
+    ):
         status, _, body = watch.agent.get(f"/docker/cli?dev={quote(entry)}")
         assert (status, body) == (400, f"invalid device: {shown}\n".encode())
 

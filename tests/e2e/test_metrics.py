@@ -182,7 +182,12 @@ def test_prometheus_scrapes_the_agent(agent: Agent, container: Container) -> Non
         assert used["metric"]["container_id"] == container.id
         (power,) = server.wait_for(f'DCGM_FI_DEV_POWER_USAGE{{container="{NAME}"}}')
         assert float(power["value"][1]) == 76.25  # GPU 0, labelled with its one container
-        assert server.query("DCGM_FI_DEV_XID_ERRORS") == []  # no health source: absent
+        # the GPU health watch is the source: every GPU watched, no XID seen yet
+        xids = server.wait_for("DCGM_FI_DEV_XID_ERRORS")
+        assert sorted(x["metric"]["gpu"] for x in xids) == [str(i) for i in range(len(xids))]
+        assert {x["value"][1] for x in xids} == {"0"}
+        healthy = server.wait_for("nvidia_docker_gpu_healthy")
+        assert {h["value"][1] for h in healthy} == {"1"}
     finally:
         stop_prometheus(server)
 
