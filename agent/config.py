@@ -30,6 +30,11 @@ class Config:
     ldcache: Path
     pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
     spec_file: Path | None = None
+    # The REST API's TLS and tokens (agent.remote_access); None: not asked for.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    token_file: Path | None = None
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
 
 from aiohttp import web
 
@@ -18,8 +19,15 @@ log = logging.getLogger("nvidia-docker-plugin")
 _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
-async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
-    """Serve ``runner`` on every address of ``host`` (all interfaces for None)."""
+async def listen(
+    runner: web.AppRunner,
+    host: str | None,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+) -> list[str | None]:
+    """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
+    ``ssl_context`` is given; returns the addresses bound (None: every interface)."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -32,10 +40,11 @@ async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
         except OSError as err:
             raise StartupError(f"cannot listen on {where}: {err} (check -l)") from None
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    started = 0
+    bound: list[str | None] = []
     for address in addresses:
+        site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
         try:
-            await web.TCPSite(runner, address, port, reuse_address=True).start()
+            await site.start()
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
@@ -44,6 +53,7 @@ async def listen(runner: web.AppRunner, host: str | None, port: int) -> None:
                 f"cannot listen on {where}: {err.strerror or err} (is another agent running? "
                 "choose another address with -l)"
             ) from None
-        started += 1
-    if not started:
+        bound.append(address)
+    if not bound:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")
+    return bound

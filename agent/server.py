@@ -30,6 +30,7 @@ from agent.memory import release_startup_memory
 from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
+from agent.remote_access import RemoteAccess
 from agent.rest import create_app
 from agent.status_service import StatusService
 from agent.uvm import UvmError, ensure_uvm_device
@@ -67,6 +68,7 @@ class Agent:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        access = RemoteAccess.from_config(cfg)  # certificates and tokens: fail fast
         if cfg.simulate is None:
             try:
                 log.info("Checking the NVIDIA unified memory device: %s", ensure_uvm_device())
@@ -113,16 +115,20 @@ class Agent:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
 
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
-        log.info("Serving the REST API on %s", where)
+        log.info("Serving the REST API on %s: %s", where, access.describe())
         runner = web.AppRunner(
-            create_app(self.node, self.status),
+            create_app(self.node, self.status, middlewares=access.middlewares),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             handle_signals=False,
         )
         await runner.setup()
         self.runners.append(runner)
-        await listen(runner, cfg.listen_host, cfg.listen_port)
+        bound = await listen(
+            runner, cfg.listen_host, cfg.listen_port, ssl_context=access.ssl_context
+        )
+        access.warn_if_exposed(bound, cfg.listen_port)
+        self.reload_steps += [ReloadStep(name, run) for name, run in access.reloaders()]
         release_startup_memory()
         log.info("Ready")
 

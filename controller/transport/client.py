@@ -9,12 +9,18 @@ Public API::
         info = await agent.get_json("/gpu/info/json")
         cli = await agent.get("/docker/cli", params={"dev": "0 1", "vol": "nvidia_driver"})
 
-- ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...))`` is an async context manager.
-  Transport ``http`` (and ``local``, the agent on localhost) uses aiohttp's TCP connector;
-  ``ssh`` logs in once (``ssh_tunnel.SshTunnel``) and every HTTP connection is a
-  ``direct-tcpip`` channel to ``localhost:http_port`` on the node, given to aiohttp through a
-  small connector. Everything above the connector (requests, keep-alive, timeouts, errors) is
-  the same code for both.
+- ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...), tls=TlsOptions(...))`` is an
+  async context manager. Transport ``http`` (and ``local``, the agent on localhost) uses
+  aiohttp's TCP connector, over TLS for ``https://`` endpoints; ``ssh`` logs in once
+  (``ssh_tunnel.SshTunnel``), which serves a private unix socket whose every connection is a
+  ``direct-tcpip`` channel to ``localhost:http_port`` on the node, and aiohttp's public
+  ``UnixConnector`` connects there. Everything above the connector (requests, keep-alive,
+  timeouts, errors) is the same code for both.
+- TLS and tokens (``controller.transport.tls``): ``tls`` names the CA to trust, a client
+  certificate and a token file (default: ``NV_TLS_CA``, ``NV_TLS_CERT``, ``NV_TLS_KEY``,
+  ``NV_TOKEN_FILE``). A token is sent on every request, whatever the transport. A TLS failure
+  says which one it is (``Failure.TLS_UNTRUSTED``, ``TLS_NAME_MISMATCH``,
+  ``TLS_CLIENT_CERT_REFUSED``); a 401 is ``TokenRefusedError`` (``Failure.TOKEN_REFUSED``).
 - ``get(path, params=None) -> bytes`` returns the body of a 200 answer. Every failure raises
   ``controller.errors.NodeError`` with one line: which node, what failed, what to do;
   ``AgentHttpError`` (a ``NodeError``) for an answer other than 200, with ``status`` and the
@@ -38,21 +44,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 
 from controller.errors import Failure, NodeError
 from controller.transport.endpoint import Endpoint
+from controller.transport.tls import TlsOptions, bearer_token, client_context, tls_failure
 
 if TYPE_CHECKING:
-    from aiohttp.client_reqrep import ClientRequest
-    from aiohttp.tracing import Trace
-
     from controller.transport.ssh_tunnel import SshOptions, SshTunnel
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -94,10 +98,41 @@ class AgentHttpError(NodeError):
         return f"HTTP {self.status}"
 
 
+class TokenRefusedError(AgentHttpError):
+    """The agent answered 401: it wants a token, or not the one sent (``Failure.TOKEN_REFUSED``)."""
+
+    def __init__(self, node: str, path: str, text: str, *, token_file: str | None) -> None:
+        super().__init__(node, path, 401, text)
+        if token_file is None:
+            self.reason = (
+                f"the agent asks for a token (401 to GET {path}: {text}): give the token file "
+                "with --token-file FILE or NV_TOKEN_FILE"
+            )
+        else:
+            self.reason = (
+                f"the agent refused the token of {token_file} (401 to GET {path}: {text}): "
+                "is it one of the tokens in the agent's --token-file?"
+            )
+        self.failure = Failure.TOKEN_REFUSED
+        self.args = (f"{node}: {self.reason}",)
+
+    @property
+    def label(self) -> str:
+        return self.failure.value
+
+
 def _http_error(
-    node: str, path: str, response: aiohttp.ClientResponse, body: bytes
+    node: str,
+    path: str,
+    response: aiohttp.ClientResponse,
+    body: bytes,
+    token_file: str | None,
 ) -> AgentHttpError:
     text = body.decode("utf-8", "replace").strip().splitlines()
+    if response.status == 401:
+        return TokenRefusedError(
+            node, path, text[0] if text else str(response.reason), token_file=token_file
+        )
     parameter = response.headers.get(INVALID_PARAMETER_HEADER)
     value = response.headers.get(INVALID_VALUE_HEADER)
     return AgentHttpError(
@@ -108,29 +143,6 @@ def _http_error(
         invalid_parameter=parameter,
         invalid_value=unquote(value) if parameter and value is not None else None,
     )
-
-
-class _TunnelConnector(aiohttp.BaseConnector):
-    """aiohttp connector whose connections are SSH channels to a port on the node."""
-
-    def __init__(self, tunnel: SshTunnel, port: int) -> None:
-        super().__init__(limit=32)
-        self._tunnel = tunnel
-        self._port = port
-
-    async def _create_connection(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
-    ) -> ResponseHandler:
-        sock = await self._tunnel.open_socket(self._port)
-        try:
-            _, proto = await self._loop.create_connection(self._factory, sock=sock)
-        except BaseException:
-            sock.close()
-            raise
-        return proto
 
 
 class AgentClient:
@@ -144,14 +156,18 @@ class AgentClient:
         connect_timeout_s: float | None = None,
         ssh: SshOptions | None = None,
         session: aiohttp.ClientSession | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s or timeout_s
+        self.tls = TlsOptions.from_environ() if tls is None else tls
         self._ssh_options = ssh
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
         self._shared_session = session if endpoint.transport != "ssh" else None
+        self._ssl: ssl.SSLContext | bool = True
+        self._headers: dict[str, str] | None = None
 
     @property
     def node(self) -> str:
@@ -159,7 +175,7 @@ class AgentClient:
         if ep.transport == "ssh":
             return f"ssh://{ep.node}"
         if ep.transport == "http":
-            return f"http://{ep.node}"
+            return f"{ep.scheme}://{ep.node}"
         return f"local agent ({ep.agent_url})"
 
     async def __aenter__(self) -> AgentClient:
@@ -178,6 +194,11 @@ class AgentClient:
         """Make the session; over SSH, log in now (so login errors come first)."""
         if self._session is not None:
             return
+        if self.endpoint.scheme == "https":
+            self._ssl = client_context(self.tls)
+        token = bearer_token(self.tls)
+        if token is not None:
+            self._headers = {"Authorization": f"Bearer {token}"}
         if self._shared_session is not None:
             self._session = self._shared_session
             return
@@ -191,10 +212,15 @@ class AgentClient:
             try:
                 await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
             except TimeoutError:
+                await self.close()
                 raise NodeError(
                     self.node, f"SSH login took longer than {self.timeout_s:g} s", Failure.TIMEOUT
                 ) from None
-            connector = _TunnelConnector(self._tunnel, self.endpoint.http_port)
+            except BaseException:
+                await self.close()
+                raise
+            path = await self._tunnel.serve(self.endpoint.http_port)
+            connector = aiohttp.UnixConnector(path=path, limit=32)
         else:
             connector = aiohttp.TCPConnector(limit=32, use_dns_cache=True)
         self._session = aiohttp.ClientSession(
@@ -216,10 +242,12 @@ class AgentClient:
         assert self._session is not None
         url = self.endpoint.agent_url + path
         try:
-            async with self._session.get(url, params=params) as response:
+            async with self._session.get(
+                url, params=params, ssl=self._ssl, headers=self._headers
+            ) as response:
                 body = await response.read()
                 if response.status != 200:
-                    raise _http_error(self.node, path, response, body)
+                    raise _http_error(self.node, path, response, body, self.tls.token_file)
                 return body
         except NodeError:
             raise
@@ -230,6 +258,8 @@ class AgentClient:
                 "(nvidia-docker-plugin) healthy?",
                 Failure.TIMEOUT,
             ) from None
+        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
+            raise self._tls_error(exc.os_error) from exc
         except aiohttp.ClientConnectorError as exc:
             os_error = exc.os_error
             failure = _connect_failure(exc)
@@ -245,12 +275,31 @@ class AgentClient:
                 "there, listening on that address (-l HOST:PORT)?",
                 failure,
             ) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise NodeError(
-                self.node, f"GET {path} failed: {exc or type(exc).__name__}", Failure.DISCONNECTED
-            ) from exc
         except aiohttp.ClientError as exc:
-            raise NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}") from exc
+            raise self._request_error(path, exc) from exc
+
+    def _tls_error(self, error: BaseException) -> NodeError:
+        failure, message = tls_failure(error, self.tls, self.endpoint.host)
+        return NodeError(self.node, message, failure)
+
+    def _request_error(self, path: str, exc: aiohttp.ClientError) -> NodeError:
+        """What a failed request means: the tunnel's reason, a TLS alert, a plain close."""
+        tunnel = self._tunnel
+        if tunnel is not None and tunnel.channel_error is not None:
+            return tunnel.channel_error
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ssl.SSLError):
+            return self._tls_error(cause)
+        if isinstance(exc, aiohttp.ServerDisconnectedError):
+            hint = ""
+            if self.endpoint.scheme == "http" and self.endpoint.transport == "http":
+                hint = " (an agent serving TLS closes plain HTTP connections: https://?)"
+            return NodeError(
+                self.node,
+                f"GET {path} failed: {exc or type(exc).__name__}{hint}",
+                Failure.DISCONNECTED,
+            )
+        return NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}")
 
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         body = await self.get(path, params)

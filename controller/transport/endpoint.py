@@ -9,12 +9,13 @@ Grammar::
 
     [scheme://][user@][host][:port_1][:port_2]
 
-    scheme   ssh | http | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
+    scheme   ssh | http | https | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
     host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost
     ports    ssh:       port_1 is the SSH port (default 22), port_2 the agent's HTTP port
                         (default 3476) on the node's localhost
-             http, tcp: the HTTP port is the last port given (default 3476); the SSH port
-                        means nothing there and is ignored
+             http, https, tcp: the HTTP port is the last port given (default 3476); the
+                        SSH port means nothing there and is ignored. https: the agent
+                        serves TLS (its --tls-cert); the client checks its certificate
     user     ssh only; default $USER
 
 Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``-H``/``--host`` on the
@@ -28,6 +29,7 @@ Examples (``parse_endpoint``)::
     "10.0.0.1:"                  http  10.0.0.1   http 3476       (tcp:// assumed)
     "http://127.0.0.1:8080"      http  127.0.0.1  http 8080
     "http://127.0.0.1:8080:"     http  127.0.0.1  http 8080
+    "https://node3:3476"         http  node3      https 3476 (TLS)
     "tcp://node1:22:80"          http  node1      http 80
     "ssh://10.0.0.1:"            ssh   10.0.0.1   ssh 22, tunnel to localhost:3476, user $USER
     "ssh://admin@node2:2222"     ssh   node2      ssh 2222, localhost:3476, user admin
@@ -46,7 +48,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from controller.errors import EndpointError
@@ -57,7 +59,7 @@ DEFAULT_HOST = "localhost"
 DEFAULT_SSH_PORT = 22
 DEFAULT_HTTP_PORT = 3476
 
-_SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "ssh": "ssh"}
+_SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "https": "http", "ssh": "ssh"}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -66,8 +68,8 @@ _PORT = re.compile(r"^[0-9]{1,5}$")
 _Invalid = Callable[[str], EndpointError]
 
 SYNTAX_HINT = (
-    "use [ssh://|http://|tcp://][user@][host][:ssh_port][:http_port], "
-    "e.g. ssh://admin@10.0.0.1: or http://10.0.0.1:3476"
+    "use [ssh://|http://|https://|tcp://][user@][host][:ssh_port][:http_port], "
+    "e.g. ssh://admin@10.0.0.1: or https://10.0.0.1:3476"
 )
 
 
@@ -77,7 +79,10 @@ class Endpoint:
 
     ``transport`` is ``local`` (this machine: agent on localhost, else NVML), ``http``
     (``http://host:http_port``) or ``ssh`` (SSH to ``host:ssh_port`` as ``user``, then
-    ``localhost:http_port`` on that node). ``source`` says where the value came from.
+    ``localhost:http_port`` on that node). ``source`` says where the value came from;
+    ``tls``: HTTPS to the agent (``https://``). ``ssh_defaults`` names the SSH settings that
+    were not written (``user``, ``ssh_port``): ``~/.ssh/config`` may then supply them, as
+    OpenSSH lets a value on the command line win over the file.
     """
 
     transport: Transport
@@ -86,6 +91,13 @@ class Endpoint:
     http_port: int = DEFAULT_HTTP_PORT
     user: str | None = None
     source: str = "default"
+    tls: bool = False
+    ssh_defaults: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def scheme(self) -> str:
+        """``http`` or ``https``: how the agent is spoken to (over SSH: plain, on loopback)."""
+        return "https" if self.tls and self.transport == "http" else "http"
 
     @property
     def is_local(self) -> bool:
@@ -100,7 +112,7 @@ class Endpoint:
     def agent_url(self) -> str:
         """The agent's base URL as the node itself sees it (ssh: the node's localhost)."""
         if self.transport == "http":
-            return f"http://{self.url_host}:{self.http_port}"
+            return f"{self.scheme}://{self.url_host}:{self.http_port}"
         return f"http://localhost:{self.http_port}"
 
     @property
@@ -117,7 +129,7 @@ class Endpoint:
         if self.transport == "ssh":
             return f"ssh://{self.user}@{self.url_host}:{self.ssh_port}:{self.http_port}"
         if self.transport == "http":
-            return f"http://{self.url_host}:{self.http_port}"
+            return f"{self.scheme}://{self.url_host}:{self.http_port}"
         return "unix://"
 
     def describe(self) -> str:
@@ -128,7 +140,7 @@ class Endpoint:
                 f"then {self.agent_url} on that node"
             )
         elif self.transport == "http":
-            route = f"HTTP to {self.agent_url}"
+            route = f"{self.scheme.upper()} to {self.agent_url}"
         else:
             route = (
                 f"this machine: the agent on {self.agent_url} if it answers, else NVML; "
@@ -139,6 +151,7 @@ class Endpoint:
             ("host", self.host),
             ("ssh_port", str(self.ssh_port) if self.transport == "ssh" else "-"),
             ("http_port", str(self.http_port)),
+            ("tls", "yes" if self.scheme == "https" else "no"),
             ("user", self.user or "-"),
             ("source", self.source),
             ("uri", self.uri()),
@@ -152,6 +165,7 @@ class Endpoint:
             "host": self.host,
             "ssh_port": self.ssh_port,
             "http_port": self.http_port,
+            "tls": self.scheme == "https",
             "user": self.user,
             "source": self.source,
             "uri": self.uri(),
@@ -209,6 +223,9 @@ def parse_endpoint(
         raise invalid(f"bad user name {login!r}")
     if at and transport != "ssh":
         raise invalid("a user name only makes sense with ssh://")
+    written = set()
+    if at:
+        written.add("user")
 
     host, ports = _split_host(address, invalid)
     numbers = [_port(field, invalid) for field in ports]
@@ -216,6 +233,7 @@ def parse_endpoint(
     if transport == "ssh":
         if numbers and numbers[0] is not None:
             ssh_port = numbers[0]
+            written.add("ssh_port")
         if len(numbers) == 2 and numbers[1] is not None:
             http_port = numbers[1]
     else:
@@ -231,6 +249,10 @@ def parse_endpoint(
         http_port=http_port,
         user=(login or user or default_user()) if transport == "ssh" else None,
         source=source,
+        tls=scheme == "https",
+        ssh_defaults=frozenset({"user", "ssh_port"} - written)
+        if transport == "ssh"
+        else frozenset(),
     )
 
 

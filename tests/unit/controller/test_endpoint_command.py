@@ -38,13 +38,16 @@ def test_docker_host_port_is_not_the_agents() -> None:
         "host": "10.0.0.1",
         "ssh_port": 22,
         "http_port": 3476,
+        "tls": False,
         "user": None,
         "source": "DOCKER_HOST",
         "uri": "http://10.0.0.1:3476",
     }
 
 
-@pytest.mark.parametrize("value", ["ssh://[fd00::1]:", "node7:", "http://127.0.0.1:8080"])
+@pytest.mark.parametrize(
+    "value", ["ssh://[fd00::1]:", "node7:", "http://127.0.0.1:8080", "https://node7:"]
+)
 def test_given_value_round_trips(value: str) -> None:
     code, out, _ = run("--json", value)
     assert code == 0
