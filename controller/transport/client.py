@@ -43,106 +43,42 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import aiohttp
 
 from controller.errors import Failure, NodeError
+from controller.transport.agent_errors import (
+    INVALID_PARAMETER_HEADER,
+    INVALID_VALUE_HEADER,
+    AgentHttpError,
+    TokenRefusedError,
+    connect_error,
+    connect_failure,
+    disconnected_error,
+    http_error,
+    node_label,
+    timeout_error,
+)
 from controller.transport.endpoint import Endpoint
 from controller.transport.tls import TlsOptions, bearer_token, client_context, tls_failure
 
 if TYPE_CHECKING:
     from controller.transport.ssh_tunnel import SshOptions, SshTunnel
 
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "INVALID_PARAMETER_HEADER",
+    "INVALID_VALUE_HEADER",
+    "AgentClient",
+    "AgentHttpError",
+    "TokenRefusedError",
+]
+
 DEFAULT_TIMEOUT_S = 10.0
-
-
-# Headers of the agent's 400 answers (agent.rest): which query parameter, which entry.
-INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
-INVALID_VALUE_HEADER = "X-Invalid-Value"
-
-
-class AgentHttpError(NodeError):
-    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``).
-
-    ``status`` and ``agent_message`` (the first line of the body) as answered; for a 400 of
-    an agent that names what it refused, ``invalid_parameter`` (``dev``, ``vol``, ...) and
-    ``invalid_value`` (the entry), else None (an old agent: only the text says it).
-    """
-
-    def __init__(
-        self,
-        node: str,
-        path: str,
-        status: int,
-        text: str,
-        *,
-        invalid_parameter: str | None = None,
-        invalid_value: str | None = None,
-    ) -> None:
-        self.status = status
-        self.agent_message = text
-        self.invalid_parameter = invalid_parameter
-        self.invalid_value = invalid_value
-        super().__init__(
-            node, f"the agent answered {status} to GET {path}: {text}", Failure.HTTP_STATUS
-        )
-
-    @property
-    def label(self) -> str:
-        return f"HTTP {self.status}"
-
-
-class TokenRefusedError(AgentHttpError):
-    """The agent answered 401: it wants a token, or not the one sent (``Failure.TOKEN_REFUSED``)."""
-
-    def __init__(self, node: str, path: str, text: str, *, token_file: str | None) -> None:
-        super().__init__(node, path, 401, text)
-        if token_file is None:
-            self.reason = (
-                f"the agent asks for a token (401 to GET {path}: {text}): give the token file "
-                "with --token-file FILE or NV_TOKEN_FILE"
-            )
-        else:
-            self.reason = (
-                f"the agent refused the token of {token_file} (401 to GET {path}: {text}): "
-                "is it one of the tokens in the agent's --token-file?"
-            )
-        self.failure = Failure.TOKEN_REFUSED
-        self.args = (f"{node}: {self.reason}",)
-
-    @property
-    def label(self) -> str:
-        return self.failure.value
-
-
-def _http_error(
-    node: str,
-    path: str,
-    response: aiohttp.ClientResponse,
-    body: bytes,
-    token_file: str | None,
-) -> AgentHttpError:
-    text = body.decode("utf-8", "replace").strip().splitlines()
-    if response.status == 401:
-        return TokenRefusedError(
-            node, path, text[0] if text else str(response.reason), token_file=token_file
-        )
-    parameter = response.headers.get(INVALID_PARAMETER_HEADER)
-    value = response.headers.get(INVALID_VALUE_HEADER)
-    return AgentHttpError(
-        node,
-        path,
-        response.status,
-        text[0] if text else str(response.reason),
-        invalid_parameter=parameter,
-        invalid_value=unquote(value) if parameter and value is not None else None,
-    )
 
 
 class AgentClient:
@@ -171,12 +107,7 @@ class AgentClient:
 
     @property
     def node(self) -> str:
-        ep = self.endpoint
-        if ep.transport == "ssh":
-            return f"ssh://{ep.node}"
-        if ep.transport == "http":
-            return f"{ep.scheme}://{ep.node}"
-        return f"local agent ({ep.agent_url})"
+        return node_label(self.endpoint)
 
     async def __aenter__(self) -> AgentClient:
         await self.open()
@@ -247,34 +178,29 @@ class AgentClient:
             ) as response:
                 body = await response.read()
                 if response.status != 200:
-                    raise _http_error(self.node, path, response, body, self.tls.token_file)
+                    raise http_error(
+                        self.node,
+                        path,
+                        response.status,
+                        str(response.reason),
+                        response.headers,
+                        body,
+                        self.tls.token_file,
+                    )
                 return body
         except NodeError:
             raise
         except TimeoutError:
-            raise NodeError(
-                self.node,
-                f"no answer to GET {path} within {self.timeout_s:g} s: is the agent "
-                "(nvidia-docker-plugin) healthy?",
-                Failure.TIMEOUT,
-            ) from None
+            raise timeout_error(self.node, path, self.timeout_s) from None
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
             raise self._tls_error(exc.os_error) from exc
         except aiohttp.ClientConnectorError as exc:
-            os_error = exc.os_error
-            failure = _connect_failure(exc)
-            why = (
-                "connection refused"
-                if failure is Failure.REFUSED
-                else os_error.strerror or str(os_error)
+            failure = (
+                Failure.UNKNOWN_HOST
+                if isinstance(exc, aiohttp.ClientConnectorDNSError)
+                else connect_failure(exc.os_error)
             )
-            raise NodeError(
-                self.node,
-                f"cannot connect to the agent at {self.endpoint.agent_url} "
-                f"({why}): is nvidia-docker-plugin running "
-                "there, listening on that address (-l HOST:PORT)?",
-                failure,
-            ) from exc
+            raise connect_error(self.node, self.endpoint.agent_url, exc.os_error, failure) from exc
         except aiohttp.ClientError as exc:
             raise self._request_error(path, exc) from exc
 
@@ -291,13 +217,9 @@ class AgentClient:
         if isinstance(cause, ssl.SSLError):
             return self._tls_error(cause)
         if isinstance(exc, aiohttp.ServerDisconnectedError):
-            hint = ""
-            if self.endpoint.scheme == "http" and self.endpoint.transport == "http":
-                hint = " (an agent serving TLS closes plain HTTP connections: https://?)"
-            return NodeError(
-                self.node,
-                f"GET {path} failed: {exc or type(exc).__name__}{hint}",
-                Failure.DISCONNECTED,
+            plain = self.endpoint.scheme == "http" and self.endpoint.transport == "http"
+            return disconnected_error(
+                self.node, path, str(exc or type(exc).__name__), plain_http=plain
             )
         return NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}")
 
@@ -311,13 +233,3 @@ class AgentClient:
                 f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?",
                 Failure.NOT_AN_AGENT,
             ) from None
-
-
-def _connect_failure(exc: aiohttp.ClientConnectorError) -> Failure:
-    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(
-        exc.os_error, socket.gaierror
-    ):
-        return Failure.UNKNOWN_HOST
-    if isinstance(exc.os_error, ConnectionRefusedError):
-        return Failure.REFUSED
-    return Failure.CANNOT_CONNECT

@@ -148,7 +148,7 @@ def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
         "a nvidia_docker_endpoint=ssh://root@10.0.0.1:2200:80\nb nvidia_docker_transport=telnet\n",
     )
     with pytest.raises(
-        InventoryError, match=r"host b: nvidia_docker_transport must be ssh or http"
+        InventoryError, match=r"host b: nvidia_docker_transport must be ssh, http or https"
     ):
         nodes_from_inventory(str(path), None)
     assert nodes_from_inventory(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"
