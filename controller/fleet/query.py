@@ -193,7 +193,11 @@ async def _ask_node(
         ssh = replace(ssh, identity_files=(node.identity_file,))
     tunnel: SshTunnel | None = None
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(timeout_s) as deadline:
+
+            def restart_clock() -> None:  # the SSH login starts after waiting for a slot
+                deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
+
             tls = base_tls if node.tls is None else node.tls.over(base_tls)
             name = node_label(node.endpoint)
             connection: AgentConnection | None = None
@@ -204,7 +208,8 @@ async def _ask_node(
 
                     step = "the SSH login"
                     tunnel = SshTunnel(node.endpoint, ssh)
-                    await tunnel.connect()
+                    deadline.reschedule(None)  # no clock while waiting for a login slot
+                    await tunnel.connect(restart_clock)
                     unix_path = await tunnel.serve(node.endpoint.http_port)
                 connection = await AgentConnection.open(
                     node.endpoint, name, tls=tls, unix_path=unix_path

@@ -272,9 +272,15 @@ class SshTunnel:
 
     # --- life cycle -------------------------------------------------------------------------
 
-    async def connect(self) -> None:
-        """Log in (in a worker thread, bounded in number); raises ``NodeError``."""
+    async def connect(self, on_start: Callable[[], None] | None = None) -> None:
+        """Log in (in a worker thread, bounded in number); raises ``NodeError``.
+
+        ``on_start`` is called when the login really starts, after waiting for a free slot
+        (a fleet query starts the node's clock then: waiting in line is not the node's fault).
+        """
         async with _handshake_slot(self.options.max_handshakes):
+            if on_start is not None:
+                on_start()
             await _in_thread(self._connect_blocking)
 
     async def serve(self, port: int) -> str:
