@@ -13,7 +13,8 @@ Why the handshake failure is sent as an alert: asyncio closes a server connectio
 handshake failed without sending the TLS alert OpenSSL wrote (``sslproto`` aborts the
 transport), so a client refused for its certificate would only see the connection close and
 could not say why. ``_AlertingSSLObject`` (through the public ``SSLContext.sslobject_class``)
-reports the first failure as "want read": asyncio then flushes what OpenSSL wrote (the alert)
+reports a refused client certificate (missing, or not from the client CA) as "want read":
+asyncio then flushes what OpenSSL wrote (the alert)
 and waits; the client, having read ``certificate required`` or ``unknown ca``, closes, and the
 next call raises the stored error, which ends the connection. A client that never closes is
 cut off by asyncio's handshake timeout.
@@ -59,8 +60,17 @@ class _AlertingSSLObject(ssl.SSLObject):
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise
         except ssl.SSLError as err:
+            if not _refuses_client_certificate(err):
+                raise  # (a plain HTTP request, a bad ClientHello): no alert to send, close now
             self._failure = err
             raise ssl.SSLWantReadError("handshake failed: sending the alert") from err
+
+
+def _refuses_client_certificate(err: ssl.SSLError) -> bool:
+    """The client's certificate is missing or not trusted: OpenSSL has written an alert."""
+    return isinstance(err, ssl.SSLCertVerificationError) or (
+        getattr(err, "reason", None) == "PEER_DID_NOT_RETURN_A_CERTIFICATE"
+    )
 
 
 def _readable(path: Path, what: str, option: str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.agent_farm import AgentFarm, start_farm
-from tests.support.services import require_root, wait_until
+from tests.support.services import free_port, require_root, wait_until
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
@@ -253,8 +253,6 @@ async def test_proxyjump_through_a_bastion(
 async def test_unreachable_bastion_is_named(
     farm: AgentFarm, sshd_server: SshServer, tmp_path: Path
 ) -> None:
-    from tests.support.services import free_port
-
     config = (
         "Host gpu-x\n"
         f"  HostName {sshd_server.host}\n"

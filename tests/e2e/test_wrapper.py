@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.certs import make_pki
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
@@ -88,7 +89,7 @@ class Agent:
 
 
 @contextlib.contextmanager
-def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
+def _agent(driver: FakeDriver, simulate: str, port: int, *extra: str) -> Iterator[Agent]:
     """A REST-only agent process (its plugin socket is private: dockerd uses plugin_agent's)."""
     base = Path(tempfile.mkdtemp(prefix="nvd-wrapper-agent-"))
     log = base / "agent.log"
@@ -102,7 +103,7 @@ def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
                 "-s", str(base / "plugins"),
                 "-d", str(base / "volumes"),
                 "--simulate", simulate,
-                "--ldcache", str(driver.ldcache),
+                "--ldcache", str(driver.ldcache), *extra,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -294,6 +295,60 @@ def test_ssh_node(
     )
     assert result.code == 0, result.stderr
     assert "libcuda.so.580.159.04" in result.stdout.split()
+
+
+def test_https_node_with_client_certificate_and_token(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    fake_driver: FakeDriver,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """The agent serves TLS with mutual TLS and a token; the wrapper runs a real container."""
+    pki = make_pki(tmp_path / "pki")
+    token = tmp_path / "token"
+    token.write_text("wrapper-test-token-0123456789\n")
+    token.chmod(0o600)
+    tls_args = (
+        "--tls-cert", str(pki.pem("server")), "--tls-key", str(pki.key("server")),
+        "--tls-client-ca", str(pki.pem("ca")), "--token-file", str(token),
+    )  # fmt: skip
+    client = {
+        "NV_TLS_CA": str(pki.pem("ca")),
+        "NV_TLS_CERT": str(pki.pem("client")),
+        "NV_TLS_KEY": str(pki.key("client")),
+        "NV_TOKEN_FILE": str(token),
+    }
+    with _agent(fake_driver, "h200", free_port(), *tls_args) as agent:
+        nv_host = f"https://127.0.0.1:{agent.port}"
+        result = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/usr/local/nvidia/lib64",
+            NV_HOST=nv_host, **client,
+        )  # fmt: skip
+        assert result.code == 0, result.stderr
+        assert "libcuda.so.580.159.04" in result.stdout.split()
+        assert result.argv is not None
+        assert "--device=/dev/nvidia0" in gpu_args_of(result.argv, 1)
+
+        before = containers(docker_engine)
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text("not-the-agents-token-0123456789\n")
+        refused = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "true",
+            NV_HOST=nv_host, **{**client, "NV_TOKEN_FILE": str(wrong)},
+        )  # fmt: skip
+        assert refused.code == 1
+        assert f"the agent refused the token of {wrong} (401" in refused.error_line()
+        untrusted = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "true",
+            NV_HOST=nv_host, **{**client, "NV_TLS_CA": str(pki.pem("other-ca"))},
+        )  # fmt: skip
+        assert untrusted.code == 1
+        assert "the agent's certificate is not trusted" in untrusted.error_line()
+        assert refused.argv is None
+        assert untrusted.argv is None
+        assert containers(docker_engine) == before
 
 
 def _nvidia_nodes(listing: str) -> list[str]:
