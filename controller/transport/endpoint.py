@@ -18,8 +18,9 @@ Grammar::
                         serves TLS (its --tls-cert); the client checks its certificate
     user     ssh only; default $USER
 
-Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``-H``/``--host`` on the
-command line, else ``DOCKER_HOST``); neither set means the local node; ``NV_HOST`` set while
+Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``--context``, ``-H``/
+``--host`` on the command line, ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``,
+in docker's order); neither set means the local node; ``NV_HOST`` set while
 docker has no address gets a warning (docker would run the container on the local daemon).
 When the address came from docker rather than ``NV_HOST``, its port is docker's, so the agent's
 HTTP port is always 3476.
@@ -299,29 +300,37 @@ def _port(field: str, invalid: _Invalid) -> int | None:
 
 
 def resolve(
-    environ: Mapping[str, str], *, docker_host_option: str | None = None
+    environ: Mapping[str, str],
+    *,
+    docker_host_option: str | None = None,
+    docker_context_option: str | None = None,
 ) -> tuple[Endpoint, str | None]:
-    """The node ``nvidia-docker`` asks, from ``NV_HOST``, ``-H`` and ``DOCKER_HOST``.
+    """The node ``nvidia-docker`` asks, from ``NV_HOST``, else the daemon docker would use.
 
     Returns the endpoint and a warning to print (or None). ``docker_host_option`` is the value
-    of ``-H``/``--host`` on docker's command line, which docker prefers to ``DOCKER_HOST``.
+    of ``-H``/``--host`` on docker's command line, ``docker_context_option`` that of
+    ``--context``/``-c``; docker's own order then applies (``--context``, ``-H``,
+    ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``:
+    ``controller.transport.docker_context``).
     """
+    from controller.transport.docker_context import docker_address  # noqa: PLC0415
+
     nv_host = environ.get("NV_HOST", "").strip()
-    docker_host = (docker_host_option or environ.get("DOCKER_HOST", "")).strip()
-    docker_source = "-H" if docker_host_option else "DOCKER_HOST"
     if nv_host:
         endpoint = parse_endpoint(nv_host, source="NV_HOST", user=_user(environ))
         warning = None
-        if not docker_host and not endpoint.is_local:
+        if not endpoint.is_local and (
+            docker_address(environ, docker_host_option, docker_context_option) is None
+        ):
             warning = (
                 "NV_HOST is set but DOCKER_HOST is not: docker will use the local daemon "
                 "while the GPUs come from " + endpoint.node + "; set DOCKER_HOST or -H too"
             )
         return endpoint, warning
-    if docker_host:
-        endpoint = parse_endpoint(
-            docker_host, source=docker_source, docker_address=True, user=_user(environ)
-        )
+    docker = docker_address(environ, docker_host_option, docker_context_option)
+    if docker is not None:
+        address, source = docker
+        endpoint = parse_endpoint(address, source=source, docker_address=True, user=_user(environ))
         return endpoint, None
     return LOCAL, None
 
