@@ -33,7 +33,7 @@ from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
 from tests.support.services import file_lock, free_port, port_open, stop_process, wait_until
-from tests.support.sshd import SshServer
+from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.e2e
 
@@ -349,6 +349,67 @@ def test_https_node_with_client_certificate_and_token(
         assert refused.argv is None
         assert untrusted.argv is None
         assert containers(docker_engine) == before
+
+
+def test_docker_context_over_ssh_resolves_to_its_node(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    fake_driver: FakeDriver,
+    nvidia_devices: None,
+    images: dict[str, str],
+    local_agent_port: int,
+    tmp_path: Path,
+) -> None:
+    """``nvidia-docker --context gpu-node run``: docker reaches its daemon over SSH through the
+    context, and the wrapper asks the agent of that same node (its localhost:3476) through
+    SSH, both through the ``Host gpu-node`` alias of the user's ``~/.ssh/config``."""
+    server, proc = start_sshd(tmp_path, extra_config=(f"SetEnv DOCKER_HOST={docker_engine.host}",))
+    try:
+        home = server.client_home(tmp_path / "home")
+        ssh_dir = home / ".ssh"
+        (ssh_dir / "config").write_text(
+            f"Host gpu-node\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+        )
+        # OpenSSH's ssh reads the passwd entry's home, not $HOME: a shim gives docker's ssh
+        # the same files the user's own ~/.ssh would hold
+        shims = tmp_path / "bin"
+        shims.mkdir()
+        (shims / "ssh").write_text(
+            "#!/bin/sh\n"
+            f'exec /usr/bin/ssh -F "{ssh_dir}/config" -o "UserKnownHostsFile={ssh_dir}/known_hosts"'
+            f' -i "{ssh_dir}/id_ed25519" -o BatchMode=yes "$@"\n'
+        )
+        (shims / "ssh").chmod(0o755)
+        docker_config = tmp_path / "docker-config"
+        env = {
+            "HOME": str(home),
+            "DOCKER_CONFIG": str(docker_config),
+            "DOCKER_HOST": "",
+            "PATH": f"{shims}:{os.environ['PATH']}",
+        }
+        subprocess.run(
+            ["docker", "context", "create", "gpu-node", "--docker", "host=ssh://gpu-node"],
+            env={**os.environ, **env},
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        logins_before = server.log.read_text(errors="replace").count("Accepted publickey")
+        with _agent(fake_driver, "h200", local_agent_port):
+            result = nvidia_docker(
+                docker_engine, tmp_path, "--context", "gpu-node", "run", "--rm", images["gpu"],
+                "ls", "/usr/local/nvidia/lib64", **env,
+            )  # fmt: skip
+        assert result.code == 0, result.stderr
+        assert "libcuda.so.580.159.04" in result.stdout.split()
+        assert result.stderr == ""  # the context is docker's address: no NV_HOST warning
+        assert result.argv is not None
+        assert "--device=/dev/nvidia0" in gpu_args_of(result.argv, 3)
+        # docker's logins and the wrapper's own, all to the node's sshd
+        log = server.log.read_text(errors="replace")
+        assert log.count("Accepted publickey") >= logins_before + 2
+    finally:
+        stop_sshd(server, proc)
 
 
 def _nvidia_nodes(listing: str) -> list[str]:
