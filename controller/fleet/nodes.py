@@ -32,6 +32,8 @@ TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http | https
 PORT_VAR = "nvidia_docker_agent_listen_port"  # the Ansible role's variable: the agent's HTTP port
 ENDPOINT_VAR = "nvidia_docker_endpoint"  # a whole NV_HOST address, wins over the rest
 INVENTORY_TRANSPORTS = ("ssh", "http", "https")
+# The role's variables that turn TLS on for an agent (docs/ansible.md).
+ROLE_TLS_VARS = ("nvidia_docker_agent_tls_cert", "nvidia_docker_agent_tls_cert_content")
 # The client's TLS and token for a host; each falls back to the role's variable of the same
 # meaning when that one is a plain path (the role's CA checks the agents' certificates too).
 TLS_VARS = {
@@ -112,8 +114,9 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     ``nvidia_docker_endpoint`` (an ``NV_HOST`` address) wins. Otherwise the address is
     ``ansible_host`` (else the inventory name), the transport ``nvidia_docker_transport``
     (``ssh``, the default: what reaches Ansible reaches the agent, which may listen on the
-    node's localhost only; ``http``; or ``https``, the agent serving TLS), the agent's port
-    ``nvidia_docker_agent_listen_port``, and
+    node's localhost only; ``http``; or ``https``, the agent serving TLS, as it does on every
+    address, and so inside an SSH tunnel too, when the role's ``nvidia_docker_agent_tls_cert``
+    is set), the agent's port ``nvidia_docker_agent_listen_port``, and
     over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them.
     """
     variables = host.vars
@@ -140,8 +143,11 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     if not address or any(c.isspace() for c in address) or "/" in address:
         raise bad(f"bad address {address!r} in ansible_host")
     http_port = _port(variables, PORT_VAR, DEFAULT_HTTP_PORT, bad)
+    # the role installs a certificate: its agent serves TLS only, on every address
+    role_tls = any(_text(variables, v, bad, "") for v in ROLE_TLS_VARS if v in variables)
     if transport in ("http", "https"):
-        return Endpoint("http", address, http_port=http_port, source=path, tls=transport == "https")
+        tls = transport == "https" or role_tls
+        return Endpoint("http", address, http_port=http_port, source=path, tls=tls)
     ssh_port = _port(variables, "ansible_port", 0, bad) or _port(
         variables, "ansible_ssh_port", DEFAULT_SSH_PORT, bad
     )
@@ -155,6 +161,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
         http_port=http_port,
         user=user or default_user(),
         source=path,
+        tls=role_tls,
     )
 
 

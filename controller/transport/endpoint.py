@@ -97,8 +97,9 @@ class Endpoint:
 
     @property
     def scheme(self) -> str:
-        """``http`` or ``https``: how the agent is spoken to (over SSH: plain, on loopback)."""
-        return "https" if self.tls and self.transport == "http" else "http"
+        """``http`` or ``https``: how the agent is spoken to. Over SSH, TLS inside the tunnel
+        only when ``tls`` is set (an inventory whose agents serve TLS on their loopback)."""
+        return "https" if self.tls and self.transport != "local" else "http"
 
     @property
     def is_local(self) -> bool:
@@ -114,7 +115,7 @@ class Endpoint:
         """The agent's base URL as the node itself sees it (ssh: the node's localhost)."""
         if self.transport == "http":
             return f"{self.scheme}://{self.url_host}:{self.http_port}"
-        return f"http://localhost:{self.http_port}"
+        return f"{self.scheme}://localhost:{self.http_port}"
 
     @property
     def node(self) -> str:

@@ -41,6 +41,9 @@ from controller.transport.tls import TlsOptions, bearer_token, client_context, t
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 USER_AGENT = f"nvidia-docker-ctl/{__version__}"
+# The name checked in the agent's certificate through an SSH tunnel (the tunnel ends on the
+# node's loopback; the Ansible role's health gate checks the same name).
+TUNNEL_SERVER_NAME = "127.0.0.1"
 
 
 class _BadAnswer(Exception):
@@ -133,8 +136,14 @@ class AgentConnection:
         if token is not None:
             headers += f"Authorization: Bearer {token}\r\n"
         try:
-            if unix_path is not None:
-                await loop.create_unix_connection(lambda: reader, unix_path)
+            if unix_path is not None:  # an SSH tunnel; TLS inside it when the agent serves TLS
+                https = endpoint.scheme == "https"
+                await loop.create_unix_connection(
+                    lambda: reader,
+                    unix_path,
+                    ssl=client_context(tls) if https else None,
+                    server_hostname=TUNNEL_SERVER_NAME if https else None,
+                )
             elif endpoint.scheme == "https":
                 await loop.create_connection(
                     lambda: reader,
@@ -146,7 +155,8 @@ class AgentConnection:
             else:
                 await loop.create_connection(lambda: reader, endpoint.host, endpoint.http_port)
         except ssl.SSLError as exc:
-            failure, message = tls_failure(exc, tls, endpoint.host)
+            server = TUNNEL_SERVER_NAME if unix_path is not None else endpoint.host
+            failure, message = tls_failure(exc, tls, server)
             raise NodeError(node, message, failure) from exc
         except OSError as exc:
             raise connect_error(node, endpoint.agent_url, exc, connect_failure(exc)) from exc

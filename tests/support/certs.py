@@ -7,6 +7,9 @@
   ``127.0.0.1`` and ``localhost`` (subjectAltName, as clients check);
 - ``client.pem``/``client.key``: a client certificate (extendedKeyUsage clientAuth) from the
   same CA, for mutual TLS;
+- ``node.pem``/``node.key``: like the server's, for the same names, but usable as a client
+  certificate too (extendedKeyUsage serverAuth and clientAuth): the Ansible role's requests
+  present the agent's own certificate when the agent asks for client certificates;
 - ``other-ca.pem`` and ``other-client.pem``/``other-client.key``: a second, unrelated CA and
   a client certificate it signed (a certificate the agent must not trust), and
   ``other-server.pem``/``other-server.key``: a server certificate from it (one clients must
@@ -75,6 +78,13 @@ def make_pki(root: Path) -> Pki:
     _ca(root, "other-ca", "unrelated test CA")
     _leaf(root, "server", "ca", "nvd agent", _server_extensions())
     _leaf(root, "client", "ca", "nvd operator", "extendedKeyUsage=clientAuth")
+    _leaf(
+        root,
+        "node",
+        "ca",
+        "nvd node",
+        f"subjectAltName={SERVER_NAMES}\nextendedKeyUsage=serverAuth,clientAuth",
+    )
     _leaf(root, "other-client", "other-ca", "stranger", "extendedKeyUsage=clientAuth")
     _leaf(root, "other-server", "other-ca", "impostor", _server_extensions())
     return Pki(root)
