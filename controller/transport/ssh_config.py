@@ -28,6 +28,7 @@ import paramiko
 
 from controller.errors import EndpointError
 from controller.transport.endpoint import DEFAULT_SSH_PORT, Endpoint
+from controller.transport.endpoint import default_user as local_user
 
 DEFAULT_CONFIG = "~/.ssh/config"
 
@@ -144,16 +145,18 @@ def _jump_spec(spec: str, where: str) -> tuple[str | None, str, int | None]:
 def resolve_route(
     endpoint: Endpoint, config_file: str | None, default_user: str | None = None
 ) -> SshRoute:
-    """The route to an ``ssh://`` endpoint under ``config_file`` (see the module docstring)."""
+    """The route to an ``ssh://`` endpoint under ``config_file`` (see the module docstring);
+    ``default_user``: the user of jump hosts the file gives none (default ``$USER``)."""
     config = _load(config_file)
     where = f"SSH config {config_file}, Host {endpoint.host}"
-    fallback = default_user or endpoint.user or ""
+    # a jump host's user is its own (the file's, else this machine's), never the target's
+    fallback = default_user or local_user()
     target, entry = _hop(
         config,
         endpoint.host,
         user=None if "user" in endpoint.ssh_defaults else endpoint.user,
         port=None if "ssh_port" in endpoint.ssh_defaults else endpoint.ssh_port,
-        default_user=fallback,
+        default_user=endpoint.user or fallback,
         where=where,
     )
     jumps: list[SshHop] = []

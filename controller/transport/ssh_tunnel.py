@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 import paramiko
 
 from controller.errors import EndpointError, Failure, NodeError
-from controller.transport.endpoint import Endpoint
+from controller.transport.endpoint import Endpoint, default_user
 from controller.transport.ssh_config import SshHop, SshRoute, config_path, resolve_route
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
@@ -334,7 +334,7 @@ class SshTunnel:
             if self.route is None:
                 try:
                     self.route = resolve_route(
-                        self.endpoint, self.options.config_file, self.endpoint.user
+                        self.endpoint, self.options.config_file, default_user(self.options.environ)
                     )
                 except EndpointError as exc:
                     raise self._error(str(exc)) from None

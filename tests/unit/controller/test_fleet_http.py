@@ -132,10 +132,12 @@ async def _raw_server(answer: bytes) -> tuple[asyncio.AbstractServer, int]:
     """A server that reads a request and writes ``answer`` bytes, then closes."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(answer)
-        await writer.drain()
-        writer.close()
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port: int = server.sockets[0].getsockname()[1]
@@ -162,6 +164,8 @@ async def test_answers_as_http_frames_them(answer: bytes, status: int, body: byt
         connection.close()
     finally:
         server.close()
+        await server.wait_closed()
+        await server.wait_closed()
     assert (got.status, got.body) == (status, body)
 
 
@@ -184,13 +188,18 @@ async def test_what_is_not_an_answer(answer: bytes, failure: Failure, message: s
         connection.close()
     finally:
         server.close()
+        await server.wait_closed()
+        await server.wait_closed()
     assert info.value.failure is failure
     assert message in str(info.value)
 
 
 async def test_a_silent_server_is_the_callers_timeout() -> None:
     async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
+        try:
+            await reader.read()  # until the client gives up
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(never, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -204,3 +213,4 @@ async def test_a_silent_server_is_the_callers_timeout() -> None:
         connection.close()
     finally:
         server.close()
+        await server.wait_closed()
