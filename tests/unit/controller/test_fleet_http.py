@@ -214,3 +214,48 @@ async def test_a_silent_server_is_the_callers_timeout() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_pipelined_requests_answered_in_order(agent_port: int) -> None:
+    connection = await _connect(agent_port)
+    try:
+        answers = await connection.get_all(
+            [("/gpu/info/json", None), ("/docker/cli", {"dev": "1"}), ("/chunked", None)]
+        )
+    finally:
+        connection.close()
+    assert [a.body for a in answers] == [INFO, b"raw=/docker/cli?dev=1\n", b'{"Devices": [1, 2]}']
+
+
+async def test_an_agent_that_closes_after_one_answer_gets_the_rest_again() -> None:
+    """A server that answers one request per connection (Connection: close), ignoring what
+    was pipelined after it: the other requests go again on new connections."""
+    connections = 0
+
+    async def one_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            request = await reader.readuntil(b"\r\n\r\n")
+            body = request.split(b" ", 2)[1]
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(one_per_connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        connection = await _connect(port)
+        answers = await connection.get_all([("/a", None), ("/b", None), ("/c", None)])
+        connection.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert [a.body for a in answers] == [b"/a", b"/b", b"/c"]
+    assert connections == 3  # one per answer: each new connection carries what is left
