@@ -4,7 +4,9 @@ A query over ten thousand nodes must not hold ten thousand answers (a parsed ``s
 8-GPU node is tens of kilobytes of Python objects). Each sink turns a node's answer into what
 it prints as soon as the node is done, and drops the answer:
 
-- ``JsonLinesSink``: one line per node, in the order nodes finish.
+- ``JsonLinesSink``: one line per node, in the order nodes finish. Output is flushed at most
+  every 50 ms rather than per node (one write system call per node is a tenth of a
+  10,000-node query's time).
 - ``TableSink`` and ``JsonDocumentSink``: in the order the nodes were named, through a
   reorder window (``OrderedWindow``): a node that finished before an earlier one waits as a
   few rendered lines; the query does not start node ``i`` until node ``i - window`` is
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from controller.fleet.query import FleetNode, NodeResult, Query
 from controller.fleet.table import Column, Row, Span, fit_widths, render_row
 
 TABLE_LOOKAHEAD = 256  # nodes whose rows decide the table's column widths
+FLUSH_INTERVAL_S = 0.05  # a reader sees new lines this soon; no write system call per node
 MAX_ERROR_LINES = 1000  # whole failure messages kept for standard error
 DEFAULT_WINDOW = 1024  # nodes that may finish ahead of the first one not yet printed
 
@@ -116,22 +120,37 @@ class OrderedWindow:
         return len(self._waiting)
 
 
+class _Flusher:
+    """Flushes ``out`` at most every ``FLUSH_INTERVAL_S`` (and at the end)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._flushed_at = 0.0
+
+    def maybe(self) -> None:
+        now = time.monotonic()
+        if now - self._flushed_at >= FLUSH_INTERVAL_S:
+            self.out.flush()
+            self._flushed_at = now
+
+
 class JsonLinesSink:
-    """``--jsonl``: one compact line per node, the moment it is done."""
+    """``--jsonl``: one compact line per node, as it is done (flushed within 50 ms)."""
 
     ordered = False
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.summary = Summary()
+        self._flush = _Flusher(out)
 
     def add(self, result: NodeResult) -> None:
         self.summary.add(result)
         self.out.write(json_line(result) + "\n")
-        self.out.flush()
+        self._flush.maybe()
 
     def close(self) -> None:
-        return None
+        self.out.flush()
 
 
 class JsonDocumentSink:
@@ -194,6 +213,7 @@ class TableSink:
         self._held: list[Row] = []  # rows of the first nodes, until the widths are known
         self._held_nodes = 0
         self._widths: list[int] | None = None
+        self._flush = _Flusher(out)
 
     def add(self, result: NodeResult) -> None:
         self.summary.add(result)
@@ -219,8 +239,9 @@ class TableSink:
             render_row(self.columns, row, self._widths, self.width, self.ellipsis) for row in rows
         ]
         self.out.write("".join(line + "\n" for line in lines))
-        self.out.flush()
+        self._flush.maybe()
 
     def close(self) -> None:
         if self._widths is None:
             self._start()
+        self.out.flush()
