@@ -220,6 +220,40 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     "builds and the daemon itself.",
 )
 @click.option(
+    "--tls-cert",
+    metavar="FILE",
+    envvar="NVIDIA_DOCKER_PLUGIN_TLS_CERT",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Serve the REST API over TLS with this PEM certificate (chain); needs --tls-key. "
+    "Re-read on SIGHUP.",
+)
+@click.option(
+    "--tls-key",
+    metavar="FILE",
+    envvar="NVIDIA_DOCKER_PLUGIN_TLS_KEY",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The PEM private key of --tls-cert (mode 0600 or 0640).",
+)
+@click.option(
+    "--tls-client-ca",
+    metavar="FILE",
+    envvar="NVIDIA_DOCKER_PLUGIN_TLS_CLIENT_CA",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Mutual TLS: only clients with a certificate signed by this CA (PEM) get an answer.",
+)
+@click.option(
+    "--token-file",
+    metavar="FILE",
+    envvar="NVIDIA_DOCKER_PLUGIN_TOKEN_FILE",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Bearer tokens, one per line (two during a rotation): every request must send one "
+    "(Authorization: Bearer TOKEN). Re-read on SIGHUP.",
+)
+@click.option(
     "--dump-node",
     "dump_target",
     metavar="FILE",
@@ -250,6 +284,10 @@ def command(
     idle_timeout_s: float,
     max_connections: int,
     reserved_fds: int,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
+    token_file: Path | None,
     dump_target: str | None,
 ) -> None:
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
@@ -259,6 +297,7 @@ def command(
 
         sys.exit(dump_node(simulate, dump_target))
     host, port = listen
+    _check_tls_options(tls_cert, tls_key, tls_client_ca)
     config = Config(
         listen_host=host,
         listen_port=port,
@@ -275,6 +314,10 @@ def command(
         reserved_fds=reserved_fds,
         cdi_spec_dir=cdi_spec_dir,
         cdi_dev_root=cdi_dev_root,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+        token_file=token_file,
     )
     try:
         factory, loop_name = loop_factory(event_loop)
@@ -286,6 +329,13 @@ def command(
 
     with asyncio.Runner(loop_factory=factory) as runner:
         sys.exit(runner.run(run(config)))
+
+
+def _check_tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> None:
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together: give both, or neither")
+    if client_ca is not None and cert is None:
+        raise click.UsageError("--tls-client-ca needs TLS: give --tls-cert and --tls-key too")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
 
 from aiohttp import web
 
@@ -20,11 +21,16 @@ _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
 async def listen(
-    runner: web.AppRunner, host: str | None, port: int, *, guard: ConnectionGuard | None = None
+    runner: web.AppRunner,
+    host: str | None,
+    port: int,
+    *,
+    guard: ConnectionGuard | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> list[tuple[str, int]]:
-    """Serve ``runner`` on every address of ``host`` (all interfaces for None); ``guard``
-    sees (and limits) the connections of all of them together. Returns the (host, port) of
-    every socket bound."""
+    """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
+    ``ssl_context`` is given; ``guard`` sees (and limits) the connections of all of them
+    together. Returns the (host, port) of every socket bound."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -40,15 +46,20 @@ async def listen(
     started = 0
     bound: list[tuple[str, int]] = []
     for address in addresses:
+        site: web.BaseSite
+        if guard is None:
+            site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
+        else:
+            site = GuardedSite(
+                runner,
+                guard,
+                host=address,
+                port=port,
+                reuse_address=True,
+                ssl_context=ssl_context,
+            )
         try:
-            site: web.BaseSite
-            if guard is None:
-                site = web.TCPSite(runner, address, port, reuse_address=True)
-            else:
-                site = GuardedSite(runner, guard, host=address, port=port, reuse_address=True)
             await site.start()
-            if isinstance(site, GuardedSite):
-                bound += site.bound
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
@@ -57,6 +68,8 @@ async def listen(
                 f"cannot listen on {where}: {err.strerror or err} (is another agent running? "
                 "choose another address with -l)"
             ) from None
+        if isinstance(site, GuardedSite):
+            bound += site.bound
         started += 1
     if not started:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")

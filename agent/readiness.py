@@ -3,8 +3,9 @@
 ``docker.service`` starts once the agent is ready (``agent.systemd_notify``), and restarts
 containers that name the driver volume: the plugin must answer by then. So the agent asks
 itself, as its clients will: ``POST /Plugin.Activate`` on the unix socket, and
-``GET /gpu/info/json`` on the first address the REST API listens on. Each answer must be
-200 within ``timeout_s``; otherwise ``NotAnswering`` says which one and how it failed.
+``GET /gpu/info/json`` on the first address the REST API listens on (over TLS: that it
+accepts connections). Each must answer within ``timeout_s``; otherwise ``NotAnswering`` says
+which one and how it failed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,13 @@ async def check_plugin(socket_path: Path, timeout_s: float = 5.0) -> None:
         raise NotAnswering(f"the plugin socket {socket_path} answered {code} to Plugin.Activate")
 
 
-async def check_rest(address: tuple[str, int], timeout_s: float = 5.0) -> None:
+async def check_rest(
+    address: tuple[str, int], *, tls: bool = False, token: bool = False, timeout_s: float = 5.0
+) -> None:
+    """The REST API answers on ``address``. Plain HTTP: ``GET /gpu/info/json`` answers 200
+    (401 when every request needs a token: the API answered, it only wants the token). Over
+    TLS the agent has no client certificate of its own to show a mutual-TLS listener, so the
+    check is that the port accepts connections (the same server then speaks TLS)."""
     host, port = address
     if ipaddress.ip_address(host).is_unspecified:  # bound to every interface
         host = "::1" if ":" in host else "127.0.0.1"
@@ -57,8 +64,12 @@ async def check_rest(address: tuple[str, int], timeout_s: float = 5.0) -> None:
     request = f"GET /gpu/info/json HTTP/1.1\r\nHost: {shown}\r\nConnection: close\r\n\r\n"
     try:
         async with asyncio.timeout(timeout_s):
-            code = await _status(await asyncio.open_connection(host, port), request.encode())
+            connection = await asyncio.open_connection(host, port)
+            if tls:
+                connection[1].close()
+                return
+            code = await _status(connection, request.encode())
     except (OSError, TimeoutError) as err:
         raise NotAnswering(f"the REST API on {shown} does not answer ({err})") from None
-    if code != 200:
+    if code != 200 and not (token and code == 401):
         raise NotAnswering(f"the REST API on {shown} answered {code} to GET /gpu/info/json")

@@ -42,6 +42,7 @@ from agent.node_life import NodeLife
 from agent.node_state import NodeState
 from agent.plugin_site import prepare_volumes, start_plugin_site
 from agent.readiness import NotAnswering, check_plugin, check_rest
+from agent.remote_access import RemoteAccess
 from agent.rest import create_app
 from agent.status_service import StatusService
 from agent.systemd_notify import notify
@@ -121,6 +122,7 @@ class Agent:
             cfg.header_timeout_s,
             cfg.idle_timeout_s,
         )
+        access = RemoteAccess.from_config(cfg)  # certificates and tokens: fail fast
         if cfg.simulate is None:
             try:
                 log.info("Checking the NVIDIA unified memory device: %s", ensure_uvm_device())
@@ -192,18 +194,19 @@ class Agent:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
 
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
-        log.info("Serving the REST API on %s", where)
+        log.info("Serving the REST API on %s: %s", where, access.describe())
         guard = ConnectionGuard(
             "REST API",
             ConnectionLimits(cfg.header_timeout_s, cfg.idle_timeout_s, budget.max_connections),
         )
         self.rest_connections = guard
         runner = web.AppRunner(
-            # The guard's middleware first: every answer, refusals included, is progress.
+            # The guard's middleware first: every answer, refusals included, is progress;
+            # then the token check, then the counters (refusals are requests too).
             create_app(
                 self.node,
                 self.status,
-                middlewares=[guard.middleware, counters.middleware],
+                middlewares=[guard.middleware, *access.middlewares, counters.middleware],
                 metrics=self.metrics,
                 cdi=self.cdi,
             ),
@@ -215,10 +218,20 @@ class Agent:
         )
         await runner.setup()
         self.runners.append(runner)
-        bound = await listen(runner, cfg.listen_host, cfg.listen_port, guard=guard)
+        bound = await listen(
+            runner,
+            cfg.listen_host,
+            cfg.listen_port,
+            guard=guard,
+            ssl_context=access.ssl_context,
+        )
+        access.warn_if_exposed([host for host, _ in bound], cfg.listen_port)
+        self.reload_steps += [ReloadStep(name, run) for name, run in access.reloaders()]
         try:  # what is ordered after the agent at boot must find both answering
             await check_plugin(socket_path)
-            await check_rest(bound[0])
+            await check_rest(
+                bound[0], tls=access.ssl_context is not None, token=access.tokens is not None
+            )
         except NotAnswering as err:
             raise StartupError(str(err)) from None
         self.life.serve(status=self.status, node_state=self.node, store=store)

@@ -39,6 +39,11 @@ class Failure(enum.Enum):
     SSH_LOGIN_FAILED = "SSH login failed"
     SSH_NO_AGENT = "no agent behind SSH"
     SSH_ERROR = "SSH error"
+    TLS_UNTRUSTED = "certificate not trusted"
+    TLS_NAME_MISMATCH = "certificate name mismatch"
+    TLS_CLIENT_CERT_REFUSED = "client certificate refused"
+    TLS_ERROR = "TLS error"
+    TOKEN_REFUSED = "token refused"  # noqa: S105 (a label: the agent answered 401)
     ERROR = "error"
 
 

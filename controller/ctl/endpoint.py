@@ -8,7 +8,19 @@ import os
 import click
 
 from controller.errors import EndpointError
-from controller.transport.endpoint import parse_endpoint, resolve
+from controller.transport.endpoint import Endpoint, default_user, parse_endpoint, resolve
+
+
+def _ssh_route(chosen: Endpoint) -> str | None:
+    """Where an SSH node really is, after ~/.ssh/config (HostName, User, Port, ProxyJump)."""
+    if chosen.transport != "ssh":
+        return None
+    from controller.transport.ssh_config import config_path, resolve_route  # noqa: PLC0415
+
+    try:
+        return resolve_route(chosen, config_path(os.environ), default_user()).describe()
+    except EndpointError as err:
+        raise click.ClickException(str(err)) from None
 
 
 @click.command()
@@ -18,7 +30,8 @@ def endpoint(value: str | None, as_json: bool) -> None:
     """Show the node behind VALUE (an NV_HOST value or a node name).
 
     Without VALUE: the node nvidia-docker would ask in this environment (NV_HOST, else
-    DOCKER_HOST, else the local node).
+    docker's address: DOCKER_HOST, DOCKER_CONTEXT or the current docker context, else the
+    local node). SSH nodes also show their route after ~/.ssh/config (ssh_route).
     """
     warning = None
     try:
@@ -28,9 +41,15 @@ def endpoint(value: str | None, as_json: bool) -> None:
             chosen = parse_endpoint(value)
     except EndpointError as err:
         raise click.ClickException(str(err)) from None
+    route = _ssh_route(chosen)
     if as_json:
-        click.echo(json.dumps(chosen.as_dict(), sort_keys=True))
+        fields = chosen.as_dict()
+        if route is not None:
+            fields["ssh_route"] = route
+        click.echo(json.dumps(fields, sort_keys=True))
     else:
         click.echo(chosen.describe())
+        if route is not None:
+            click.echo(f"{'ssh_route':<10} {route}")
     if warning:
         click.echo(f"Warning: {warning}", err=True)

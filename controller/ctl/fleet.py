@@ -21,11 +21,14 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from controller.errors import ControllerError
+
+if TYPE_CHECKING:
+    from controller.transport.tls import TlsOptions
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
@@ -79,6 +82,35 @@ def _fleet_options(function: Callable[..., Any]) -> Callable[..., Any]:
             envvar="NV_FLEET_TIMEOUT",
             help="Seconds for each node as a whole (connect, SSH login, requests).  "
             "[env: NV_FLEET_TIMEOUT]",
+        ),
+        click.option(
+            "--ca",
+            "tls_ca",
+            metavar="FILE",
+            envvar="NV_TLS_CA",
+            help="CA certificate(s) that signed the agents' TLS certificates (https:// nodes); "
+            "default: the system's CAs.  [env: NV_TLS_CA]",
+        ),
+        click.option(
+            "--cert",
+            "tls_cert",
+            metavar="FILE",
+            envvar="NV_TLS_CERT",
+            help="Client certificate, for agents with mutual TLS.  [env: NV_TLS_CERT]",
+        ),
+        click.option(
+            "--key",
+            "tls_key",
+            metavar="FILE",
+            envvar="NV_TLS_KEY",
+            help="The key of --cert (default: in the --cert file).  [env: NV_TLS_KEY]",
+        ),
+        click.option(
+            "--token-file",
+            metavar="FILE",
+            envvar="NV_TOKEN_FILE",
+            help="Bearer token for agents with --token-file (the first token in the file).  "
+            "[env: NV_TOKEN_FILE]",
         ),
         click.option("--json", "as_json", is_flag=True, help="One JSON document, nodes by name."),
         click.option(
@@ -147,6 +179,10 @@ def run_fleet_command(
     timeout_s: float,
     as_json: bool,
     as_jsonl: bool,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    token_file: str | None = None,
 ) -> int:
     """Gather the nodes, ask them, print; returns the exit code."""
     if as_json and as_jsonl:
@@ -154,8 +190,11 @@ def run_fleet_command(
     if limit and not inventory:
         raise click.UsageError("--limit needs --inventory")
     try:
+        from controller.transport.tls import TlsOptions  # noqa: PLC0415
+
+        tls = TlsOptions(tls_ca, tls_cert, tls_key, token_file)
         return _run(
-            query, node, nodes_files, inventory, limit, parallel, timeout_s, as_json, as_jsonl
+            query, node, nodes_files, inventory, limit, parallel, timeout_s, as_json, as_jsonl, tls
         )
     except ControllerError as exc:
         click.echo(f"{PROG}: error: {exc}", err=True)
@@ -189,21 +228,24 @@ def _run(
     timeout_s: float,
     as_json: bool,
     as_jsonl: bool,
+    tls: TlsOptions,
 ) -> int:
-    from controller.fleet.health_view import problems, status_notes  # noqa: PLC0415
+    from controller.fleet.health_view import StatusNotes, gpu_problems  # noqa: PLC0415
     from controller.fleet.nodes import (  # noqa: PLC0415
         nodes_from_arguments,
         nodes_from_file,
         nodes_from_inventory,
     )
-    from controller.fleet.output import (  # noqa: PLC0415
-        Progress,
-        json_document,
-        json_line,
-        summary,
-        table_lines,
+    from controller.fleet.output import Progress  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult, ask_fleet  # noqa: PLC0415
+    from controller.fleet.report import (  # noqa: PLC0415
+        JsonDocumentSink,
+        JsonLinesSink,
+        OrderedWindow,
+        ProblemSink,
+        TableSink,
     )
-    from controller.fleet.query import FleetNode, NodeResult, query_fleet  # noqa: PLC0415
+    from controller.transport.tls import bearer_token, client_context  # noqa: PLC0415
 
     nodes: list[FleetNode] = nodes_from_arguments(node)
     for path in nodes_files:
@@ -216,52 +258,87 @@ def _run(
     for item in nodes:
         unique.setdefault(item.name, item)
     nodes = list(unique.values())
+    # the options' files are checked once, before any node is asked (exit 2 when wrong)
+    if tls.ca or tls.cert:
+        client_context(tls)
+    bearer_token(tls)
 
     progress: Progress | None = None
     if len(nodes) > PROGRESS_MIN_NODES and _is_terminal(sys.stderr):
         progress = Progress(query.name, len(nodes))
 
-    def on_result(result: NodeResult) -> None:
-        if as_jsonl:
-            sys.stdout.write(json_line(result) + "\n")
-            sys.stdout.flush()
+    sink: JsonLinesSink | JsonDocumentSink | TableSink | ProblemSink
+    if as_jsonl:
+        sink = JsonLinesSink(sys.stdout)
+    elif as_json:
+        sink = JsonDocumentSink(query, sys.stdout)
+    elif query.name == "health":
+        sink = ProblemSink(sys.stdout)
+    else:
+        width = shutil.get_terminal_size((80, 24)).columns
+        sink = TableSink(query, nodes, sys.stdout, width, _ellipsis())
+    window = OrderedWindow(sink.add, max(1024, 4 * parallel)) if sink.ordered else None
+
+    # status: unhealthy GPUs and differing drivers after the table; health: any unhealthy
+    # GPU is a problem to report (exit 1) even when every node answered
+    notes = StatusNotes() if query.name == "status" and not (as_json or as_jsonl) else None
+    unhealthy = 0
+
+    def on_result(index: int, result: NodeResult) -> None:
+        nonlocal unhealthy
+        if notes is not None:
+            notes.add(result)
+        if query.name == "health" and result.ok:
+            unhealthy += len(gpu_problems(result))
+        if window is None:
+            sink.add(result)
+        else:
+            window.put(index, result)
         if progress is not None:
             progress.update(result)
 
     try:
-        results = asyncio.run(
-            query_fleet(nodes, query, parallel=parallel, timeout_s=timeout_s, on_result=on_result)
+        asyncio.run(
+            ask_fleet(
+                nodes,
+                query,
+                on_result,
+                parallel=parallel,
+                timeout_s=timeout_s,
+                tls=tls,
+                admit=None if window is None else window.admit,
+            )
         )
     finally:
         if progress is not None:
             progress.close()
-
-    if as_json:
-        sys.stdout.write(json_document(query, results))
-    elif not as_jsonl:
-        width = shutil.get_terminal_size((80, 24)).columns
-        lines = table_lines(query, results, width, _ellipsis())
-        if query.name == "status":  # unhealthy GPUs, drivers that differ
-            lines += status_notes(results)
+    sink.close()
+    if notes is not None:
+        lines = notes.lines()
         if lines:
             sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
-        for result in results:
-            if not result.ok:
-                click.echo(f"{PROG}: {result.node.name}: {result.error}", err=True)
-        counts = summary(results)
+            sys.stdout.flush()
+
+    counts = sink.summary
+    if not (as_json or as_jsonl):
+        for name, message in counts.errors:
+            click.echo(f"{PROG}: {name}: {message}", err=True)
+        if counts.errors_left_out:
+            reasons = ", ".join(f"{n} {why}" for why, n in counts.reasons.most_common())
+            click.echo(
+                f"{PROG}: and {counts.errors_left_out} more failed nodes ({reasons} in all); "
+                "--jsonl gives every message",
+                err=True,
+            )
         click.echo(
-            f"{PROG}: {counts['nodes']} node{'s' if counts['nodes'] != 1 else ''}, "
-            f"{counts['answered']} answered "
-            f"({counts['gpus']} GPUs), {counts['failed']} failed",
+            f"{PROG}: {counts.nodes} node{'s' if counts.nodes != 1 else ''}, "
+            f"{counts.answered} answered "
+            f"({counts.gpus} GPUs), {counts.failed} failed",
             err=True,
         )
-    failed = sum(1 for r in results if not r.ok)
-    if failed == 0:
-        if query.name == "health" and problems(results):
-            return EXIT_SOME_FAILED  # health: any unhealthy GPU is a problem to report
-        return EXIT_OK
-    return EXIT_ALL_FAILED if failed == len(results) else EXIT_SOME_FAILED
+    if counts.failed == 0:
+        return EXIT_SOME_FAILED if unhealthy else EXIT_OK
+    return EXIT_ALL_FAILED if counts.failed == counts.nodes else EXIT_SOME_FAILED
 
 
 def _is_terminal(stream: Any) -> bool:

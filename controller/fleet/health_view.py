@@ -89,14 +89,25 @@ def problem_lines(results: Sequence[NodeResult]) -> list[str]:
     return lines
 
 
+def driver_version(result: NodeResult) -> str | None:
+    """The driver a node that answered runs (from its ``/gpu/info/json``)."""
+    info = result.answers.get("info") if result.ok else None
+    version = info.get("Version", {}).get("Driver") if isinstance(info, Mapping) else None
+    return version if isinstance(version, str) else None
+
+
 def driver_summary(results: Sequence[NodeResult]) -> str | None:
     """``580.159.04 on 998 nodes, 575.64.05 on 2`` when the answering nodes differ."""
     versions: Counter[str] = Counter()
     for result in results:
-        info = result.answers.get("info") if result.ok else None
-        version = info.get("Version", {}).get("Driver") if isinstance(info, Mapping) else None
-        if isinstance(version, str):
+        version = driver_version(result)
+        if version is not None:
             versions[version] += 1
+    return summary_of_drivers(versions)
+
+
+def summary_of_drivers(versions: Counter[str]) -> str | None:
+    """The drivers line from a count of nodes per driver version; None when uniform."""
     if len(versions) < 2:
         return None
     ranked = sorted(versions.items(), key=lambda item: (-item[1], item[0]))
@@ -106,14 +117,44 @@ def driver_summary(results: Sequence[NodeResult]) -> str | None:
     return ", ".join(parts)
 
 
+MAX_NOTE_LINES = 1000  # unhealthy GPUs listed after a status table; the rest are counted
+
+
+class StatusNotes:
+    """The lines ``status`` prints after its table, gathered as nodes answer (a fleet of ten
+    thousand keeps a counter of driver versions and at most ``MAX_NOTE_LINES`` lines)."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._left_out = 0
+        self._versions: Counter[str] = Counter()
+
+    def add(self, result: NodeResult) -> None:
+        version = driver_version(result)
+        if version is not None:
+            self._versions[version] += 1
+        for problem in gpu_problems(result) if result.ok else []:
+            if len(self._lines) >= MAX_NOTE_LINES:
+                self._left_out += 1
+                continue
+            since = f" since {problem.since}" if problem.since else ""
+            self._lines.append(f"{problem.node} GPU {problem.gpu} {problem.what}{since}")
+
+    def lines(self) -> list[str]:
+        notes = list(self._lines)
+        if self._left_out:
+            notes.append(
+                f"and {self._left_out} more unhealthy GPUs (nvidia-docker-ctl health lists all)"
+            )
+        summary = summary_of_drivers(self._versions)
+        if summary is not None:
+            notes.append(f"drivers: {summary}")
+        return notes
+
+
 def status_notes(results: Sequence[NodeResult]) -> list[str]:
     """What ``status`` says after its table: unhealthy GPUs, then differing drivers."""
-    notes = []
+    notes = StatusNotes()
     for result in results:
-        for problem in gpu_problems(result) if result.ok else []:
-            since = f" since {problem.since}" if problem.since else ""
-            notes.append(f"{problem.node} GPU {problem.gpu} {problem.what}{since}")
-    summary = driver_summary(results)
-    if summary is not None:
-        notes.append(f"drivers: {summary}")
-    return notes
+        notes.add(result)
+    return notes.lines()

@@ -15,9 +15,10 @@ is given to this tool); anything else is INI:
 - ranges in host names: ``node[01:20]`` (zero padded), ``rack[a:c]``, ``n[0:10:2]``.
 
 Variables merge as in Ansible: ``all``, then groups from the outermost to the innermost
-(same depth: by name), then the host's own. Inventory scripts, plugins, directories and
-``host_vars/``/``group_vars/`` directories are not read: give the output of
-``ansible-inventory -i SOURCE --list`` instead.
+(same depth: by name), then the ``group_vars/`` and ``host_vars/`` directories next to the
+inventory file (``controller.fleet.vars_dirs``, in Ansible's order), with the host's own
+variables between the two. Inventory scripts, plugins and inventory directories are not read:
+give the output of ``ansible-inventory -i SOURCE --list`` instead.
 
 PyYAML is a dependency for this module: nine inventories in ten are YAML, with anchors,
 flow mappings and quoting, and a hand-written subset would misread some of them.
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.errors import ControllerError
+from controller.fleet.vars_dirs import VarsDirs, VarsFileError
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
@@ -75,8 +77,9 @@ class _Group:
 
 
 class _Builder:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, vars_dirs: VarsDirs | None = None) -> None:
         self.path = path
+        self.vars_dirs = vars_dirs
         self.groups: dict[str, _Group] = {}
         self.host_vars: dict[str, dict[str, Any]] = {}
         self.group("all", 0)
@@ -145,9 +148,18 @@ class _Builder:
         for host in self.host_vars:
             ordered = sorted(host_groups[host], key=lambda g: (depth[g], g))
             merged: dict[str, Any] = {}
-            for group_name in ordered:
+            for group_name in ordered:  # "all" first: its depth is 0
                 merged.update(self.groups[group_name].vars)
-            merged.update(self.host_vars[host])
+            if self.vars_dirs is not None:  # Ansible's order (controller.fleet.vars_dirs)
+                try:
+                    for group_name in ordered:
+                        merged.update(self.vars_dirs.group(group_name))
+                    merged.update(self.host_vars[host])
+                    merged.update(self.vars_dirs.host(host))
+                except VarsFileError as err:
+                    raise InventoryError(f"inventory {self.path}: {err}") from None
+            else:
+                merged.update(self.host_vars[host])
             hosts.append(InventoryHost(host, tuple(ordered), merged))
         members = {name: tuple(h.name for h in hosts if name in h.groups) for name in self.groups}
         return Inventory(self.path, tuple(hosts), members)
@@ -179,7 +191,7 @@ def load_inventory(path: str | Path) -> Inventory:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise InventoryError(f"inventory {name}, line {line}: not UTF-8 text") from None
-    builder = _Builder(name)
+    builder = _Builder(name, VarsDirs(file.parent))
     if file.suffix.lower() in YAML_SUFFIXES:
         _read_yaml(builder, text, json_file=file.suffix.lower() == ".json")
     else:

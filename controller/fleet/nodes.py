@@ -26,11 +26,22 @@ from controller.transport.endpoint import (
     default_user,
 )
 from controller.transport.endpoint import parse_endpoint as _parse
+from controller.transport.tls import TlsOptions
 
-TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http
+TRANSPORT_VAR = "nvidia_docker_transport"  # ssh (default) | http | https
 PORT_VAR = "nvidia_docker_agent_listen_port"  # the Ansible role's variable: the agent's HTTP port
 ENDPOINT_VAR = "nvidia_docker_endpoint"  # a whole NV_HOST address, wins over the rest
-INVENTORY_TRANSPORTS = ("ssh", "http")
+INVENTORY_TRANSPORTS = ("ssh", "http", "https")
+# The role's variables that turn TLS on for an agent (docs/ansible.md).
+ROLE_TLS_VARS = ("nvidia_docker_agent_tls_cert", "nvidia_docker_agent_tls_cert_content")
+# The client's TLS and token for a host; each falls back to the role's variable of the same
+# meaning when that one is a plain path (the role's CA checks the agents' certificates too).
+TLS_VARS = {
+    "ca": ("nvidia_docker_tls_ca", "nvidia_docker_agent_tls_ca"),
+    "cert": ("nvidia_docker_tls_cert", None),
+    "key": ("nvidia_docker_tls_key", None),
+    "token_file": ("nvidia_docker_token_file", "nvidia_docker_agent_token_file"),
+}
 
 _Bad = Callable[[str], InventoryError]
 
@@ -74,7 +85,27 @@ def nodes_from_inventory(path: str, limit: str | None) -> list[FleetNode]:
     if not hosts:
         what = f"--limit {limit!r} selects" if limit else "it lists"
         raise InventoryError(f"inventory {path}: {what} no hosts")
-    return [FleetNode(h.name, inventory_endpoint(h, path), _identity(h)) for h in hosts]
+    return [
+        FleetNode(h.name, inventory_endpoint(h, path), _identity(h), inventory_tls(h, path))
+        for h in hosts
+    ]
+
+
+def inventory_tls(host: InventoryHost, path: str) -> TlsOptions | None:
+    """A host's CA, client certificate and token file (``TLS_VARS``), None when none is set."""
+
+    def bad(message: str) -> InventoryError:
+        return InventoryError(f"inventory {path}, host {host.name}: {message}")
+
+    values: dict[str, str | None] = {}
+    for field_name, (own, role) in TLS_VARS.items():
+        value = _text(host.vars, own, bad, "") if own in host.vars else ""
+        if not value and role is not None and role in host.vars:
+            value = _text(host.vars, role, bad, "")
+        values[field_name] = str(Path(value).expanduser()) if value else None
+    if not any(values.values()):
+        return None
+    return TlsOptions(**values)
 
 
 def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
@@ -83,7 +114,9 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     ``nvidia_docker_endpoint`` (an ``NV_HOST`` address) wins. Otherwise the address is
     ``ansible_host`` (else the inventory name), the transport ``nvidia_docker_transport``
     (``ssh``, the default: what reaches Ansible reaches the agent, which may listen on the
-    node's localhost only; or ``http``), the agent's port ``nvidia_docker_agent_listen_port``, and
+    node's localhost only; ``http``; or ``https``, the agent serving TLS, as it does on every
+    address, and so inside an SSH tunnel too, when the role's ``nvidia_docker_agent_tls_cert``
+    is set), the agent's port ``nvidia_docker_agent_listen_port``, and
     over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them.
     """
     variables = host.vars
@@ -101,7 +134,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
         return Endpoint("http", "localhost", http_port=_port(variables, PORT_VAR, 0, bad))
     transport = _text(variables, TRANSPORT_VAR, bad, "ssh").lower()
     if transport not in INVENTORY_TRANSPORTS:
-        raise bad(f"{TRANSPORT_VAR} must be ssh or http, not {transport!r}")
+        raise bad(f"{TRANSPORT_VAR} must be ssh, http or https, not {transport!r}")
     address = _text(variables, "ansible_host", bad, "") or _text(
         variables, "ansible_ssh_host", bad, host.name
     )
@@ -110,8 +143,11 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     if not address or any(c.isspace() for c in address) or "/" in address:
         raise bad(f"bad address {address!r} in ansible_host")
     http_port = _port(variables, PORT_VAR, DEFAULT_HTTP_PORT, bad)
-    if transport == "http":
-        return Endpoint("http", address, http_port=http_port, source=path)
+    # the role installs a certificate: its agent serves TLS only, on every address
+    role_tls = any(_text(variables, v, bad, "") for v in ROLE_TLS_VARS if v in variables)
+    if transport in ("http", "https"):
+        tls = transport == "https" or role_tls
+        return Endpoint("http", address, http_port=http_port, source=path, tls=tls)
     ssh_port = _port(variables, "ansible_port", 0, bad) or _port(
         variables, "ansible_ssh_port", DEFAULT_SSH_PORT, bad
     )
@@ -125,6 +161,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
         http_port=http_port,
         user=user or default_user(),
         source=path,
+        tls=role_tls,
     )
 
 

@@ -8,9 +8,14 @@
 - At most ``parallel`` nodes are asked at a time (that many workers take nodes in turn), so a
   fleet of ten thousand costs no more memory than ``parallel`` nodes in flight.
 - ``timeout_s`` bounds each node as a whole: connecting, the SSH login and every request.
-- HTTP nodes share one aiohttp session (one connection pool, one DNS cache); a node's requests
-  follow one another on one keep-alive connection. SSH nodes each get one SSH connection, and
-  all of that node's requests go through it (``controller.transport.client.AgentClient``).
+- Each node gets one connection (``controller.transport.fleet_http``, a lean HTTP/1.1 client:
+  aiohttp's per-request cost would be most of a 10,000-node query's time); its requests
+  follow one another on it and the last one closes it, so no idle socket is kept. HTTPS
+  nodes share one TLS context per CA and certificate. SSH nodes each get one SSH connection
+  (``controller.transport.ssh_tunnel``, logins bounded in number), and the node's requests
+  go through it.
+- ``ask_fleet`` hands each result on as it comes and keeps none (the streaming output);
+  ``query_fleet`` keeps them all, in order, for callers that want the list.
 - A node never raises: its ``NodeResult`` carries the answers, or ``error`` (one line, what
   failed and what to try) and ``reason`` (a few words for the table: ``connection refused``,
   ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...).
@@ -24,18 +29,18 @@ import contextlib
 import json
 import resource
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from controller.errors import NodeError
-from controller.transport.client import AgentClient, AgentHttpError
+from controller.errors import ControllerError, Failure, NodeError
+from controller.transport.agent_errors import node_label
 from controller.transport.endpoint import Endpoint
+from controller.transport.fleet_http import AgentConnection, answer_error
+from controller.transport.tls import TlsOptions
 
 if TYPE_CHECKING:
-    from controller.transport.ssh_tunnel import SshOptions
+    from controller.transport.ssh_tunnel import SshOptions, SshTunnel
 
 DEFAULT_PARALLEL = 64
 DEFAULT_TIMEOUT_S = 10.0
@@ -83,6 +88,7 @@ class FleetNode:
     name: str
     endpoint: Endpoint
     identity_file: str | None = None  # SSH key for this node only (inventory)
+    tls: TlsOptions | None = None  # CA, client certificate, token for this node (inventory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +127,42 @@ async def query_fleet(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     ssh: SshOptions | None = None,
     on_result: Callable[[NodeResult], None] | None = None,
+    tls: TlsOptions | None = None,
 ) -> list[NodeResult]:
-    """Ask every node; the results come back in the order of ``nodes``."""
+    """Ask every node; the results come back in the order of ``nodes`` (all kept: for a
+    large fleet, ``ask_fleet`` hands each on instead).
+
+    ``tls``: the CA, client certificate and token for every node (``--ca``, ``--cert``,
+    ``--key``, ``--token-file``); a node's own (inventory) settings win over them.
+    """
+    results: list[NodeResult | None] = [None] * len(nodes)
+
+    def keep(index: int, result: NodeResult) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(result)
+
+    await ask_fleet(nodes, query, keep, parallel=parallel, timeout_s=timeout_s, ssh=ssh, tls=tls)
+    return [r for r in results if r is not None]
+
+
+async def ask_fleet(
+    nodes: Sequence[FleetNode],
+    query: Query,
+    on_result: Callable[[int, NodeResult], None],
+    *,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    ssh: SshOptions | None = None,
+    tls: TlsOptions | None = None,
+    admit: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Ask every node, handing each result on as it comes (``on_result(index, result)``),
+    keeping none. ``admit(index)``, when given, is awaited before node ``index`` is asked
+    (an ordered printer holds the query back so that what waits for it stays bounded).
+    """
     raise_fd_limit()
+    base_tls = TlsOptions.from_environ() if tls is None else tls
     base_ssh: SshOptions | None = None
     if any(node.endpoint.transport == "ssh" for node in nodes):
         from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko: SSH only)
@@ -133,22 +172,16 @@ async def query_fleet(
             timeout_s=timeout_s,
             allow_password_prompt=False,
         )
-    results: list[NodeResult | None] = [None] * len(nodes)
     todo: Iterator[tuple[int, FleetNode]] = iter(enumerate(nodes))
-    connector = aiohttp.TCPConnector(limit=0, use_dns_cache=True, keepalive_timeout=5.0)
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def worker() -> None:
-            for index, node in todo:
-                result = await _ask_node(node, query, timeout_s, base_ssh, session)
-                results[index] = result
-                if on_result is not None:
-                    on_result(result)
+    async def worker() -> None:
+        for index, node in todo:
+            if admit is not None:
+                await admit(index)
+            on_result(index, await _ask_node(node, query, timeout_s, base_ssh, base_tls))
 
-        workers = max(1, min(parallel, len(nodes)))
-        await asyncio.gather(*(worker() for _ in range(workers)))
-    return [r for r in results if r is not None]
+    workers = max(1, min(parallel, len(nodes)))
+    await asyncio.gather(*(worker() for _ in range(workers)))
 
 
 async def _ask_node(
@@ -156,7 +189,7 @@ async def _ask_node(
     query: Query,
     timeout_s: float,
     base_ssh: SshOptions | None,
-    session: aiohttp.ClientSession,
+    base_tls: TlsOptions,
 ) -> NodeResult:
     started = time.monotonic()
     answers: dict[str, Any] = {}
@@ -164,25 +197,47 @@ async def _ask_node(
     ssh = base_ssh
     if ssh is not None and node.identity_file:
         ssh = replace(ssh, identity_files=(node.identity_file,))
+    tunnel: SshTunnel | None = None
     try:
-        async with asyncio.timeout(timeout_s):
-            client = AgentClient(node.endpoint, timeout_s=timeout_s, ssh=ssh, session=session)
+        async with asyncio.timeout(timeout_s) as deadline:
+
+            def restart_clock() -> None:  # the SSH login starts after waiting for a slot
+                deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
+
+            tls = base_tls if node.tls is None else node.tls.over(base_tls)
+            name = node_label(node.endpoint)
+            connection: AgentConnection | None = None
             try:
+                unix_path = None
                 if node.endpoint.transport == "ssh":
+                    from controller.transport.ssh_tunnel import SshTunnel  # noqa: PLC0415
+
                     step = "the SSH login"
-                    await client.open()
-                for request in query.requests:
-                    step = f"GET {request.path}"
-                    try:
-                        body = await client.get(request.path, request.params or None)
-                    except AgentHttpError as exc:
-                        if request.optional and exc.status == 404:
-                            answers[request.key] = None
-                            continue
-                        raise
-                    answers[request.key] = _decode(request, body)
+                    tunnel = SshTunnel(node.endpoint, ssh)
+                    deadline.reschedule(None)  # no clock while waiting for a login slot
+                    await tunnel.connect(restart_clock)
+                    unix_path = await tunnel.serve(node.endpoint.http_port)
+                connection = await AgentConnection.open(
+                    node.endpoint, name, tls=tls, unix_path=unix_path
+                )
+                # all of the node's requests in one write (pipelined), the last closing the
+                # connection: a fleet of ten thousand keeps no idle socket open
+                step = "GET " + ", ".join(r.path for r in query.requests)
+                replies = await connection.get_all(
+                    [(r.path, r.params or None) for r in query.requests]
+                )
+                for request, answer in zip(query.requests, replies, strict=True):
+                    if request.optional and answer.status == 404:
+                        answers[request.key] = None  # an older agent, without the route
+                        continue
+                    if answer.status != 200:
+                        raise answer_error(name, request.path, answer, tls)
+                    answers[request.key] = _decode(request, answer.body)
             finally:
-                await client.close()
+                if connection is not None:
+                    connection.close()
+                if tunnel is not None:
+                    await tunnel.close()
     except TimeoutError:
         where = "connecting" if step == "connecting" else f"waiting for {step}"
         return NodeResult(
@@ -196,7 +251,12 @@ async def _ask_node(
     except _Failure as exc:
         return NodeResult(node, answers, exc.message, exc.reason, time.monotonic() - started)
     except NodeError as exc:
-        return NodeResult(node, answers, exc.reason, classify(exc), time.monotonic() - started)
+        error = exc
+        if tunnel is not None and tunnel.channel_error is not None:
+            error = tunnel.channel_error  # the tunnel knows why the connection ended
+        return NodeResult(node, answers, error.reason, classify(error), time.monotonic() - started)
+    except ControllerError as exc:  # this node's own settings (inventory TLS files) are wrong
+        return NodeResult(node, answers, str(exc), Failure.ERROR.value, time.monotonic() - started)
     except OSError as exc:  # a socket error the transport did not wrap
         return NodeResult(
             node, answers, f"{exc.strerror or exc}", "network error", time.monotonic() - started

@@ -42,9 +42,12 @@ def cut(text: str, width: int, ellipsis: str = "…") -> str:
     return text[: width - len(ellipsis)] + ellipsis
 
 
-def _cell(text: str, width: int, right: bool, ellipsis: str) -> str:
-    text = cut(text, width, ellipsis)
-    return text.rjust(width) if right else text.ljust(width)
+def _cell(text: str, width: int, column: Column, ellipsis: str) -> str:
+    # Only a column that may shrink is cut; another keeps a longer value whole (a streamed
+    # table's widths come from its first rows: a misaligned number beats a wrong one).
+    if column.min_width is not None:
+        text = cut(text, width, ellipsis)
+    return text.rjust(width) if column.right else text.ljust(width)
 
 
 def fit_widths(columns: Sequence[Column], rows: Sequence[Row], width: int) -> list[int]:
@@ -75,19 +78,23 @@ def render(
     """The table's lines (header first)."""
     widths = fit_widths(columns, rows, width)
     lines = [_line(columns, [c.header for c in columns], widths, ellipsis)]
-    for row in rows:
-        if isinstance(row, Span):
-            head = "".join(
-                _cell(text, widths[i], columns[i].right, ellipsis) + GAP
-                for i, text in enumerate(row.cells)
-            )
-            room = max(width - len(head), 8)
-            lines.append((head + cut(row.text, room, ellipsis)).rstrip())
-        else:
-            lines.append(_line(columns, list(row), widths, ellipsis))
+    lines += [render_row(columns, row, widths, width, ellipsis) for row in rows]
     return lines
 
 
-def _line(columns: Sequence[Column], cells: list[str], widths: list[int], ellipsis: str) -> str:
-    parts = [_cell(text, widths[i], columns[i].right, ellipsis) for i, text in enumerate(cells)]
+def render_row(
+    columns: Sequence[Column], row: Row, widths: Sequence[int], width: int, ellipsis: str = "…"
+) -> str:
+    """One line of a table whose column ``widths`` are already fitted (a streamed table)."""
+    if isinstance(row, Span):
+        head = "".join(
+            _cell(text, widths[i], columns[i], ellipsis) + GAP for i, text in enumerate(row.cells)
+        )
+        room = max(width - len(head), 8)
+        return (head + cut(row.text, room, ellipsis)).rstrip()
+    return _line(columns, list(row), widths, ellipsis)
+
+
+def _line(columns: Sequence[Column], cells: list[str], widths: Sequence[int], ellipsis: str) -> str:
+    parts = [_cell(text, widths[i], columns[i], ellipsis) for i, text in enumerate(cells)]
     return GAP.join(parts).rstrip()

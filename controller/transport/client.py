@@ -9,12 +9,18 @@ Public API::
         info = await agent.get_json("/gpu/info/json")
         cli = await agent.get("/docker/cli", params={"dev": "0 1", "vol": "nvidia_driver"})
 
-- ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...))`` is an async context manager.
-  Transport ``http`` (and ``local``, the agent on localhost) uses aiohttp's TCP connector;
-  ``ssh`` logs in once (``ssh_tunnel.SshTunnel``) and every HTTP connection is a
-  ``direct-tcpip`` channel to ``localhost:http_port`` on the node, given to aiohttp through a
-  small connector. Everything above the connector (requests, keep-alive, timeouts, errors) is
-  the same code for both.
+- ``AgentClient(endpoint, timeout_s=10, ssh=SshOptions(...), tls=TlsOptions(...))`` is an
+  async context manager. Transport ``http`` (and ``local``, the agent on localhost) uses
+  aiohttp's TCP connector, over TLS for ``https://`` endpoints; ``ssh`` logs in once
+  (``ssh_tunnel.SshTunnel``), which serves a private unix socket whose every connection is a
+  ``direct-tcpip`` channel to ``localhost:http_port`` on the node, and aiohttp's public
+  ``UnixConnector`` connects there. Everything above the connector (requests, keep-alive,
+  timeouts, errors) is the same code for both.
+- TLS and tokens (``controller.transport.tls``): ``tls`` names the CA to trust, a client
+  certificate and a token file (default: ``NV_TLS_CA``, ``NV_TLS_CERT``, ``NV_TLS_KEY``,
+  ``NV_TOKEN_FILE``). A token is sent on every request, whatever the transport. A TLS failure
+  says which one it is (``Failure.TLS_UNTRUSTED``, ``TLS_NAME_MISMATCH``,
+  ``TLS_CLIENT_CERT_REFUSED``); a 401 is ``TokenRefusedError`` (``Failure.TOKEN_REFUSED``).
 - ``get(path, params=None) -> bytes`` returns the body of a 200 answer. Every failure raises
   ``controller.errors.NodeError`` with one line: which node, what failed, what to do;
   ``AgentHttpError`` (a ``NodeError``) for an answer other than 200, with ``status`` and the
@@ -37,100 +43,42 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
+import ssl
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 
 from controller.errors import Failure, NodeError
+from controller.transport.agent_errors import (
+    INVALID_PARAMETER_HEADER,
+    INVALID_VALUE_HEADER,
+    AgentHttpError,
+    TokenRefusedError,
+    connect_error,
+    connect_failure,
+    disconnected_error,
+    http_error,
+    node_label,
+    timeout_error,
+)
 from controller.transport.endpoint import Endpoint
+from controller.transport.tls import TlsOptions, bearer_token, client_context, tls_failure
 
 if TYPE_CHECKING:
-    from aiohttp.client_reqrep import ClientRequest
-    from aiohttp.tracing import Trace
-
     from controller.transport.ssh_tunnel import SshOptions, SshTunnel
 
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "INVALID_PARAMETER_HEADER",
+    "INVALID_VALUE_HEADER",
+    "AgentClient",
+    "AgentHttpError",
+    "TokenRefusedError",
+]
+
 DEFAULT_TIMEOUT_S = 10.0
-
-
-# Headers of the agent's 400 answers (agent.rest): which query parameter, which entry.
-INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
-INVALID_VALUE_HEADER = "X-Invalid-Value"
-
-
-class AgentHttpError(NodeError):
-    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``).
-
-    ``status`` and ``agent_message`` (the first line of the body) as answered; for a 400 of
-    an agent that names what it refused, ``invalid_parameter`` (``dev``, ``vol``, ...) and
-    ``invalid_value`` (the entry), else None (an old agent: only the text says it).
-    """
-
-    def __init__(
-        self,
-        node: str,
-        path: str,
-        status: int,
-        text: str,
-        *,
-        invalid_parameter: str | None = None,
-        invalid_value: str | None = None,
-    ) -> None:
-        self.status = status
-        self.agent_message = text
-        self.invalid_parameter = invalid_parameter
-        self.invalid_value = invalid_value
-        super().__init__(
-            node, f"the agent answered {status} to GET {path}: {text}", Failure.HTTP_STATUS
-        )
-
-    @property
-    def label(self) -> str:
-        return f"HTTP {self.status}"
-
-
-def _http_error(
-    node: str, path: str, response: aiohttp.ClientResponse, body: bytes
-) -> AgentHttpError:
-    text = body.decode("utf-8", "replace").strip().splitlines()
-    parameter = response.headers.get(INVALID_PARAMETER_HEADER)
-    value = response.headers.get(INVALID_VALUE_HEADER)
-    return AgentHttpError(
-        node,
-        path,
-        response.status,
-        text[0] if text else str(response.reason),
-        invalid_parameter=parameter,
-        invalid_value=unquote(value) if parameter and value is not None else None,
-    )
-
-
-class _TunnelConnector(aiohttp.BaseConnector):
-    """aiohttp connector whose connections are SSH channels to a port on the node."""
-
-    def __init__(self, tunnel: SshTunnel, port: int) -> None:
-        super().__init__(limit=32)
-        self._tunnel = tunnel
-        self._port = port
-
-    async def _create_connection(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
-    ) -> ResponseHandler:
-        sock = await self._tunnel.open_socket(self._port)
-        try:
-            _, proto = await self._loop.create_connection(self._factory, sock=sock)
-        except BaseException:
-            sock.close()
-            raise
-        return proto
 
 
 class AgentClient:
@@ -144,23 +92,22 @@ class AgentClient:
         connect_timeout_s: float | None = None,
         ssh: SshOptions | None = None,
         session: aiohttp.ClientSession | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s or timeout_s
+        self.tls = TlsOptions.from_environ() if tls is None else tls
         self._ssh_options = ssh
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
         self._shared_session = session if endpoint.transport != "ssh" else None
+        self._ssl: ssl.SSLContext | bool = True
+        self._headers: dict[str, str] | None = None
 
     @property
     def node(self) -> str:
-        ep = self.endpoint
-        if ep.transport == "ssh":
-            return f"ssh://{ep.node}"
-        if ep.transport == "http":
-            return f"http://{ep.node}"
-        return f"local agent ({ep.agent_url})"
+        return node_label(self.endpoint)
 
     async def __aenter__(self) -> AgentClient:
         await self.open()
@@ -178,6 +125,11 @@ class AgentClient:
         """Make the session; over SSH, log in now (so login errors come first)."""
         if self._session is not None:
             return
+        if self.endpoint.scheme == "https":
+            self._ssl = client_context(self.tls)
+        token = bearer_token(self.tls)
+        if token is not None:
+            self._headers = {"Authorization": f"Bearer {token}"}
         if self._shared_session is not None:
             self._session = self._shared_session
             return
@@ -191,10 +143,15 @@ class AgentClient:
             try:
                 await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
             except TimeoutError:
+                await self.close()
                 raise NodeError(
                     self.node, f"SSH login took longer than {self.timeout_s:g} s", Failure.TIMEOUT
                 ) from None
-            connector = _TunnelConnector(self._tunnel, self.endpoint.http_port)
+            except BaseException:
+                await self.close()
+                raise
+            path = await self._tunnel.serve(self.endpoint.http_port)
+            connector = aiohttp.UnixConnector(path=path, limit=32)
         else:
             connector = aiohttp.TCPConnector(limit=32, use_dns_cache=True)
         self._session = aiohttp.ClientSession(
@@ -216,41 +173,55 @@ class AgentClient:
         assert self._session is not None
         url = self.endpoint.agent_url + path
         try:
-            async with self._session.get(url, params=params) as response:
+            async with self._session.get(
+                url, params=params, ssl=self._ssl, headers=self._headers
+            ) as response:
                 body = await response.read()
                 if response.status != 200:
-                    raise _http_error(self.node, path, response, body)
+                    raise http_error(
+                        self.node,
+                        path,
+                        response.status,
+                        str(response.reason),
+                        response.headers,
+                        body,
+                        self.tls.token_file,
+                    )
                 return body
         except NodeError:
             raise
         except TimeoutError:
-            raise NodeError(
-                self.node,
-                f"no answer to GET {path} within {self.timeout_s:g} s: is the agent "
-                "(nvidia-docker-plugin) healthy?",
-                Failure.TIMEOUT,
-            ) from None
+            raise timeout_error(self.node, path, self.timeout_s) from None
+        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
+            raise self._tls_error(exc.os_error) from exc
         except aiohttp.ClientConnectorError as exc:
-            os_error = exc.os_error
-            failure = _connect_failure(exc)
-            why = (
-                "connection refused"
-                if failure is Failure.REFUSED
-                else os_error.strerror or str(os_error)
+            failure = (
+                Failure.UNKNOWN_HOST
+                if isinstance(exc, aiohttp.ClientConnectorDNSError)
+                else connect_failure(exc.os_error)
             )
-            raise NodeError(
-                self.node,
-                f"cannot connect to the agent at {self.endpoint.agent_url} "
-                f"({why}): is nvidia-docker-plugin running "
-                "there, listening on that address (-l HOST:PORT)?",
-                failure,
-            ) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise NodeError(
-                self.node, f"GET {path} failed: {exc or type(exc).__name__}", Failure.DISCONNECTED
-            ) from exc
+            raise connect_error(self.node, self.endpoint.agent_url, exc.os_error, failure) from exc
         except aiohttp.ClientError as exc:
-            raise NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}") from exc
+            raise self._request_error(path, exc) from exc
+
+    def _tls_error(self, error: BaseException) -> NodeError:
+        failure, message = tls_failure(error, self.tls, self.endpoint.host)
+        return NodeError(self.node, message, failure)
+
+    def _request_error(self, path: str, exc: aiohttp.ClientError) -> NodeError:
+        """What a failed request means: the tunnel's reason, a TLS alert, a plain close."""
+        tunnel = self._tunnel
+        if tunnel is not None and tunnel.channel_error is not None:
+            return tunnel.channel_error
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ssl.SSLError):
+            return self._tls_error(cause)
+        if isinstance(exc, aiohttp.ServerDisconnectedError):
+            plain = self.endpoint.scheme == "http" and self.endpoint.transport == "http"
+            return disconnected_error(
+                self.node, path, str(exc or type(exc).__name__), plain_http=plain
+            )
+        return NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}")
 
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         body = await self.get(path, params)
@@ -262,13 +233,3 @@ class AgentClient:
                 f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?",
                 Failure.NOT_AN_AGENT,
             ) from None
-
-
-def _connect_failure(exc: aiohttp.ClientConnectorError) -> Failure:
-    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(
-        exc.os_error, socket.gaierror
-    ):
-        return Failure.UNKNOWN_HOST
-    if isinstance(exc.os_error, ConnectionRefusedError):
-        return Failure.REFUSED
-    return Failure.CANNOT_CONNECT

@@ -9,16 +9,18 @@ Grammar::
 
     [scheme://][user@][host][:port_1][:port_2]
 
-    scheme   ssh | http | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
+    scheme   ssh | http | https | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
     host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost
     ports    ssh:       port_1 is the SSH port (default 22), port_2 the agent's HTTP port
                         (default 3476) on the node's localhost
-             http, tcp: the HTTP port is the last port given (default 3476); the SSH port
-                        means nothing there and is ignored
+             http, https, tcp: the HTTP port is the last port given (default 3476); the
+                        SSH port means nothing there and is ignored. https: the agent
+                        serves TLS (its --tls-cert); the client checks its certificate
     user     ssh only; default $USER
 
-Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``-H``/``--host`` on the
-command line, else ``DOCKER_HOST``); neither set means the local node; ``NV_HOST`` set while
+Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``--context``, ``-H``/
+``--host`` on the command line, ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``,
+in docker's order); neither set means the local node; ``NV_HOST`` set while
 docker has no address gets a warning (docker would run the container on the local daemon).
 When the address came from docker rather than ``NV_HOST``, its port is docker's, so the agent's
 HTTP port is always 3476.
@@ -28,6 +30,7 @@ Examples (``parse_endpoint``)::
     "10.0.0.1:"                  http  10.0.0.1   http 3476       (tcp:// assumed)
     "http://127.0.0.1:8080"      http  127.0.0.1  http 8080
     "http://127.0.0.1:8080:"     http  127.0.0.1  http 8080
+    "https://node3:3476"         http  node3      https 3476 (TLS)
     "tcp://node1:22:80"          http  node1      http 80
     "ssh://10.0.0.1:"            ssh   10.0.0.1   ssh 22, tunnel to localhost:3476, user $USER
     "ssh://admin@node2:2222"     ssh   node2      ssh 2222, localhost:3476, user admin
@@ -46,7 +49,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from controller.errors import EndpointError
@@ -57,7 +60,7 @@ DEFAULT_HOST = "localhost"
 DEFAULT_SSH_PORT = 22
 DEFAULT_HTTP_PORT = 3476
 
-_SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "ssh": "ssh"}
+_SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "https": "http", "ssh": "ssh"}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -66,8 +69,8 @@ _PORT = re.compile(r"^[0-9]{1,5}$")
 _Invalid = Callable[[str], EndpointError]
 
 SYNTAX_HINT = (
-    "use [ssh://|http://|tcp://][user@][host][:ssh_port][:http_port], "
-    "e.g. ssh://admin@10.0.0.1: or http://10.0.0.1:3476"
+    "use [ssh://|http://|https://|tcp://][user@][host][:ssh_port][:http_port], "
+    "e.g. ssh://admin@10.0.0.1: or https://10.0.0.1:3476"
 )
 
 
@@ -77,7 +80,10 @@ class Endpoint:
 
     ``transport`` is ``local`` (this machine: agent on localhost, else NVML), ``http``
     (``http://host:http_port``) or ``ssh`` (SSH to ``host:ssh_port`` as ``user``, then
-    ``localhost:http_port`` on that node). ``source`` says where the value came from.
+    ``localhost:http_port`` on that node). ``source`` says where the value came from;
+    ``tls``: HTTPS to the agent (``https://``). ``ssh_defaults`` names the SSH settings that
+    were not written (``user``, ``ssh_port``): ``~/.ssh/config`` may then supply them, as
+    OpenSSH lets a value on the command line win over the file.
     """
 
     transport: Transport
@@ -86,6 +92,14 @@ class Endpoint:
     http_port: int = DEFAULT_HTTP_PORT
     user: str | None = None
     source: str = "default"
+    tls: bool = False
+    ssh_defaults: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def scheme(self) -> str:
+        """``http`` or ``https``: how the agent is spoken to. Over SSH, TLS inside the tunnel
+        only when ``tls`` is set (an inventory whose agents serve TLS on their loopback)."""
+        return "https" if self.tls and self.transport != "local" else "http"
 
     @property
     def is_local(self) -> bool:
@@ -100,8 +114,8 @@ class Endpoint:
     def agent_url(self) -> str:
         """The agent's base URL as the node itself sees it (ssh: the node's localhost)."""
         if self.transport == "http":
-            return f"http://{self.url_host}:{self.http_port}"
-        return f"http://localhost:{self.http_port}"
+            return f"{self.scheme}://{self.url_host}:{self.http_port}"
+        return f"{self.scheme}://localhost:{self.http_port}"
 
     @property
     def node(self) -> str:
@@ -117,7 +131,7 @@ class Endpoint:
         if self.transport == "ssh":
             return f"ssh://{self.user}@{self.url_host}:{self.ssh_port}:{self.http_port}"
         if self.transport == "http":
-            return f"http://{self.url_host}:{self.http_port}"
+            return f"{self.scheme}://{self.url_host}:{self.http_port}"
         return "unix://"
 
     def describe(self) -> str:
@@ -128,7 +142,7 @@ class Endpoint:
                 f"then {self.agent_url} on that node"
             )
         elif self.transport == "http":
-            route = f"HTTP to {self.agent_url}"
+            route = f"{self.scheme.upper()} to {self.agent_url}"
         else:
             route = (
                 f"this machine: the agent on {self.agent_url} if it answers, else NVML; "
@@ -139,6 +153,7 @@ class Endpoint:
             ("host", self.host),
             ("ssh_port", str(self.ssh_port) if self.transport == "ssh" else "-"),
             ("http_port", str(self.http_port)),
+            ("tls", "yes" if self.scheme == "https" else "no"),
             ("user", self.user or "-"),
             ("source", self.source),
             ("uri", self.uri()),
@@ -152,6 +167,7 @@ class Endpoint:
             "host": self.host,
             "ssh_port": self.ssh_port,
             "http_port": self.http_port,
+            "tls": self.scheme == "https",
             "user": self.user,
             "source": self.source,
             "uri": self.uri(),
@@ -209,6 +225,9 @@ def parse_endpoint(
         raise invalid(f"bad user name {login!r}")
     if at and transport != "ssh":
         raise invalid("a user name only makes sense with ssh://")
+    written = set()
+    if at:
+        written.add("user")
 
     host, ports = _split_host(address, invalid)
     numbers = [_port(field, invalid) for field in ports]
@@ -216,6 +235,7 @@ def parse_endpoint(
     if transport == "ssh":
         if numbers and numbers[0] is not None:
             ssh_port = numbers[0]
+            written.add("ssh_port")
         if len(numbers) == 2 and numbers[1] is not None:
             http_port = numbers[1]
     else:
@@ -231,6 +251,10 @@ def parse_endpoint(
         http_port=http_port,
         user=(login or user or default_user()) if transport == "ssh" else None,
         source=source,
+        tls=scheme == "https",
+        ssh_defaults=frozenset({"user", "ssh_port"} - written)
+        if transport == "ssh"
+        else frozenset(),
     )
 
 
@@ -277,29 +301,37 @@ def _port(field: str, invalid: _Invalid) -> int | None:
 
 
 def resolve(
-    environ: Mapping[str, str], *, docker_host_option: str | None = None
+    environ: Mapping[str, str],
+    *,
+    docker_host_option: str | None = None,
+    docker_context_option: str | None = None,
 ) -> tuple[Endpoint, str | None]:
-    """The node ``nvidia-docker`` asks, from ``NV_HOST``, ``-H`` and ``DOCKER_HOST``.
+    """The node ``nvidia-docker`` asks, from ``NV_HOST``, else the daemon docker would use.
 
     Returns the endpoint and a warning to print (or None). ``docker_host_option`` is the value
-    of ``-H``/``--host`` on docker's command line, which docker prefers to ``DOCKER_HOST``.
+    of ``-H``/``--host`` on docker's command line, ``docker_context_option`` that of
+    ``--context``/``-c``; docker's own order then applies (``--context``, ``-H``,
+    ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``:
+    ``controller.transport.docker_context``).
     """
+    from controller.transport.docker_context import docker_address  # noqa: PLC0415
+
     nv_host = environ.get("NV_HOST", "").strip()
-    docker_host = (docker_host_option or environ.get("DOCKER_HOST", "")).strip()
-    docker_source = "-H" if docker_host_option else "DOCKER_HOST"
     if nv_host:
         endpoint = parse_endpoint(nv_host, source="NV_HOST", user=_user(environ))
         warning = None
-        if not docker_host and not endpoint.is_local:
+        if not endpoint.is_local and (
+            docker_address(environ, docker_host_option, docker_context_option) is None
+        ):
             warning = (
                 "NV_HOST is set but DOCKER_HOST is not: docker will use the local daemon "
                 "while the GPUs come from " + endpoint.node + "; set DOCKER_HOST or -H too"
             )
         return endpoint, warning
-    if docker_host:
-        endpoint = parse_endpoint(
-            docker_host, source=docker_source, docker_address=True, user=_user(environ)
-        )
+    docker = docker_address(environ, docker_host_option, docker_context_option)
+    if docker is not None:
+        address, source = docker
+        endpoint = parse_endpoint(address, source=source, docker_address=True, user=_user(environ))
         return endpoint, None
     return LOCAL, None
 

@@ -1,26 +1,45 @@
 """One SSH connection to a node, carrying TCP connections to the agent on its localhost.
 
-``SshTunnel(endpoint, options)`` logs in once (``connect()``); every ``open_socket(port)``
-then opens a ``direct-tcpip`` channel to ``localhost:port`` *on the node* and hands back one
-end of a local socket pair, whose other end a small thread copies to and from the channel.
-The caller (``controller.transport.client``) gives that socket to aiohttp, so HTTP over SSH is the
-same HTTP client as plain HTTP; many requests (and keep-alive connections) share the one SSH
-connection. The agent therefore can keep listening on the node's localhost only.
+``SshTunnel(endpoint, options)`` logs in once (``connect()``), then ``serve(port)`` listens
+on a private unix socket (in a fresh 0700 directory) and returns its path: every connection
+made to it becomes a ``direct-tcpip`` channel to ``localhost:port`` *on the node*. The caller
+(``controller.transport.client``) gives that path to aiohttp's public ``UnixConnector``, so
+HTTP over SSH is the same HTTP client as plain HTTP; many requests (and keep-alive
+connections) share the one SSH connection, and the agent can keep listening on the node's
+localhost only.
+
+At scale (a fleet query over thousands of nodes):
+
+- Bytes are pumped by the event loop, not by threads: each channel's readiness pipe
+  (``Channel.fileno()``) is watched with ``loop.add_reader`` (epoll underneath, so there is
+  no descriptor ceiling like ``select``'s 1,024), and the unix side is an asyncio protocol.
+  paramiko keeps its one thread per SSH connection (its transport); nothing is started per
+  channel.
+- Logins are bounded: at most ``SshOptions.max_handshakes`` (``NV_SSH_MAX_HANDSHAKES``,
+  default 32) are in progress at once in a process, so a query of 4,096 nodes in parallel
+  does not start 4,096 key exchanges on two cores (or beyond a jump host's ``MaxStartups``).
+- Blocking paramiko calls (connect, log in, open a channel, close) run in a dedicated thread
+  pool, so that a fleet query does not starve the event loop's default executor.
+
+Where the node is: ``~/.ssh/config`` is honoured (``controller.transport.ssh_config``:
+``Host`` aliases, ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``,
+``ProxyCommand``, ``UserKnownHostsFile``). Jump hosts are logged in to once per process and
+shared by every node behind them, each node one more channel of that connection.
 
 Authentication, in order: the SSH agent (``SSH_AUTH_SOCK``), the key files named in
-``NV_SSH_IDENTITY`` (colon separated), the default keys ``~/.ssh/id_*``, and last a password
-prompt, only when standard input is a terminal (never under Mesos or in a fleet query).
+``NV_SSH_IDENTITY`` (colon separated) or by ``IdentityFile``, the default keys
+``~/.ssh/id_*``, and last a password prompt, only when standard input is a terminal (never
+under Mesos or in a fleet query, never for a jump host).
 
 Host keys are checked against ``~/.ssh/known_hosts`` and ``/etc/ssh/ssh_known_hosts`` (or the
-files named in ``NV_SSH_KNOWN_HOSTS``, colon separated). An unknown or changed key stops the
-connection with the fingerprint and what to do. The opt-out, for throw-away test nodes only,
-is ``NV_SSH_STRICT_HOST_KEY_CHECKING=no``: every key is then accepted and nothing is written.
+files named in ``NV_SSH_KNOWN_HOSTS``, colon separated, plus ``UserKnownHostsFile``). An
+unknown or changed key stops the connection with the fingerprint and what to do. The opt-out,
+for throw-away test nodes only, is ``NV_SSH_STRICT_HOST_KEY_CHECKING=no``: every key is then
+accepted and nothing is written.
 
 Connecting, logging in and opening a channel each time out after ``timeout_s`` (10 s).
-Blocking paramiko calls run in a dedicated thread pool, so that a fleet query can log in to a
-hundred nodes at once without starving the event loop's default executor.
 
-Only this module imports paramiko.
+Only this module and ``ssh_config`` import paramiko.
 """
 
 from __future__ import annotations
@@ -32,10 +51,12 @@ import contextlib
 import hashlib
 import logging
 import os
-import select
+import shutil
 import socket
 import sys
+import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +64,18 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from controller.errors import Failure, NodeError
-from controller.transport.endpoint import Endpoint
+from controller.errors import EndpointError, Failure, NodeError
+from controller.transport.endpoint import Endpoint, default_user
+from controller.transport.ssh_config import SshHop, SshRoute, config_path, resolve_route
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_HANDSHAKES = 32
 _FALSE = frozenset({"no", "false", "0", "off"})
+_READS_PER_WAKEUP = 16  # channel reads per readiness callback, so one node cannot hog the loop
+_RECV_BYTES = 65536
+_WINDOW_RETRY_S = 0.005  # the channel's send window is full: try again this much later
+_SOCKET_NAME = "agent.sock"
 
 # paramiko logs channel failures as warnings; our errors say it in one line instead
 if not os.environ.get("NV_DEBUG"):
@@ -74,6 +101,20 @@ async def _in_thread(call: Callable[[], _T]) -> _T:
     return await asyncio.get_running_loop().run_in_executor(_executor(), call)
 
 
+_handshake_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _handshake_slot(limit: int) -> asyncio.Semaphore:
+    """The process's bound on logins in progress (one semaphore per event loop)."""
+    loop = asyncio.get_running_loop()
+    slots = _handshake_slots.get(loop)
+    if slots is None:
+        slots = _handshake_slots[loop] = asyncio.Semaphore(limit)
+    return slots
+
+
 @dataclass(frozen=True, slots=True)
 class SshOptions:
     """How to log in and what to trust; ``from_environ`` reads the ``NV_SSH_*`` variables."""
@@ -83,6 +124,8 @@ class SshOptions:
     identity_files: tuple[str, ...] = ()
     allow_password_prompt: bool = True
     timeout_s: float = DEFAULT_TIMEOUT_S
+    config_file: str | None = None  # ~/.ssh/config, resolved; None: read none
+    max_handshakes: int = DEFAULT_MAX_HANDSHAKES
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ, compare=False)
 
     @classmethod
@@ -93,11 +136,18 @@ class SshOptions:
         strict = env.get("NV_SSH_STRICT_HOST_KEY_CHECKING", "yes").strip().lower() not in _FALSE
         known = tuple(p for p in env.get("NV_SSH_KNOWN_HOSTS", "").split(":") if p)
         identities = tuple(p for p in env.get("NV_SSH_IDENTITY", "").split(":") if p)
+        handshakes = env.get("NV_SSH_MAX_HANDSHAKES", "").strip()
+        if handshakes and not (handshakes.isdigit() and int(handshakes) > 0):
+            raise EndpointError(
+                f"NV_SSH_MAX_HANDSHAKES={handshakes!r}: give a positive number of logins"
+            )
         return cls(
             strict_host_key_checking=strict,
             known_hosts=known or DEFAULT_KNOWN_HOSTS,
             identity_files=identities,
             allow_password_prompt=allow_password_prompt,
+            config_file=config_path(env),
+            max_handshakes=int(handshakes) if handshakes else DEFAULT_MAX_HANDSHAKES,
             environ=env,
         )
 
@@ -129,27 +179,145 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+# --- jump hosts, shared ---------------------------------------------------------------------
+
+
+@dataclass
+class _Jump:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    clients: list[paramiko.SSHClient] = field(default_factory=list)
+    users: int = 0
+
+    @property
+    def transport(self) -> paramiko.Transport | None:
+        if not self.clients:
+            return None
+        transport = self.clients[-1].get_transport()
+        return transport if transport is not None and transport.is_active() else None
+
+
+class _JumpHosts:
+    """Logged-in chains of jump hosts, each shared by every node behind it (thread safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chains: dict[tuple[str, ...], _Jump] = {}
+
+    def acquire(
+        self, key: tuple[str, ...], login: Callable[[], list[paramiko.SSHClient]]
+    ) -> paramiko.Transport:
+        with self._lock:
+            jump = self._chains.setdefault(key, _Jump())
+            jump.users += 1
+        try:
+            with jump.lock:
+                transport = jump.transport
+                if transport is None:
+                    _close_all(jump.clients)
+                    jump.clients = login()
+                    transport = jump.transport
+                if transport is None:
+                    raise EOFError("the jump host closed the connection")
+                return transport
+        except BaseException:
+            self.release(key)
+            raise
+
+    def release(self, key: tuple[str, ...]) -> None:
+        with self._lock:
+            jump = self._chains.get(key)
+            if jump is None:
+                return
+            jump.users -= 1
+            if jump.users > 0:
+                return
+            del self._chains[key]
+        with jump.lock:
+            _close_all(jump.clients)
+            jump.clients = []
+
+
+def _close_all(clients: list[paramiko.SSHClient]) -> None:
+    for client in reversed(clients):
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+_JUMPS = _JumpHosts()
+
+
+# --- the tunnel -----------------------------------------------------------------------------
+
+
 class SshTunnel:
-    """One logged-in SSH connection to ``endpoint`` (transport ``ssh``); thread safe."""
+    """One logged-in SSH connection to ``endpoint`` (transport ``ssh``)."""
 
     def __init__(self, endpoint: Endpoint, options: SshOptions | None = None) -> None:
         if endpoint.transport != "ssh":
             raise ValueError(f"not an ssh endpoint: {endpoint.uri()}")
         self.endpoint = endpoint
         self.options = options or SshOptions.from_environ()
+        self.route: SshRoute | None = None
+        self.channel_error: NodeError | None = None  # why the last channel could not open
         self._client: paramiko.SSHClient | None = None
+        self._jump_key: tuple[str, ...] | None = None
         self._lock = threading.Lock()
+        self._server: asyncio.AbstractServer | None = None
+        self._socket_dir: str | None = None
+        self._bridges: set[_ChannelBridge] = set()
+
+    @property
+    def name(self) -> str:
+        return f"ssh://{self.endpoint.node}"
 
     # --- life cycle -------------------------------------------------------------------------
 
-    async def connect(self) -> None:
-        """Log in (in a worker thread); raises ``NodeError`` with what to do."""
-        await _in_thread(self._connect_blocking)
+    async def connect(self, on_start: Callable[[], None] | None = None) -> None:
+        """Log in (in a worker thread, bounded in number); raises ``NodeError``.
+
+        ``on_start`` is called when the login really starts, after waiting for a free slot
+        (a fleet query starts the node's clock then: waiting in line is not the node's fault).
+        """
+        async with _handshake_slot(self.options.max_handshakes):
+            if on_start is not None:
+                on_start()
+            await _in_thread(self._connect_blocking)
+
+    async def serve(self, port: int) -> str:
+        """Listen on a private unix socket whose connections reach ``localhost:port`` on the
+        node; returns its path (the same one when called again)."""
+        if self._server is not None and self._socket_dir is not None:
+            return os.path.join(self._socket_dir, _SOCKET_NAME)
+        self._socket_dir = tempfile.mkdtemp(prefix="nv-ssh-", dir=_short_tmp())
+        path = os.path.join(self._socket_dir, _SOCKET_NAME)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _ChannelBridge(self, port), path=path, backlog=128
+        )
+        return path
 
     async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for bridge in list(self._bridges):
+            bridge.abort()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
         client, self._client = self._client, None
+        jump_key, self._jump_key = self._jump_key, None
+        if client is not None or jump_key is not None:
+            await _in_thread(lambda: self._close_blocking(client, jump_key))
+
+    @staticmethod
+    def _close_blocking(
+        client: paramiko.SSHClient | None, jump_key: tuple[str, ...] | None
+    ) -> None:
         if client is not None:
-            await _in_thread(client.close)
+            client.close()
+        if jump_key is not None:
+            _JUMPS.release(jump_key)
 
     @property
     def connected(self) -> bool:
@@ -163,12 +331,21 @@ class SshTunnel:
         with self._lock:
             if self.connected:
                 return
-            self._client = self._login()
+            if self.route is None:
+                try:
+                    self.route = resolve_route(
+                        self.endpoint, self.options.config_file, default_user(self.options.environ)
+                    )
+                except EndpointError as exc:
+                    raise self._error(str(exc)) from None
+            self._client = self._login_target(self.route)
 
-    def _new_client(self) -> paramiko.SSHClient:
+    # --- logging in -------------------------------------------------------------------------
+
+    def _new_client(self, route: SshRoute) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         if self.options.strict_host_key_checking:
-            for path in self.options.known_hosts:
+            for path in (*self.options.known_hosts, *route.known_hosts):
                 full = Path(os.path.expanduser(path))
                 if full.is_file():
                     try:
@@ -180,32 +357,99 @@ class SshTunnel:
             client.set_missing_host_key_policy(_AcceptAny())
         return client
 
-    def _login(self) -> paramiko.SSHClient:
-        ep, opts = self.endpoint, self.options
-        client = self._new_client()
+    def _login_target(self, route: SshRoute) -> paramiko.SSHClient:
+        if not route.jumps:
+            sock: Any = None
+            if route.proxy_command:
+                try:
+                    sock = paramiko.ProxyCommand(route.proxy_command)
+                except Exception as exc:
+                    raise self._error(
+                        f"ProxyCommand {route.proxy_command!r} failed: {exc}"
+                    ) from exc
+            return self._login(route, route.target, sock, prompt=self.options.allow_password_prompt)
+        key = (*(h.where for h in route.jumps), *self.options.known_hosts)
         try:
-            self._connect(client, password=None)
+            jump = _JUMPS.acquire(key, lambda: self._login_jumps(route))
+        except NodeError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, route.jumps[-1], jump=True) from exc
+        try:
+            channel = self._open_forward(jump, route.target, route.jumps[-1])
+            client = self._login(route, route.target, channel, prompt=False)
+        except BaseException:
+            _JUMPS.release(key)
+            raise
+        self._jump_key = key
+        return client
+
+    def _login_jumps(self, route: SshRoute) -> list[paramiko.SSHClient]:
+        clients: list[paramiko.SSHClient] = []
+        try:
+            for index, hop in enumerate(route.jumps):
+                sock: Any = None
+                if clients:
+                    previous = clients[-1].get_transport()
+                    if previous is None:
+                        raise EOFError("the jump host closed the connection")
+                    sock = self._open_forward(previous, hop, route.jumps[index - 1])
+                clients.append(self._login(route, hop, sock, prompt=False, jump=True))
+        except BaseException:
+            _close_all(clients)
+            raise
+        return clients
+
+    def _open_forward(self, transport: paramiko.Transport, hop: SshHop, via: SshHop) -> Any:
+        try:
+            return transport.open_channel(
+                "direct-tcpip",
+                dest_addr=(hop.hostname, hop.port),
+                src_addr=("127.0.0.1", 0),
+                timeout=self.options.timeout_s,
+            )
+        except paramiko.ChannelException as exc:
+            raise self._error(
+                f"the jump host {via.alias} ({via.where}) cannot reach {hop.hostname}:"
+                f"{hop.port} ({exc.text or exc}): check HostName and Port, and that its sshd "
+                "allows TCP forwarding",
+                Failure.SSH_REFUSED,
+            ) from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise self._error(f"jump host {via.alias} ({via.where}): {exc}") from exc
+
+    def _login(
+        self, route: SshRoute, hop: SshHop, sock: Any, *, prompt: bool, jump: bool = False
+    ) -> paramiko.SSHClient:
+        client = self._new_client(route)
+        try:
+            self._connect(client, hop, sock, password=None)
             return client
         except (paramiko.AuthenticationException, paramiko.SSHException) as exc:
             client.close()
             if not _is_auth_failure(exc):
-                raise self._translate(exc) from exc
-            if not (opts.allow_password_prompt and _stdin_is_terminal()):
+                raise self._translate(exc, hop, jump=jump) from exc
+            if not (prompt and _stdin_is_terminal()):
+                who = f"the jump host {hop.alias} ({hop.where})" if jump else "the node"
                 raise self._error(
-                    "SSH login failed (tried the SSH agent and the key files, and there is "
-                    "no terminal to ask for a password): load a key into ssh-agent (ssh-add) "
-                    f"or install your public key in ~{ep.user}/.ssh/authorized_keys on the node",
+                    f"SSH login to {who} failed (tried the SSH agent and the key files, and "
+                    "there is no terminal to ask for a password): load a key into ssh-agent "
+                    f"(ssh-add) or install your public key in ~{hop.user}/.ssh/authorized_keys"
+                    + ("" if jump else " on the node"),
                     Failure.SSH_LOGIN_FAILED,
                 ) from exc
+        except NodeError:
+            client.close()
+            raise
         except Exception as exc:
             client.close()
-            raise self._translate(exc) from exc
+            raise self._translate(exc, hop, jump=jump) from exc
         import getpass  # noqa: PLC0415 (only when a person is asked)
 
-        password = getpass.getpass(f"{ep.user}@{ep.host}'s password: ")
-        client = self._new_client()
+        password = getpass.getpass(f"{hop.user}@{hop.hostname}'s password: ")
+        client = self._new_client(route)
         try:
-            self._connect(client, password=password)
+            self._connect(client, hop, sock, password=password)
         except Exception as exc:
             client.close()
             if isinstance(exc, paramiko.SSHException) and _is_auth_failure(exc):
@@ -214,20 +458,23 @@ class SshTunnel:
                     "try again, or log in with a key (ssh-add, ~/.ssh/authorized_keys)",
                     Failure.SSH_LOGIN_FAILED,
                 ) from exc
-            raise self._translate(exc) from exc
+            raise self._translate(exc, hop) from exc
         return client
 
-    def _connect(self, client: paramiko.SSHClient, *, password: str | None) -> None:
-        ep, opts = self.endpoint, self.options
+    def _connect(
+        self, client: paramiko.SSHClient, hop: SshHop, sock: Any, *, password: str | None
+    ) -> None:
+        opts = self.options
         keys = [os.path.expanduser(p) for p in opts.identity_files]
         missing = [k for k in keys if not os.path.isfile(k)]
         if missing:
             raise self._error(f"SSH identity file {missing[0]} (NV_SSH_IDENTITY) does not exist")
+        keys += [k for k in hop.identity_files if k not in keys]
         key_files: Any = keys or None  # paramiko takes a list; its stubs say one str
         client.connect(
-            ep.host,
-            port=ep.ssh_port,
-            username=ep.user,
+            hop.hostname,
+            port=hop.port,
+            username=hop.user,
             password=password,
             key_filename=key_files,
             allow_agent=password is None,
@@ -236,26 +483,19 @@ class SshTunnel:
             banner_timeout=opts.timeout_s,
             auth_timeout=opts.timeout_s,
             channel_timeout=opts.timeout_s,
+            sock=sock,
         )
 
     # --- channels ---------------------------------------------------------------------------
 
-    async def open_socket(self, port: int) -> socket.socket:
-        """A socket connected, through the SSH connection, to ``localhost:port`` on the node.
-
-        The socket is non-blocking and ready for ``loop.create_connection(sock=...)``.
-        """
-        if not self.connected:
-            await self.connect()
-        return await _in_thread(lambda: self._open_socket_blocking(port))
-
-    def _open_socket_blocking(self, port: int) -> socket.socket:
+    def _open_channel(self, port: int) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel to ``localhost:port`` on the node (blocking)."""
         client = self._client
         transport = client.get_transport() if client is not None else None
         if transport is None or not transport.is_active():
-            raise self._error("the SSH connection was closed; try again")
+            raise self._error("the SSH connection was closed; try again", Failure.DISCONNECTED)
         try:
-            channel = transport.open_channel(
+            return transport.open_channel(
                 "direct-tcpip",
                 dest_addr=("localhost", port),
                 src_addr=("127.0.0.1", 0),
@@ -270,32 +510,32 @@ class SshTunnel:
             ) from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise self._error(f"cannot open an SSH channel to localhost:{port}: {exc}") from exc
-        ours, theirs = socket.socketpair()
-        ours.setblocking(False)
-        threading.Thread(
-            target=_pump, args=(theirs, channel), name="nv-ssh-pump", daemon=True
-        ).start()
-        return ours
 
     # --- errors -----------------------------------------------------------------------------
 
     def _error(self, message: str, failure: Failure = Failure.SSH_ERROR) -> NodeError:
-        return NodeError(f"ssh://{self.endpoint.node}", message, failure)
+        return NodeError(self.name, message, failure)
 
-    def _translate(self, exc: BaseException) -> NodeError:
-        ep, timeout_s = self.endpoint, self.options.timeout_s
-        where = f"{ep.url_host}:{ep.ssh_port}"
+    def _translate(self, exc: BaseException, hop: SshHop, *, jump: bool = False) -> NodeError:
+        timeout_s = self.options.timeout_s
+        where = f"{hop.hostname}:{hop.port}"
         if isinstance(exc, NodeError):
             return exc
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
             exc = next(iter(exc.errors.values()))
+        error = self._describe(exc, hop, where, timeout_s)
+        if jump:
+            return self._error(f"jump host {hop.alias}: {error.reason}", error.failure)
+        return error
+
+    def _describe(self, exc: BaseException, hop: SshHop, where: str, timeout_s: float) -> NodeError:
         if isinstance(exc, _UnknownHostKey):
             files = ", ".join(self.options.known_hosts)
             return self._error(
                 f"unknown SSH host key {exc.key.get_name()} {fingerprint(exc.key)} for "
                 f"{exc.name} (not in {files}): check the fingerprint on the node "
                 f"(ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub) and add it "
-                f"(ssh-keyscan -p {ep.ssh_port} {ep.host} >> ~/.ssh/known_hosts), or set "
+                f"(ssh-keyscan -p {hop.port} {hop.hostname} >> ~/.ssh/known_hosts), or set "
                 "NV_SSH_STRICT_HOST_KEY_CHECKING=no to skip the check (test nodes only)",
                 Failure.SSH_HOST_KEY_UNKNOWN,
             )
@@ -304,12 +544,13 @@ class SshTunnel:
                 f"the SSH host key of {where} has CHANGED ({exc.key.get_name()} "
                 f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}): "
                 "someone may be intercepting the connection; if the node was reinstalled, "
-                f"remove the old key with: ssh-keygen -R '[{ep.host}]:{ep.ssh_port}'",
+                f"remove the old key with: ssh-keygen -R '[{hop.hostname}]:{hop.port}'",
                 Failure.SSH_HOST_KEY_CHANGED,
             )
         if isinstance(exc, socket.gaierror):
             return self._error(
-                f"cannot resolve the host name {ep.host!r}: {exc.strerror}", Failure.UNKNOWN_HOST
+                f"cannot resolve the host name {hop.hostname!r}: {exc.strerror}",
+                Failure.UNKNOWN_HOST,
             )
         if isinstance(exc, TimeoutError):
             return self._error(
@@ -330,6 +571,12 @@ class SshTunnel:
         return self._error(f"SSH to {where} failed: {exc}")
 
 
+def _short_tmp() -> str | None:
+    """A temporary directory whose socket paths fit a unix address (108 bytes)."""
+    base = tempfile.gettempdir()
+    return base if len(base) < 60 else "/tmp"
+
+
 def _is_auth_failure(exc: BaseException) -> bool:
     return isinstance(exc, paramiko.AuthenticationException) or (
         "No authentication methods available" in str(exc)
@@ -343,26 +590,151 @@ def _stdin_is_terminal() -> bool:
         return False
 
 
-def _pump(sock: socket.socket, channel: paramiko.Channel) -> None:
-    """Copy bytes both ways between a local socket and an SSH channel until either closes."""
-    sock_fd, channel_fd = sock.fileno(), channel.fileno()
-    try:
-        while True:
-            readable, _, _ = select.select([sock_fd, channel_fd], [], [])
-            if sock_fd in readable:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                channel.sendall(data)
-            if channel_fd in readable:
-                data = channel.recv(65536)
-                if not data:
-                    break
-                sock.sendall(data)
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            channel.close()
-        with contextlib.suppress(OSError):
-            sock.close()
+# --- one HTTP connection = one channel, pumped by the event loop ---------------------------
+
+
+class _ChannelBridge(asyncio.Protocol):
+    """A unix connection (aiohttp's end) joined to a ``direct-tcpip`` channel.
+
+    Channel -> unix: the channel's readiness pipe is watched by the event loop; each wake-up
+    reads what is buffered (non-blocking) and writes it to the unix transport, pausing when
+    that transport's buffer is full. Unix -> channel: non-blocking ``send``; when the SSH
+    window is full the rest waits (the unix side paused) and is retried shortly after.
+    """
+
+    def __init__(self, tunnel: SshTunnel, port: int) -> None:
+        self._tunnel = tunnel
+        self._port = port
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._channel: paramiko.Channel | None = None
+        self._fd: int | None = None
+        self._pending = b""  # unix -> channel bytes not yet accepted by the channel
+        self._reading = False  # watching the channel's pipe
+        self._closed = False
+        self._opening: asyncio.Task[None] | None = None
+
+    # unix side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._tunnel._bridges.add(self)
+        transport.pause_reading()  # nothing to send to until the channel is open
+        self._opening = self._loop.create_task(self._open())
+
+    async def _open(self) -> None:
+        try:
+            channel = await _in_thread(lambda: self._tunnel._open_channel(self._port))
+        except NodeError as err:
+            self._tunnel.channel_error = err
+            self.abort()
+            return
+        if self._closed:
+            _close_later(channel)
+            return
+        channel.settimeout(0.0)
+        self._channel = channel
+        self._fd = channel.fileno()
+        self._watch(True)
+        if self._transport is not None:
+            self._transport.resume_reading()
+        self._from_channel()  # anything that arrived before the pipe existed
+
+    def data_received(self, data: bytes) -> None:
+        self._pending += data
+        self._to_channel()
+
+    def eof_received(self) -> bool:
+        channel = self._channel
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.shutdown_write()
+        return True  # keep the other direction open until the agent has answered
+
+    def pause_writing(self) -> None:
+        self._watch(False)
+
+    def resume_writing(self) -> None:
+        self._watch(True)
+        self._from_channel()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    # channel side
+
+    def _watch(self, on: bool) -> None:
+        if self._fd is None or self._closed or on == self._reading:
+            return
+        if on:
+            self._loop.add_reader(self._fd, self._from_channel)
+        else:
+            self._loop.remove_reader(self._fd)
+        self._reading = on
+
+    def _from_channel(self) -> None:
+        channel, transport = self._channel, self._transport
+        if channel is None or transport is None or self._closed:
+            return
+        for _ in range(_READS_PER_WAKEUP):
+            try:
+                data = channel.recv(_RECV_BYTES)
+            except TimeoutError:  # socket.timeout: nothing buffered now
+                return
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:  # the agent closed its side
+                self._watch(False)
+                transport.close()
+                return
+            transport.write(data)
+            if not self._reading:
+                return  # the unix side is full: pause_writing stopped the watch
+
+    def _to_channel(self) -> None:
+        channel, transport = self._channel, self._transport
+        if channel is None or transport is None or self._closed:
+            return
+        while self._pending:
+            try:
+                sent = channel.send(self._pending)
+            except TimeoutError:  # the SSH window is full: the agent reads slowly
+                transport.pause_reading()
+                self._loop.call_later(_WINDOW_RETRY_S, self._retry_send)
+                return
+            except (OSError, EOFError, paramiko.SSHException):
+                sent = 0
+            if sent == 0:
+                self.abort()
+                return
+            self._pending = self._pending[sent:]
+
+    def _retry_send(self) -> None:
+        self._to_channel()
+        if not self._pending and self._transport is not None and not self._closed:
+            self._transport.resume_reading()
+
+    # end
+
+    def abort(self) -> None:
+        transport = self._transport
+        if transport is not None:
+            transport.abort()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._closed:
+            return
+        self._watch(False)
+        self._closed = True
+        self._tunnel._bridges.discard(self)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            _close_later(channel)
+
+
+def _close_later(channel: paramiko.Channel) -> None:
+    """Close a channel off the event loop (paramiko may wait for the transport's lock)."""
+    with contextlib.suppress(RuntimeError):  # the pool is gone at interpreter exit
+        _executor().submit(channel.close)

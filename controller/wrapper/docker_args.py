@@ -3,7 +3,8 @@
 ``scan(args)`` reads the arguments after ``docker`` (Docker 20.10 to 28) and returns a
 ``DockerCommand``: where the global options end, the command (``run``, ``create``, also
 ``container run|create``), the index of the command word (GPU arguments go right after it),
-the image and its index, and the ``-H``/``--host`` value if any. Nothing is changed.
+the image and its index, and the ``-H``/``--host`` and ``-c``/``--context`` values if any.
+Nothing is changed.
 
 Docker's flag parser (pflag) decides what is a value by knowing every flag; we only need to
 know the flags that take *no* value, because everything else takes one:
@@ -63,6 +64,7 @@ class DockerCommand:
         "args",
         "command",
         "command_index",
+        "docker_context",
         "docker_host",
         "global_end",
         "help",
@@ -79,6 +81,7 @@ class DockerCommand:
         self.image: str | None = None  # run/create only
         self.image_index = -1
         self.docker_host: str | None = None  # last -H/--host value
+        self.docker_context: str | None = None  # last -c/--context value
         self.options: dict[str, str] = {}  # run/create long options with a value (last wins)
         self.help = False  # --help among the options
 
@@ -174,6 +177,7 @@ def scan(args: list[str]) -> DockerCommand:
     )
     found.global_end = at
     found.docker_host = global_options.get("host")
+    found.docker_context = global_options.get("context")
     if at >= len(args):
         return found
     command, command_index = args[at], at

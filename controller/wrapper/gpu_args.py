@@ -6,7 +6,9 @@ wrapper imports it only for run/create):
 1. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
    output goes to stderr so that stdout stays the container's);
 2. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
-3. the node (``controller.transport.endpoint.resolve``): remote nodes answer
+3. the node (``controller.transport.endpoint.resolve``: ``NV_HOST``, else the daemon of
+   ``--context``, ``-H``, ``DOCKER_HOST``, ``DOCKER_CONTEXT`` or ``docker context use``, in
+   docker's order): remote nodes answer
    ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
    it answers, else NVML directly (``agent.gpu``), and adds ``--volume-driver=nvidia-docker``
@@ -320,7 +322,11 @@ def gpu_arguments(
         return [], []
     wanted_volumes = " ".join(labels[VOLUMES_LABEL].split())
     cuda_needed = labels.get(CUDA_LABEL) or None
-    endpoint, warning = resolve(environ, docker_host_option=command.docker_host)
+    endpoint, warning = resolve(
+        environ,
+        docker_host_option=command.docker_host,
+        docker_context_option=command.docker_context,
+    )
     engine = engine_cdi(docker, command, environ)
     if environ.get("NV_DEBUG"):
         sys.stderr.write(

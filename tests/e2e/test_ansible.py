@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.certs import make_pki
 from tests.support.dockerd import DockerEngine
 from tests.support.services import wait_until
 from tests.support.systemd_hosts import (
@@ -685,3 +686,125 @@ def test_a_unit_after_the_agent_finds_it_answering_at_every_boot(
             "/etc/systemd/system/nvd-boot-probe.service /usr/local/lib/nvd-boot-probe.py; "
             "systemctl daemon-reload",
         )
+
+
+# --- TLS and tokens ----------------------------------------------------------------------
+
+TLS_DIR = "/etc/nvidia-docker/tls"
+
+
+def _https_gpus(fleet: Fleet, node: str, token: str) -> str:
+    """On the node: GET /gpu/info/json over TLS, with the agent's certificate and a token."""
+    script = (
+        "import json, ssl, sys, urllib.request as u\n"
+        f"c = ssl.create_default_context(cafile='{TLS_DIR}/ca.pem')\n"
+        f"c.load_cert_chain('{TLS_DIR}/server.pem', '{TLS_DIR}/server.key')\n"
+        "r = u.Request('https://127.0.0.1:3476/gpu/info/json',"
+        f" headers={{'Authorization': 'Bearer {token}'}})\n"
+        "try:\n"
+        "    print(len(json.loads(u.urlopen(r, context=c, timeout=5).read())['Devices']))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    return fleet.sh(node, f'python3 -c "{script}"')
+
+
+@pytest.mark.e2e
+def test_rollout_with_tls_client_certificates_and_tokens(
+    fleet: Fleet, rolled_out: Run, tmp_path: Path
+) -> None:
+    """TLS, mutual TLS and a token through the role: the health gate and the fleet report
+    pass over TLS, the agent refuses plain HTTP, a token rotation reloads without a restart,
+    nvidia-docker-ctl reads the same inventory through SSH, and switching off removes it all."""
+    pki = make_pki(fleet.workdir / "pki")
+    token, token_2 = "rollout-token-" + "1" * 20, "rollout-token-" + "2" * 20
+    tls_vars: dict[str, object] = {
+        "nvidia_docker_rollout_batch": 3,
+        "nvidia_docker_agent_tls_cert": str(pki.pem("node")),  # a file on the controller
+        "nvidia_docker_agent_tls_key_content": pki.key("node").read_text(),  # as from a vault
+        "nvidia_docker_agent_tls_client_ca": str(pki.pem("ca")),
+        "nvidia_docker_agent_tls_ca": str(pki.pem("ca")),
+        "nvidia_docker_agent_tokens": [token],
+    }
+    expected = {node: {"nvidia_docker_agent_expected_gpus": n} for node, n in BASELINE_GPUS.items()}
+    try:
+        run = fleet.playbook("-e", json.dumps(tls_vars), host_vars=expected)
+        run.assert_ok()
+        assert token not in run.output  # never logged
+        assert "BEGIN PRIVATE KEY" not in run.output
+        # the report play asked every agent over TLS, with the token and a client certificate
+        for node in NODES:
+            assert f"{node}: {BASELINE_GPUS[node]} GPU(s), NVIDIA H200, driver 580." in run.output
+            pid = fleet.unit(node)["MainPID"]
+            cmdline = fleet.sh(node, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+            assert f"--tls-cert {TLS_DIR}/server.pem --tls-key {TLS_DIR}/server.key" in cmdline
+            assert f"--tls-client-ca {TLS_DIR}/client-ca.pem --token-file {TLS_DIR}/tokens" in (
+                cmdline
+            )
+            modes = fleet.sh(
+                node, f"cd {TLS_DIR} && stat -c '%n %U %G %a' server.pem server.key "
+                "client-ca.pem ca.pem tokens",
+            )  # fmt: skip
+            assert modes.splitlines() == [
+                "server.pem nvidia-docker nvidia-docker 640",
+                "server.key nvidia-docker nvidia-docker 600",
+                "client-ca.pem nvidia-docker nvidia-docker 640",
+                "ca.pem nvidia-docker nvidia-docker 644",
+                "tokens nvidia-docker nvidia-docker 600",
+            ]
+            assert fleet.try_api_gpus(node) is None  # plain HTTP is refused
+            assert _https_gpus(fleet, node, token) == str(BASELINE_GPUS[node])
+            assert _https_gpus(fleet, node, "x" * 24).startswith("HTTPError HTTP Error 401")
+
+        # nvidia-docker-ctl over SSH, TLS inside the tunnel, with the inventory's variables
+        token_file = tmp_path / "token"
+        token_file.write_text(token + "\n")
+        hosts = {
+            name: {
+                "ansible_host": "127.0.0.1",
+                "ansible_port": host.ssh_port,
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(fleet.key),
+                "nvidia_docker_agent_tls_cert": str(pki.pem("node")),
+                "nvidia_docker_agent_tls_ca": str(pki.pem("ca")),
+                "nvidia_docker_tls_cert": str(pki.pem("client")),
+                "nvidia_docker_tls_key": str(pki.key("client")),
+                "nvidia_docker_token_file": str(token_file),
+            }
+            for name, host in fleet.hosts.items()
+        }
+        inventory = tmp_path / "fleet.yml"
+        inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "known_hosts").write_text(fleet.systemd.known_hosts())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "SSH_AUTH"))}
+        env.update(HOME=str(home), PYTHONPATH=str(REPO))
+        ctl = subprocess.run(
+            [sys.executable, "-m", "controller.ctl.main", "info", "--jsonl", "-i", str(inventory)],
+            capture_output=True, text=True, timeout=120, check=False, env=env,
+        )  # fmt: skip
+        answers = {line["node"]: line for line in map(json.loads, ctl.stdout.splitlines())}
+        assert ctl.returncode == 0, ctl.stdout + ctl.stderr
+        assert {n: len(a["info"]["Devices"]) for n, a in answers.items()} == BASELINE_GPUS
+
+        # a second token: the agents re-read the file on SIGHUP, nothing restarts
+        pids = {node: fleet.unit(node)["MainPID"] for node in NODES}
+        rotated = fleet.playbook(
+            "-e", json.dumps({**tls_vars, "nvidia_docker_agent_tokens": [token, token_2]}),
+            host_vars=expected,
+        )  # fmt: skip
+        rotated.assert_ok()
+        assert "RUNNING HANDLER [nvidia_docker_agent : Reload the NVIDIA Docker agent]" in (
+            rotated.output
+        )
+        assert HANDLER not in rotated.output
+        for node in NODES:
+            assert fleet.unit(node)["MainPID"] == pids[node]
+            assert _https_gpus(fleet, node, token_2) == str(BASELINE_GPUS[node])
+            assert _https_gpus(fleet, node, token) == str(BASELINE_GPUS[node])
+    finally:
+        _baseline(fleet)
+    for node in NODES:
+        assert fleet.sh(node, f"ls -A {TLS_DIR}") == ""  # keys and tokens removed
+        assert fleet.api_gpus(node) == BASELINE_GPUS[node]

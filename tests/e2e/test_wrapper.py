@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.certs import make_pki
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
@@ -40,7 +41,7 @@ from tests.support.services import (
     stop_process,
     wait_until,
 )
-from tests.support.sshd import SshServer
+from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 # Above pyproject's 60 s: the first test may wait for another test run on this machine to
 # give back the device nodes or port 3476 (machine-wide locks, held for a module's run).
@@ -98,7 +99,7 @@ class Agent:
 
 
 @contextlib.contextmanager
-def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
+def _agent(driver: FakeDriver, simulate: str, port: int, *extra: str) -> Iterator[Agent]:
     """A REST-only agent process (its plugin socket is private: dockerd uses plugin_agent's)."""
     base = Path(tempfile.mkdtemp(prefix="nvd-wrapper-agent-"))
     log = base / "agent.log"
@@ -112,7 +113,7 @@ def _agent(driver: FakeDriver, simulate: str, port: int) -> Iterator[Agent]:
                 "-s", str(base / "plugins"),
                 "-d", str(base / "volumes"),
                 "--simulate", simulate,
-                "--ldcache", str(driver.ldcache),
+                "--ldcache", str(driver.ldcache), *extra,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -317,6 +318,121 @@ def test_ssh_node(
     )
     assert result.code == 0, result.stderr
     assert "libcuda.so.580.159.04" in result.stdout.split()
+
+
+def test_https_node_with_client_certificate_and_token(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    fake_driver: FakeDriver,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """The agent serves TLS with mutual TLS and a token; the wrapper runs a real container."""
+    pki = make_pki(tmp_path / "pki")
+    token = tmp_path / "token"
+    token.write_text("wrapper-test-token-0123456789\n")
+    token.chmod(0o600)
+    tls_args = (
+        "--tls-cert", str(pki.pem("server")), "--tls-key", str(pki.key("server")),
+        "--tls-client-ca", str(pki.pem("ca")), "--token-file", str(token),
+    )  # fmt: skip
+    client = {
+        "NV_TLS_CA": str(pki.pem("ca")),
+        "NV_TLS_CERT": str(pki.pem("client")),
+        "NV_TLS_KEY": str(pki.key("client")),
+        "NV_TOKEN_FILE": str(token),
+    }
+    with _agent(fake_driver, "h200", free_port(), *tls_args) as agent:
+        nv_host = f"https://127.0.0.1:{agent.port}"
+        result = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "ls", "/usr/local/nvidia/lib64",
+            NV_HOST=nv_host, **client,
+        )  # fmt: skip
+        assert result.code == 0, result.stderr
+        assert "libcuda.so.580.159.04" in result.stdout.split()
+        assert result.argv is not None
+        assert "--device=/dev/nvidia0" in gpu_args_of(result.argv, 1)
+
+        before = containers(docker_engine)
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text("not-the-agents-token-0123456789\n")
+        refused = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "true",
+            NV_HOST=nv_host, **{**client, "NV_TOKEN_FILE": str(wrong)},
+        )  # fmt: skip
+        assert refused.code == 1
+        assert f"the agent refused the token of {wrong} (401" in refused.error_line()
+        untrusted = nvidia_docker(
+            docker_engine, tmp_path, "run", "--rm", images["gpu"], "true",
+            NV_HOST=nv_host, **{**client, "NV_TLS_CA": str(pki.pem("other-ca"))},
+        )  # fmt: skip
+        assert untrusted.code == 1
+        assert "the agent's certificate is not trusted" in untrusted.error_line()
+        assert refused.argv is None
+        assert untrusted.argv is None
+        assert containers(docker_engine) == before
+
+
+def test_docker_context_over_ssh_resolves_to_its_node(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    fake_driver: FakeDriver,
+    nvidia_devices: None,
+    images: dict[str, str],
+    local_agent_port: int,
+    tmp_path: Path,
+) -> None:
+    """``nvidia-docker --context gpu-node run``: docker reaches its daemon over SSH through the
+    context, and the wrapper asks the agent of that same node (its localhost:3476) through
+    SSH, both through the ``Host gpu-node`` alias of the user's ``~/.ssh/config``."""
+    server, proc = start_sshd(tmp_path, extra_config=(f"SetEnv DOCKER_HOST={docker_engine.host}",))
+    try:
+        home = server.client_home(tmp_path / "home")
+        ssh_dir = home / ".ssh"
+        (ssh_dir / "config").write_text(
+            f"Host gpu-node\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+        )
+        # OpenSSH's ssh reads the passwd entry's home, not $HOME: a shim gives docker's ssh
+        # the same files the user's own ~/.ssh would hold
+        shims = tmp_path / "bin"
+        shims.mkdir()
+        (shims / "ssh").write_text(
+            "#!/bin/sh\n"
+            f'exec /usr/bin/ssh -F "{ssh_dir}/config" -o "UserKnownHostsFile={ssh_dir}/known_hosts"'
+            f' -i "{ssh_dir}/id_ed25519" -o BatchMode=yes "$@"\n'
+        )
+        (shims / "ssh").chmod(0o755)
+        docker_config = tmp_path / "docker-config"
+        env = {
+            "HOME": str(home),
+            "DOCKER_CONFIG": str(docker_config),
+            "DOCKER_HOST": "",
+            "PATH": f"{shims}:{os.environ['PATH']}",
+        }
+        subprocess.run(
+            ["docker", "context", "create", "gpu-node", "--docker", "host=ssh://gpu-node"],
+            env={**os.environ, **env},
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        logins_before = server.log.read_text(errors="replace").count("Accepted publickey")
+        with _agent(fake_driver, "h200", local_agent_port):
+            result = nvidia_docker(
+                docker_engine, tmp_path, "--context", "gpu-node", "run", "--rm", images["gpu"],
+                "ls", "/usr/local/nvidia/lib64", **env,
+            )  # fmt: skip
+        assert result.code == 0, result.stderr
+        assert "libcuda.so.580.159.04" in result.stdout.split()
+        assert result.stderr == ""  # the context is docker's address: no NV_HOST warning
+        assert result.argv is not None
+        assert "--device=/dev/nvidia0" in gpu_args_of(result.argv, 3)
+        # docker's logins and the wrapper's own, all to the node's sshd
+        log = server.log.read_text(errors="replace")
+        assert log.count("Accepted publickey") >= logins_before + 2
+    finally:
+        stop_sshd(server, proc)
 
 
 def _nvidia_nodes(listing: str) -> list[str]:

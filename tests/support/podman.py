@@ -23,9 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.support.dockerd import BUSYBOX
+from tests.support.prerequisites import unavailable
 from tests.support.services import machine_lock
 
 LOCK = "podman"  # machine_lock names: one podman test run at a time on the machine
@@ -96,9 +95,9 @@ class Podman:
 def private_podman() -> Iterator[Podman]:
     """A Podman whose store lives in a temporary directory, removed afterwards."""
     if shutil.which("podman") is None:
-        pytest.skip("podman is not installed (apt-get install podman; scripts/test-all does)")
+        unavailable("podman is not installed (apt-get install podman; scripts/test-all does)")
     if not BUSYBOX.exists():
-        pytest.skip("needs busybox-static for the test image")
+        unavailable("needs busybox-static for the test image")
     with machine_lock(LOCK):
         there_before = {path for path in MACHINE_PATHS if path.exists()}
         podman = Podman(Path(tempfile.mkdtemp(prefix="nvd-podman-")))

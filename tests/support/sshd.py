@@ -91,12 +91,17 @@ def _free_ports(count: int, taken: set[int]) -> list[int]:
 
 
 def start_sshd(
-    base: Path | None = None, extra_ports: int = 0
+    base: Path | None = None,
+    extra_ports: int = 0,
+    log_level: str = "VERBOSE",
+    extra_config: tuple[str, ...] = (),
 ) -> tuple[SshServer, subprocess.Popen[bytes]]:
     """Start sshd; the caller stops it with ``stop_sshd``.
 
     ``extra_ports``: listen on that many more free ports too (each one a node of a fleet test);
     at most 15, since sshd listens on at most 16 sockets (``MAX_LISTEN_SOCKS``).
+    ``log_level``: ``DEBUG1`` also logs each forwarded connection (a bastion's test).
+    ``extra_config``: more ``sshd_config`` lines (``SetEnv DOCKER_HOST=...``).
     """
     if not 0 <= extra_ports <= MAX_EXTRA_PORTS:
         raise ValueError(f"sshd listens on at most {MAX_EXTRA_PORTS + 1} ports")
@@ -128,7 +133,8 @@ def start_sshd(
                 "AllowTcpForwarding yes",
                 "MaxStartups 200:30:300",
                 "MaxSessions 100",
-                "LogLevel VERBOSE",
+                f"LogLevel {log_level}",
+                *extra_config,
                 "",
             ]
         )

@@ -67,7 +67,7 @@ def test_grammar(value: str, expected: Endpoint, monkeypatch: pytest.MonkeyPatch
     ("value", "why"),
     [
         ("ftp://10.0.0.1:", "unknown scheme ftp://"),
-        ("https://10.0.0.1:", "unknown scheme https://"),
+        ("https://admin@10.0.0.1:", "a user name only makes sense with ssh://"),
         ("npipe:////./pipe/docker_engine", "unknown scheme npipe://"),
         ("10.0.0.1:22:80:90", "at most two ports"),
         ("10.0.0.1:0", "bad port '0'"),
@@ -95,6 +95,34 @@ def test_invalid_values_say_what_to_do(value: str, why: str) -> None:
     assert why in message
     assert "e.g. ssh://admin@10.0.0.1:" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("value", "port", "uri"),
+    [
+        ("https://10.0.0.1:", 3476, "https://10.0.0.1:3476"),
+        ("https://node1:8443", 8443, "https://node1:8443"),
+        ("HTTPS://[fd00::5]:22:9443", 9443, "https://[fd00::5]:9443"),
+    ],
+)
+def test_https_is_http_with_tls(value: str, port: int, uri: str) -> None:
+    got = parse_endpoint(value)
+    assert (got.transport, got.tls, got.http_port) == ("http", True, port)
+    assert got.agent_url == uri
+    assert got.uri() == uri
+    assert parse_endpoint(got.uri()) == got
+    assert "route      HTTPS to " + uri in got.describe()
+    assert parse_endpoint(value.lower().replace("https", "http")).tls is False
+
+
+def test_ssh_defaults_name_what_was_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ~/.ssh/config may fill in: the user and the SSH port, when not written."""
+    monkeypatch.setenv("USER", "alice")
+    assert parse_endpoint("ssh://gpu1").ssh_defaults == {"user", "ssh_port"}
+    assert parse_endpoint("ssh://bob@gpu1").ssh_defaults == {"ssh_port"}
+    assert parse_endpoint("ssh://gpu1:2222:80").ssh_defaults == {"user"}
+    assert parse_endpoint("ssh://bob@gpu1::80").ssh_defaults == {"ssh_port"}
+    assert parse_endpoint("gpu1:").ssh_defaults == frozenset()
 
 
 def test_docker_address_always_uses_the_agent_port() -> None:

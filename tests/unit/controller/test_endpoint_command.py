@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,13 +39,16 @@ def test_docker_host_port_is_not_the_agents() -> None:
         "host": "10.0.0.1",
         "ssh_port": 22,
         "http_port": 3476,
+        "tls": False,
         "user": None,
         "source": "DOCKER_HOST",
         "uri": "http://10.0.0.1:3476",
     }
 
 
-@pytest.mark.parametrize("value", ["ssh://[fd00::1]:", "node7:", "http://127.0.0.1:8080"])
+@pytest.mark.parametrize(
+    "value", ["ssh://[fd00::1]:", "node7:", "http://127.0.0.1:8080", "https://node7:"]
+)
 def test_given_value_round_trips(value: str) -> None:
     code, out, _ = run("--json", value)
     assert code == 0
@@ -59,3 +63,15 @@ def test_invalid_value_is_one_line() -> None:
     assert out == ""
     assert err.startswith("Error: invalid remote host URI 'ftp://x': unknown scheme ftp://")
     assert err.count("\n") == 1
+
+
+def test_ssh_route_follows_the_ssh_config(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host gpu7\n  HostName 10.0.0.7\n  User ops\n  ProxyJump jump:2222\n")
+    code, out, _ = run("ssh://gpu7::3476", env={"NV_SSH_CONFIG": str(config)})
+    assert code == 0
+    assert "ssh_route  ops@10.0.0.7:22 via alice@jump:2222" in out
+    code, out, _ = run("--json", "ssh://root@gpu7", env={"NV_SSH_CONFIG": str(config)})
+    assert json.loads(out)["ssh_route"] == "root@10.0.0.7:22 via alice@jump:2222"
+    code, out, _ = run("ssh://gpu7", env={"NV_SSH_CONFIG": "none"})
+    assert "ssh_route  alice@gpu7:22" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,6 +116,99 @@ def test_same_hosts_groups_and_vars_as_ansible_inventory(
     assert {h.name: dict(h.vars) for h in again.hosts} == hostvars
 
 
+def _ansible_inventory_list(path: Path, home: Path) -> dict[str, Any]:
+    tool = require_command("ansible-inventory", "ansible-core: pip install -e '.[test]'")
+    listed = subprocess.run(
+        [tool, "-i", str(path), "--list"],
+        capture_output=True,
+        check=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin:" + str(Path(tool).parent),
+            "HOME": str(home),
+            "ANSIBLE_LOCAL_TEMP": str(home),
+        },
+    )
+    reference: dict[str, Any] = json.loads(listed.stdout)
+    return reference
+
+
+def _vars_dirs(root: Path) -> None:
+    """group_vars/ and host_vars/ in every form Ansible reads, with values that collide."""
+    (root / "group_vars" / "gpu").mkdir(parents=True)
+    (root / "host_vars").mkdir()
+    (root / "group_vars" / "all.yml").write_text(
+        "nvidia_docker_transport: http\nfrom_all_dir: 1\nansible_user: all-dir-user\n"
+    )
+    # a directory: every file, sorted; hidden files and backups skipped
+    (root / "group_vars" / "gpu" / "10-first.yml").write_text("layer: first\nport_a: 1\n")
+    (root / "group_vars" / "gpu" / "20-second.yaml").write_text("layer: second\n")
+    (root / "group_vars" / "gpu" / "30-third").write_text("tls: {ca: /etc/ca.pem}\n")
+    (root / "group_vars" / "gpu" / ".hidden.yml").write_text("layer: hidden\n")
+    (root / "group_vars" / "gpu" / "40-backup.yml~").write_text("layer: backup\n")
+    (root / "group_vars" / "gpu" / "notes.txt").write_text("layer: wrong extension\n")
+    # no extension wins over .yml
+    (root / "group_vars" / "cluster").write_text("nvidia_docker_agent_listen_port: 3999\n")
+    (root / "group_vars" / "cluster.yml").write_text("nvidia_docker_agent_listen_port: 1\n")
+    (root / "group_vars" / "h200.json").write_text('{"nvidia_docker_agent_listen_port": 3478}')
+    (root / "host_vars" / "node01.yml").write_text("ansible_host: 10.0.0.1\nlayer: host\n")
+    (root / "host_vars" / "node9").write_text("ansible_port: 2200\n")
+    (root / "host_vars" / "node1.yaml").write_text("")  # empty: no variables
+    (root / "group_vars" / "unknown-group.yml").write_text("never: used\n")
+
+
+@pytest.mark.parametrize(("name", "text"), [("hosts", INI), ("hosts.yml", YAML)])
+def test_group_vars_and_host_vars_as_ansible_inventory(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    inventory_dir = tmp_path / "inventory"
+    inventory_dir.mkdir()
+    _vars_dirs(inventory_dir)
+    path = write(inventory_dir, name, text)
+    reference = _ansible_inventory_list(path, tmp_path)
+    hostvars = reference["_meta"]["hostvars"]
+    ours = load_inventory(path)
+    assert sorted(h.name for h in ours.hosts) == sorted(hostvars)
+    for host in ours.hosts:
+        assert dict(host.vars) == hostvars[host.name], host.name
+    # the files were read at all (not only both sides empty)
+    assert any(h.vars.get("layer") == "second" for h in ours.hosts)
+    assert any(h.vars.get("from_all_dir") == 1 for h in ours.hosts)
+
+
+def test_vault_files_are_skipped_and_inline_vault_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("$ANSIBLE_VAULT;1.1;AES256\n6162636465660a\n")
+    path = write(tmp_path, "hosts", "[gpu]\nnode1 nvidia_docker_transport=http\n")
+    (node,) = nodes_from_inventory(str(path), None)
+    assert node.endpoint.uri() == "http://node1:3476"
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n"
+    )
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value).startswith(f"inventory {path}: vars file ")
+    assert "a !vault value" in str(info.value)
+
+
+def test_tls_variables_of_a_host(tmp_path: Path) -> None:
+    text = (
+        "[gpu]\n"
+        "a nvidia_docker_transport=https nvidia_docker_tls_ca=/pki/ca.pem\n"
+        "b nvidia_docker_transport=https nvidia_docker_agent_tls_ca=/pki/role-ca.pem "
+        "nvidia_docker_agent_token_file=/pki/tokens\n"
+        "c nvidia_docker_transport=http\n"
+    )
+    nodes = {n.name: n for n in nodes_from_inventory(str(write(tmp_path, "hosts", text)), None)}
+    assert nodes["a"].endpoint.uri() == "https://a:3476"
+    assert nodes["a"].tls is not None
+    assert nodes["a"].tls.ca == "/pki/ca.pem"
+    # the role's variables of the same meaning are used when the tool's are not set
+    assert nodes["b"].tls is not None
+    assert (nodes["b"].tls.ca, nodes["b"].tls.token_file) == ("/pki/role-ca.pem", "/pki/tokens")
+    assert nodes["c"].tls is None
+
+
 def test_ini_endpoints(tmp_path: Path) -> None:
     nodes = {n.name: n for n in nodes_from_inventory(str(write(tmp_path, "hosts", INI)), None)}
     # gpu's vars win over those of its parent group cluster
@@ -149,7 +243,7 @@ def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
         "a nvidia_docker_endpoint=ssh://root@10.0.0.1:2200:80\nb nvidia_docker_transport=telnet\n",
     )
     with pytest.raises(
-        InventoryError, match=r"host b: nvidia_docker_transport must be ssh or http"
+        InventoryError, match=r"host b: nvidia_docker_transport must be ssh, http or https"
     ):
         nodes_from_inventory(str(path), None)
     assert nodes_from_inventory(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"

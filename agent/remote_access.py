@@ -1,0 +1,116 @@
+"""Who may use the REST API from afar: TLS, client certificates, bearer tokens, one warning.
+
+``RemoteAccess.from_config(config)`` reads ``--tls-cert``/``--tls-key``/``--tls-client-ca``
+(``agent.tls``) and ``--token-file`` (``agent.auth``) at start, before anything is served;
+a file that cannot be used stops the start with one line. The daemon then gives its TCP sites
+``ssl_context``, its application ``middlewares``, and its SIGHUP ``reloaders`` (certificates
+and tokens read again, each keeping the previous one when the new file is broken).
+
+``warn_if_exposed(addresses)`` logs one warning per start when a listener is not on loopback
+and lacks TLS or client authentication, naming what to add. Old deployments listening on
+``0.0.0.0`` without either keep working; the warning says what anyone who can reach the port
+gets (the node's GPUs, and ``docker run`` arguments). Loopback listeners may stay plain:
+launch scripts on the node use ``curl localhost:3476`` and SSH tunnels end there.
+The plugin's unix socket is not concerned (file permissions guard it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp.typedefs import Middleware
+
+from agent.auth import TokenFileError, TokenStore, token_middleware
+from agent.config import Config
+from agent.errors import StartupError
+from agent.tls import ServerTls, TlsConfigError, TlsFiles
+
+log = logging.getLogger("nvidia-docker-plugin")
+
+DOCS = "docs/remote-access.md"
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a bound address is loopback only (None: every interface, so not)."""
+    if address is None:
+        return False
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteAccess:
+    """The REST API's TLS and tokens, as the options asked (both may be absent)."""
+
+    tls: ServerTls | None = None
+    tokens: TokenStore | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> RemoteAccess:
+        """Read the files the options name; raises ``StartupError`` (one line)."""
+        tls = tokens = None
+        try:
+            if config.tls_cert is not None and config.tls_key is not None:
+                tls = ServerTls(TlsFiles(config.tls_cert, config.tls_key, config.tls_client_ca))
+            if config.token_file is not None:
+                tokens = TokenStore(config.token_file)
+        except (TlsConfigError, TokenFileError) as err:
+            raise StartupError(str(err)) from None
+        return cls(tls, tokens)
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else self.tls.listening
+
+    @property
+    def middlewares(self) -> list[Middleware]:
+        return [] if self.tokens is None else [token_middleware(self.tokens)]
+
+    def describe(self) -> str:
+        """``plain HTTP`` or ``TLS (...), bearer tokens``, for the start-up log line."""
+        parts = ["plain HTTP" if self.tls is None else self.tls.describe()]
+        if self.tokens is not None:
+            parts.append(f"bearer tokens from {self.tokens.path} ({self.tokens.count})")
+        return ", ".join(parts)
+
+    def reloaders(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """What SIGHUP re-reads: (name for the log, coroutine function)."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if self.tls is not None:
+            steps.append(("TLS certificate", self.tls.reload))
+        if self.tokens is not None:
+            steps.append(("token file", self.tokens.reload))
+        return steps
+
+    def warn_if_exposed(self, addresses: Sequence[str | None], port: int) -> None:
+        """One warning if a listener beyond loopback lacks TLS or client authentication."""
+        exposed = [a for a in addresses if not is_loopback(a)]
+        if not exposed:
+            return
+        where = ", ".join(f"{a or '*'}:{port}" for a in exposed)
+        authenticated = self.tokens is not None or (self.tls is not None and self.tls.mutual)
+        if self.tls is None and self.tokens is None:
+            why = (
+                "without TLS or a token: anyone who can reach it reads this node's GPUs and "
+                "gets docker run arguments; add --tls-cert/--tls-key and --token-file "
+                "(or --tls-client-ca), or listen on localhost and reach it over SSH"
+            )
+        elif self.tls is None:
+            why = (
+                "with a token but without TLS: the token crosses the network in clear text; "
+                "add --tls-cert/--tls-key"
+            )
+        elif not authenticated:
+            why = (
+                "with TLS but no client authentication: anyone who can reach it may ask; "
+                "add --token-file or --tls-client-ca"
+            )
+        else:
+            return
+        log.warning("Warning: the REST API listens on %s %s (see %s)", where, why, DOCS)

@@ -1,0 +1,147 @@
+"""What a node's answer other than 200 means, and the one-line messages of a failed connection.
+
+Shared by both HTTP clients of the controller: ``client.AgentClient`` (aiohttp; the wrapper
+and the Mesos helper, one node at a time) and ``fleet_http`` (lean, for thousands of nodes).
+This module imports no HTTP library.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from urllib.parse import unquote
+
+from controller.errors import Failure, NodeError
+from controller.transport.endpoint import Endpoint
+
+# Headers of the agent's 400 answers (agent.rest): which query parameter, which entry.
+INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
+INVALID_VALUE_HEADER = "X-Invalid-Value"
+
+
+class AgentHttpError(NodeError):
+    """The agent answered, but not 200 (e.g. 400 ``invalid device: 9``).
+
+    ``status`` and ``agent_message`` (the first line of the body) as answered; for a 400 of
+    an agent that names what it refused, ``invalid_parameter`` (``dev``, ``vol``, ...) and
+    ``invalid_value`` (the entry), else None (an old agent: only the text says it).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        path: str,
+        status: int,
+        text: str,
+        *,
+        invalid_parameter: str | None = None,
+        invalid_value: str | None = None,
+    ) -> None:
+        self.status = status
+        self.agent_message = text
+        self.invalid_parameter = invalid_parameter
+        self.invalid_value = invalid_value
+        super().__init__(
+            node, f"the agent answered {status} to GET {path}: {text}", Failure.HTTP_STATUS
+        )
+
+    @property
+    def label(self) -> str:
+        return f"HTTP {self.status}"
+
+
+class TokenRefusedError(AgentHttpError):
+    """The agent answered 401: it wants a token, or not the one sent (``Failure.TOKEN_REFUSED``)."""
+
+    def __init__(self, node: str, path: str, text: str, *, token_file: str | None) -> None:
+        super().__init__(node, path, 401, text)
+        if token_file is None:
+            self.reason = (
+                f"the agent asks for a token (401 to GET {path}: {text}): give the token file "
+                "with --token-file FILE or NV_TOKEN_FILE"
+            )
+        else:
+            self.reason = (
+                f"the agent refused the token of {token_file} (401 to GET {path}: {text}): "
+                "is it one of the tokens in the agent's --token-file?"
+            )
+        self.failure = Failure.TOKEN_REFUSED
+        self.args = (f"{node}: {self.reason}",)
+
+    @property
+    def label(self) -> str:
+        return self.failure.value
+
+
+def http_error(
+    node: str,
+    path: str,
+    status: int,
+    reason_phrase: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    token_file: str | None,
+) -> AgentHttpError:
+    """The error for a non-200 answer (``headers`` looked up case-insensitively by the caller's
+    mapping: aiohttp's, or lower-cased names)."""
+    text = body.decode("utf-8", "replace").strip().splitlines()
+    first = text[0] if text else reason_phrase
+    if status == 401:
+        return TokenRefusedError(node, path, first, token_file=token_file)
+    parameter = headers.get(INVALID_PARAMETER_HEADER) or headers.get(
+        INVALID_PARAMETER_HEADER.lower()
+    )
+    value = headers.get(INVALID_VALUE_HEADER) or headers.get(INVALID_VALUE_HEADER.lower())
+    return AgentHttpError(
+        node,
+        path,
+        status,
+        first,
+        invalid_parameter=parameter,
+        invalid_value=unquote(value) if parameter and value is not None else None,
+    )
+
+
+def node_label(endpoint: Endpoint) -> str:
+    """How messages name a node: ``http://10.0.0.1:3476``, ``ssh://admin@node2:22``."""
+    if endpoint.transport == "ssh":
+        return f"ssh://{endpoint.node}"
+    if endpoint.transport == "http":
+        return f"{endpoint.scheme}://{endpoint.node}"
+    return f"local agent ({endpoint.agent_url})"
+
+
+def connect_failure(error: BaseException) -> Failure:
+    """The kind of a failed TCP connect (the OS error behind it)."""
+    if isinstance(error, socket.gaierror):
+        return Failure.UNKNOWN_HOST
+    if isinstance(error, ConnectionRefusedError):
+        return Failure.REFUSED
+    return Failure.CANNOT_CONNECT
+
+
+def connect_error(node: str, agent_url: str, error: OSError, failure: Failure) -> NodeError:
+    """``cannot connect to the agent at URL (why): is nvidia-docker-plugin running there...``"""
+    why = "connection refused" if failure is Failure.REFUSED else error.strerror or str(error)
+    return NodeError(
+        node,
+        f"cannot connect to the agent at {agent_url} ({why}): is nvidia-docker-plugin running "
+        "there, listening on that address (-l HOST:PORT)?",
+        failure,
+    )
+
+
+def timeout_error(node: str, path: str, timeout_s: float) -> NodeError:
+    return NodeError(
+        node,
+        f"no answer to GET {path} within {timeout_s:g} s: is the agent "
+        "(nvidia-docker-plugin) healthy?",
+        Failure.TIMEOUT,
+    )
+
+
+def disconnected_error(node: str, path: str, why: str, *, plain_http: bool) -> NodeError:
+    """The connection ended without an answer; over plain HTTP, an agent serving TLS does
+    exactly that, so say so."""
+    hint = " (an agent serving TLS closes plain HTTP connections: https://?)" if plain_http else ""
+    return NodeError(node, f"GET {path} failed: {why}{hint}", Failure.DISCONNECTED)

@@ -1,0 +1,97 @@
+"""Which daemon address a docker command line means, contexts included, as the docker CLI decides.
+
+``docker_address(environ, host_option, context_option)`` returns the address docker itself
+would use and where it came from, or None for the local daemon. Docker's order (the CLI's
+``resolveContextName``):
+
+1. ``--context NAME`` (``-c``) on the command line;
+2. ``-H``/``--host`` on the command line (the default context with that host);
+3. ``DOCKER_HOST`` (the default context);
+4. ``DOCKER_CONTEXT``;
+5. ``currentContext`` in ``config.json`` (``docker context use NAME``);
+6. the default context: the local daemon.
+
+A context's address is ``Endpoints.docker.Host`` of its ``meta.json``, which docker keeps in
+``$DOCKER_CONFIG/contexts/meta/<sha256 of the name>/meta.json`` (``DOCKER_CONFIG`` defaults to
+``~/.docker``). Reading the file costs no process start (``docker context inspect`` would cost
+tens of milliseconds on every ``nvidia-docker run``). The context named ``default`` is
+``DOCKER_HOST`` or the local daemon. A context that does not exist is an ``EndpointError``
+naming it, as docker refuses it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from controller.errors import EndpointError
+
+DEFAULT_CONTEXT = "default"
+
+
+def config_dir(environ: Mapping[str, str]) -> Path:
+    """Docker's configuration directory: ``DOCKER_CONFIG``, else ``~/.docker``."""
+    configured = environ.get("DOCKER_CONFIG", "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    home = environ.get("HOME")
+    return (Path(home) if home else Path.home()) / ".docker"
+
+
+def current_context(environ: Mapping[str, str]) -> str | None:
+    """``currentContext`` of ``config.json`` (``docker context use``), if any."""
+    path = config_dir(environ) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise EndpointError(f"docker configuration {path} cannot be read: {err}") from None
+    name = data.get("currentContext") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def context_host(name: str, environ: Mapping[str, str]) -> str | None:
+    """The docker address of context ``name`` (None: the local daemon)."""
+    if name == DEFAULT_CONTEXT:
+        return environ.get("DOCKER_HOST", "").strip() or None
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    path = config_dir(environ) / "contexts" / "meta" / digest / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EndpointError(
+            f"docker context {name!r} does not exist (in {config_dir(environ)}); "
+            "docker context ls lists them"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise EndpointError(f"docker context {name!r}: cannot read {path}: {err}") from None
+    endpoints = meta.get("Endpoints") if isinstance(meta, dict) else None
+    docker = endpoints.get("docker") if isinstance(endpoints, dict) else None
+    host = docker.get("Host") if isinstance(docker, dict) else None
+    if not isinstance(host, str) or not host.strip():
+        return None
+    return host.strip()
+
+
+def docker_address(
+    environ: Mapping[str, str],
+    host_option: str | None = None,
+    context_option: str | None = None,
+) -> tuple[str, str] | None:
+    """(address, source) of the daemon docker would talk to, or None for the local one."""
+    if context_option:
+        host = context_host(context_option, environ)
+        return (host, f"docker context {context_option}") if host else None
+    if host_option:
+        return host_option, "-H"
+    docker_host = environ.get("DOCKER_HOST", "").strip()
+    if docker_host:
+        return docker_host, "DOCKER_HOST"
+    name = environ.get("DOCKER_CONTEXT", "").strip() or current_context(environ)
+    if name:
+        host = context_host(name, environ)
+        return (host, f"docker context {name}") if host else None
+    return None

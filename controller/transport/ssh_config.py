@@ -1,0 +1,180 @@
+"""Where an SSH node really is: ``~/.ssh/config`` applied to an ``ssh://`` endpoint.
+
+``resolve_route(endpoint, config_file)`` reads the OpenSSH client configuration with
+paramiko's own parser (``paramiko.SSHConfig``: ``Host`` patterns, ``Match`` is not
+evaluated) and returns an ``SshRoute``: the target as a ``SshHop`` (``HostName``, ``Port``,
+``User``, ``IdentityFile``) and the jump hosts to go through (``ProxyJump``, each resolved in
+the same file), or a ``ProxyCommand``. As with ``ssh``, what the endpoint writes wins over the
+file: ``ssh://admin@gpu1:2222`` keeps admin and 2222 whatever ``Host gpu1`` says; a bare
+``ssh://gpu1`` takes both from it. ``UserKnownHostsFile`` adds known-hosts files; the host
+key policy itself stays ``NV_SSH_STRICT_HOST_KEY_CHECKING``'s (a config file cannot turn the
+check off behind the operator's back).
+
+The file is ``~/.ssh/config`` (``NV_SSH_CONFIG`` names another, ``none`` reads none); it is
+parsed once per process and file version. A file that cannot be read is a ``NodeError``
+naming it. Jump hosts' own ``ProxyJump`` lines are not followed (write the whole chain in
+the target's ``ProxyJump``, as ``ssh -J`` does).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from controller.errors import EndpointError
+from controller.transport.endpoint import DEFAULT_SSH_PORT, Endpoint
+from controller.transport.endpoint import default_user as local_user
+
+DEFAULT_CONFIG = "~/.ssh/config"
+
+
+@dataclass(frozen=True, slots=True)
+class SshHop:
+    """One SSH server to log in to: as named (``alias``) and as reached."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...] = ()  # from IdentityFile lines, those that exist
+
+    @property
+    def where(self) -> str:
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        return f"{self.user}@{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class SshRoute:
+    """How to reach a node: through ``jumps`` (outermost first), or a ``proxy_command``."""
+
+    target: SshHop
+    jumps: tuple[SshHop, ...] = ()
+    proxy_command: str | None = None
+    known_hosts: tuple[str, ...] = ()  # UserKnownHostsFile of the target's entry
+    config_file: str | None = None  # the file that was read, if any
+
+    def describe(self) -> str:
+        via = " via " + " -> ".join(h.where for h in self.jumps) if self.jumps else ""
+        if self.proxy_command:
+            via = f" via ProxyCommand {self.proxy_command!r}"
+        return f"{self.target.where}{via}"
+
+
+def config_path(environ: Mapping[str, str]) -> str | None:
+    """The client configuration to read, or None (``NV_SSH_CONFIG=none``)."""
+    value = environ.get("NV_SSH_CONFIG", "").strip()
+    if value.lower() == "none":
+        return None
+    return os.path.expanduser(value or DEFAULT_CONFIG)
+
+
+def _load(path: str | None) -> paramiko.SSHConfig | None:
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise EndpointError(f"SSH config {path}: cannot read it: {err.strerror}") from None
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, _mtime_ns: int, _size: int) -> paramiko.SSHConfig:
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise EndpointError(f"SSH config {path}: cannot read it: {why}") from None
+    except Exception as err:  # paramiko raises ConfigParseError and bare exceptions
+        raise EndpointError(f"SSH config {path}: cannot parse it: {err}") from None
+
+
+def _port(text: object, where: str) -> int:
+    value = str(text).strip()
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise EndpointError(f"{where}: Port {value!r} is not a port number (1 to 65535)")
+    return int(value)
+
+
+def _hop(
+    config: paramiko.SSHConfig | None,
+    alias: str,
+    *,
+    user: str | None,
+    port: int | None,
+    default_user: str,
+    where: str,
+) -> tuple[SshHop, Mapping[str, object]]:
+    entry: Mapping[str, object] = config.lookup(alias) if config is not None else {}
+    hostname = str(entry.get("hostname") or alias)
+    if port is None:
+        port = _port(entry["port"], where) if "port" in entry else DEFAULT_SSH_PORT
+    if user is None:
+        user = str(entry.get("user") or default_user)
+    files = entry.get("identityfile") or []
+    identities = tuple(
+        os.path.expanduser(str(f))
+        for f in (files if isinstance(files, list) else [files])
+        if Path(os.path.expanduser(str(f))).is_file()
+    )
+    return SshHop(alias, hostname, port, user, identities), entry
+
+
+def _jump_spec(spec: str, where: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (or an alias) -> (user, host, port)."""
+    text = spec.strip().removeprefix("ssh://")
+    user, at, rest = text.rpartition("@")
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port_text = tail.removeprefix(":")
+    else:
+        host, _, port_text = rest.partition(":")
+    if not host:
+        raise EndpointError(f"{where}: bad ProxyJump entry {spec!r} (write [user@]host[:port])")
+    return (user if at else None), host, (_port(port_text, where) if port_text else None)
+
+
+def resolve_route(
+    endpoint: Endpoint, config_file: str | None, default_user: str | None = None
+) -> SshRoute:
+    """The route to an ``ssh://`` endpoint under ``config_file`` (see the module docstring);
+    ``default_user``: the user of jump hosts the file gives none (default ``$USER``)."""
+    config = _load(config_file)
+    where = f"SSH config {config_file}, Host {endpoint.host}"
+    # a jump host's user is its own (the file's, else this machine's), never the target's
+    fallback = default_user or local_user()
+    target, entry = _hop(
+        config,
+        endpoint.host,
+        user=None if "user" in endpoint.ssh_defaults else endpoint.user,
+        port=None if "ssh_port" in endpoint.ssh_defaults else endpoint.ssh_port,
+        default_user=endpoint.user or fallback,
+        where=where,
+    )
+    jumps: list[SshHop] = []
+    jump_text = str(entry.get("proxyjump") or "").strip()
+    if jump_text and jump_text.lower() != "none":
+        for spec in jump_text.split(","):
+            user, host, port = _jump_spec(spec, where)
+            hop, _ = _hop(config, host, user=user, port=port, default_user=fallback, where=where)
+            jumps.append(hop)
+    proxy = str(entry.get("proxycommand") or "").strip()
+    proxy_command = proxy if proxy and proxy.lower() != "none" and not jumps else None
+    known = tuple(
+        os.path.expanduser(p) for p in str(entry.get("userknownhostsfile") or "").split() if p
+    )
+    return SshRoute(
+        target,
+        tuple(jumps),
+        proxy_command,
+        known,
+        config_file if config is not None else None,
+    )

@@ -1,0 +1,180 @@
+"""The client's side of the agent's TLS and tokens: what to trust, what to show, what it means.
+
+- ``TlsOptions``: the CA to trust (default: the system's store), a client certificate and key
+  (mutual TLS), a token file. The wrapper and the Mesos helper read ``NV_TLS_CA``,
+  ``NV_TLS_CERT``, ``NV_TLS_KEY`` and ``NV_TOKEN_FILE`` (``from_environ``); ``nvidia-docker-ctl``
+  has ``--ca``, ``--cert``, ``--key``, ``--token-file`` and per-host inventory variables.
+- ``client_context(options)``: one ``SSLContext`` per distinct (CA, certificate, key), shared
+  by every node that uses them (a fleet of ten thousand HTTPS nodes makes one).
+- ``bearer_token(options)``: the token to send (the first of the file; the agent accepts any
+  of its own list, so a rotation changes the clients' file once).
+- ``tls_failure(error, ...)``: what a TLS error means for the operator, as a ``Failure`` kind
+  and one line: certificate not trusted, name mismatch, client certificate refused, or the
+  port not speaking TLS at all.
+
+This module knows nothing of aiohttp (``controller.transport.client`` unwraps its errors).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.errors import ControllerError, Failure
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, _EMAIL_MISMATCH, _IP_ADDRESS_MISMATCH
+_NAME_MISMATCH_CODES = frozenset({62, 63, 64})
+# Alerts a server sends when it does not accept the client's certificate (or its absence).
+_CERT_REQUIRED = "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+_CLIENT_CERT_ALERTS = frozenset(
+    {
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "TLSV1_ALERT_ACCESS_DENIED",
+        "TLSV1_ALERT_DECRYPT_ERROR",
+        _CERT_REQUIRED,
+    }
+)
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"})
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """What a client trusts and shows: CA, client certificate and key, token file."""
+
+    ca: str | None = None  # PEM bundle of the CA(s) to trust; None: the system's store
+    cert: str | None = None  # client certificate (mutual TLS)
+    key: str | None = None  # its key (None: in the certificate file)
+    token_file: str | None = None  # bearer token, first line that is not a comment
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> TlsOptions:
+        env = os.environ if environ is None else environ
+        return cls(
+            ca=env.get("NV_TLS_CA") or None,
+            cert=env.get("NV_TLS_CERT") or None,
+            key=env.get("NV_TLS_KEY") or None,
+            token_file=env.get("NV_TOKEN_FILE") or None,
+        )
+
+    def over(self, base: TlsOptions) -> TlsOptions:
+        """These options, with what they leave unset taken from ``base``."""
+        return TlsOptions(
+            ca=self.ca or base.ca,
+            cert=self.cert or base.cert,
+            key=self.key or base.key,
+            token_file=self.token_file or base.token_file,
+        )
+
+
+NO_TLS_OPTIONS = TlsOptions()
+
+
+def client_context(options: TlsOptions) -> ssl.SSLContext:
+    """The context for ``options`` (made once per CA, certificate and key); raises
+    ``ControllerError`` when a file cannot be used."""
+    return _context(options.ca, options.cert, options.key)
+
+
+@functools.lru_cache(maxsize=64)
+def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    if key is not None and cert is None:
+        raise ControllerError("a client key (--key, NV_TLS_KEY) needs its certificate too")
+    for path, what in ((ca, "CA file (--ca, NV_TLS_CA)"), (cert, "client certificate")):
+        if path is not None and not Path(path).is_file():
+            raise ControllerError(f"TLS {what} {path} does not exist")
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except (ssl.SSLError, OSError) as err:
+        raise ControllerError(
+            f"TLS CA file {ca} (--ca, NV_TLS_CA) cannot be used: {_reason(err)}: give the PEM "
+            "certificate of the CA that signed the agents' certificates"
+        ) from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as err:
+            raise ControllerError(
+                f"TLS client certificate {cert} / key {key or cert} (--cert/--key, "
+                f"NV_TLS_CERT/NV_TLS_KEY) cannot be used: {_reason(err)}"
+            ) from None
+    return context
+
+
+def bearer_token(options: TlsOptions) -> str | None:
+    """The token to send, or None; raises ``ControllerError`` for a file without one."""
+    if options.token_file is None:
+        return None
+    return _read_token(options.token_file)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_token(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise ControllerError(
+            f"token file {path} (--token-file, NV_TOKEN_FILE): cannot read it: {why}"
+        ) from None
+    for line in text.splitlines():
+        token = line.strip()
+        if token and not token.startswith("#"):
+            if any(ch.isspace() for ch in token) or not token.isascii():
+                raise ControllerError(
+                    f"token file {path}: a token is one word of printable ASCII characters"
+                )
+            return token
+    raise ControllerError(f"token file {path} (--token-file, NV_TOKEN_FILE) holds no token")
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
+        return str(err.verify_message)
+    reason = getattr(err, "reason", None)
+    if reason:
+        return str(reason).replace("_", " ").lower()
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err)
+
+
+def tls_failure(error: BaseException, options: TlsOptions, host: str) -> tuple[Failure, str]:
+    """The kind of a TLS error and the line that says what to do (``host`` as connected)."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        why = _reason(error)
+        if error.verify_code in _NAME_MISMATCH_CODES:
+            return Failure.TLS_NAME_MISMATCH, (
+                f"the agent's certificate is not valid for {host} ({why}): connect by a name "
+                "or address it lists (subjectAltName), or reissue it with this one"
+            )
+        trusted = f"the CA in {options.ca}" if options.ca else "the system's CAs"
+        return Failure.TLS_UNTRUSTED, (
+            f"the agent's certificate is not trusted ({why}; checked against {trusted}): "
+            "give the CA that signed it with --ca FILE or NV_TLS_CA"
+        )
+    reason = str(getattr(error, "reason", "") or "")
+    if reason == _CERT_REQUIRED or (reason in _CLIENT_CERT_ALERTS and options.cert is None):
+        return Failure.TLS_CLIENT_CERT_REFUSED, (
+            "the agent asks for a client certificate (mutual TLS) and none was given: "
+            "give --cert FILE --key FILE (NV_TLS_CERT, NV_TLS_KEY)"
+        )
+    if reason in _CLIENT_CERT_ALERTS:
+        return Failure.TLS_CLIENT_CERT_REFUSED, (
+            f"the agent refused the client certificate {options.cert} ({_reason(error)}): "
+            "it must be signed by the CA the agent's --tls-client-ca names, and be valid"
+        )
+    if reason in _NOT_TLS:
+        return Failure.TLS_ERROR, (
+            f"the agent does not speak TLS on this port ({_reason(error)}): is it serving "
+            "plain HTTP? (then use http://)"
+        )
+    return Failure.TLS_ERROR, f"TLS with the agent failed: {_reason(error)}"

@@ -1,0 +1,93 @@
+"""``~/.ssh/config`` applied to ``ssh://`` endpoints: what the address writes wins, as with ssh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.errors import EndpointError
+from controller.transport.endpoint import parse_endpoint
+from controller.transport.ssh_config import config_path, resolve_route
+
+# As in OpenSSH, the first value found wins: specific hosts come before the patterns.
+CONFIG = """\
+Host gpu-direct
+  HostName 10.0.0.9
+  ProxyJump none
+Host gpu*
+  User ops
+  IdentityFile {keys}/gpu_key
+  IdentityFile {keys}/missing_key
+  ProxyJump bastion
+Host gpu1
+  HostName 10.0.0.1
+  Port 2222
+Host bastion
+  HostName 192.0.2.10
+  Port 2200
+  User jump
+Host edge
+  ProxyJump admin@[fd00::7]:2022,bastion
+  UserKnownHostsFile {keys}/kh1 {keys}/kh2
+Host piped
+  ProxyCommand nc %h %p
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "gpu_key").write_text("key")
+    path = tmp_path / "config"
+    path.write_text(CONFIG.format(keys=keys))
+    return str(path)
+
+
+def route(value: str, config: str | None) -> str:
+    return resolve_route(parse_endpoint(value, user="alice"), config).describe()
+
+
+def test_alias_hostname_port_user_and_jump(config: str, tmp_path: Path) -> None:
+    got = resolve_route(parse_endpoint("ssh://gpu1", user="alice"), config)
+    assert got.describe() == "ops@10.0.0.1:2222 via jump@192.0.2.10:2200"
+    # only the identity files that exist are offered
+    assert got.target.identity_files == (str(tmp_path / "keys" / "gpu_key"),)
+    assert got.config_file == config
+
+
+def test_what_the_address_writes_wins(config: str) -> None:
+    assert route("ssh://root@gpu1:2200:3476", config) == (
+        "root@10.0.0.1:2200 via jump@192.0.2.10:2200"
+    )
+    assert route("ssh://root@gpu1", config) == "root@10.0.0.1:2222 via jump@192.0.2.10:2200"
+    assert route("ssh://gpu1:22", config) == "ops@10.0.0.1:22 via jump@192.0.2.10:2200"
+
+
+def test_no_entry_and_no_file(config: str, tmp_path: Path) -> None:
+    assert route("ssh://elsewhere", config) == "alice@elsewhere:22"
+    assert route("ssh://gpu1", None) == "alice@gpu1:22"
+    assert route("ssh://gpu1", str(tmp_path / "absent")) == "alice@gpu1:22"
+
+
+def test_proxyjump_none_chains_and_proxycommand(config: str, tmp_path: Path) -> None:
+    assert route("ssh://gpu-direct", config) == "ops@10.0.0.9:22"
+    edge = resolve_route(parse_endpoint("ssh://edge", user="alice"), config)
+    assert edge.describe() == "alice@edge:22 via admin@[fd00::7]:2022 -> jump@192.0.2.10:2200"
+    assert edge.known_hosts == (str(tmp_path / "keys" / "kh1"), str(tmp_path / "keys" / "kh2"))
+    piped = resolve_route(parse_endpoint("ssh://piped", user="alice"), config)
+    assert piped.proxy_command == "nc piped 22"
+
+
+def test_bad_values_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text("Host bad\n  Port twenty-two\n")
+    with pytest.raises(EndpointError, match=r"SSH config .*config, Host bad: Port 'twenty-two'"):
+        resolve_route(parse_endpoint("ssh://bad"), str(path))
+
+
+def test_config_path_from_the_environment(tmp_path: Path) -> None:
+    assert config_path({"NV_SSH_CONFIG": "none"}) is None
+    assert config_path({"NV_SSH_CONFIG": str(tmp_path / "c")}) == str(tmp_path / "c")
+    assert config_path({}).endswith("/.ssh/config")  # type: ignore[union-attr]
