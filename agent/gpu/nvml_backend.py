@@ -43,7 +43,7 @@ from agent.gpu.model import (
     PeerLink,
     Utilization,
 )
-from agent.gpu.nvml_telemetry import read_telemetry
+from agent.gpu.nvml_telemetry import SLOW_FIELD_IDS, field_values, read_telemetry
 from agent.gpu.nvml_topology import node_topology, normalize_bus_id
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,9 @@ class NvmlBackend:
         # (pcie_throughput) and status serves that sample once there is one.
         self._bar1_sampled = [False] * len(handles)
         self._bar1_used_mib: list[int | None] = [None] * len(handles)
+        # The same for the slow field values (the energy and PCIe replay counters, 3.3 ms a
+        # GPU on an H200: nvml_telemetry.SLOW_FIELD_IDS); None until the first sample.
+        self._slow_fields: list[dict[int, int] | None] = [None] * len(handles)
 
     @classmethod
     def start(
@@ -250,7 +253,7 @@ class NvmlBackend:
             ),
             bar1_used_mib=bar1_used_mib,
             processes=self._processes(handle),
-            telemetry=read_telemetry(handle, _int(power.value), memory),
+            telemetry=read_telemetry(handle, _int(power.value), memory, self._slow_fields[index]),
         )
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
@@ -289,6 +292,7 @@ class NvmlBackend:
         tx = nvml.query("nvmlDeviceGetPcieThroughput", handle, PCIE_UTIL_TX_BYTES)
         self._bar1_used_mib[index] = self._read_bar1_used(handle)
         self._bar1_sampled[index] = True
+        self._slow_fields[index] = field_values(handle, SLOW_FIELD_IDS)
         return PcieThroughput(rx_mbps=_kbps_to_mbps(rx.value), tx_mbps=_kbps_to_mbps(tx))
 
     @staticmethod

@@ -72,7 +72,9 @@ def _measure(source: Path, node: str | None, duration_s: float, workdir: Path) -
     command += ["-s", str(workdir / "sock"), "-d", str(workdir / "volumes")]
     if node is not None:
         command += ["--simulate", node]
-    env = dict(os.environ, PYTHONPATH=str(source))
+    # the source first; what the rest of PYTHONPATH carries (dependencies) stays reachable
+    inherited = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), *filter(None, [inherited])]))
     proc = subprocess.Popen(
         command, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

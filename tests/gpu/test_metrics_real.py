@@ -151,6 +151,8 @@ def cuda_process() -> Iterator[subprocess.Popen[str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @dataclass

@@ -106,6 +106,7 @@ class FakeNvml:
             for index in range(len(self.devices))
         }
         self.field_value_types: dict[int, int] = {83: 3}  # energy: unsigned long long
+        self.field_requests: list[tuple[int, ...]] = []  # the ids of each GetFieldValues call
         # Health: what each GPU can deliver, its row remapper, retired pages, volatile DBEs.
         self.supported_events: dict[int, int] = {}  # default: XID | DBE | SBE
         self.remapped_rows: dict[int, tuple[int, int, int, int]] = {}
@@ -289,6 +290,7 @@ class FakeNvml:
         )  # fmt: skip
 
     def nvmlDeviceGetFieldValues(self, h: Handle, field_ids: list[int]) -> list[Struct]:
+        self.field_requests.append(tuple(field_ids))
         known = self.field_values.get(h.index, {})
         entries = []
         for field_id in field_ids:
