@@ -18,6 +18,21 @@ from tests.support.sshd import SshServer, start_sshd, stop_sshd
 os.environ["NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"] = ""
 
 
+# Fixtures that start real services: a test that is the first to ask for one also waits for
+# it to start (dockerd, a fake driver compiled with gcc, an agent), which on a loaded 2-core
+# machine can take longer than the suite's default time limit for one test.
+SLOW_TO_START = frozenset({"docker_engine", "plugin_agent", "fake_driver", "sshd_server"})
+SERVICE_TEST_TIMEOUT_S = 300
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """More time for tests that start real services, unless they say how long themselves."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SLOW_TO_START and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SERVICE_TEST_TIMEOUT_S))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -58,8 +58,11 @@ def test_malformed_requests_are_one_warning_per_source(caplog: pytest.LogCapture
     too_long = LineTooLong(b"x" * 9000, 8190)
     log.debug("Error handling request from %s", "127.0.0.2", exc_info=too_long)
     log.exception("Error handling request from %s", "::1", exc_info=BadStatusLine("GET /\x1b"))
-    warnings = [r for r in _records(caplog) if r.levelno == logging.WARNING]
-    assert [r.getMessage() for r in warnings] == [
+    warnings = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
+    # aiohttp's own words for a long line differ by release ("... bytes (Unknown) when
+    # reading" in 3.10): the line is ours around them, without the request's bytes
+    warnings[1] = warnings[1].replace(" (Unknown)", "")
+    assert warnings == [
         "Malformed HTTP request from 127.0.0.1 on the REST API: Bad status line; answered 400",
         "Malformed HTTP request from 127.0.0.2 on the REST API: "
         "Got more than 8190 bytes when reading; answered 400",

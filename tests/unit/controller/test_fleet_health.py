@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from click.testing import CliRunner
 
 from controller.ctl.main import main
 from controller.fleet.health_view import driver_summary, problems, status_notes
 from controller.fleet.output import table_lines
 from controller.fleet.query import HEALTH, STATUS, FleetNode, NodeResult, query_fleet
 from controller.transport.endpoint import parse_endpoint
+from tests.support.cli import cli_runner
 from tests.unit.controller.test_fleet import INFO_BODY, STATUS_BODY, serve
 
 UPGRADING = "driver upgrade in progress"
@@ -125,7 +125,7 @@ async def test_status_reads_health_where_the_agent_has_it(agents: tuple[int, int
 
 
 def _ctl(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return cli_runner().invoke(main, list(args), catch_exceptions=False)
 
 
 async def test_health_command_exit_codes_and_output(agents: tuple[int, int]) -> None:

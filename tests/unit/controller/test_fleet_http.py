@@ -195,11 +195,14 @@ async def test_what_is_not_an_answer(answer: bytes, failure: Failure, message: s
 
 
 async def test_a_silent_server_is_the_callers_timeout() -> None:
+    handled = asyncio.Event()
+
     async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await reader.read()  # until the client gives up
         finally:
             writer.close()
+            handled.set()
 
     server = await asyncio.start_server(never, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -211,6 +214,8 @@ async def test_a_silent_server_is_the_callers_timeout() -> None:
             async with asyncio.timeout(0.2):
                 await wait()
         connection.close()
+        async with asyncio.timeout(10):  # the server's side ends too: nothing left pending
+            await handled.wait()
     finally:
         server.close()
         await server.wait_closed()
