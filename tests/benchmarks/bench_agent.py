@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -82,12 +83,22 @@ def _memory_line(idle: ResidentMemory, loaded: ResidentMemory) -> str:
     )
 
 
-def _start_agent(port: int, workdir: Path, simulate: str | None) -> subprocess.Popen[bytes]:
+def _start_agent(
+    port: int, workdir: Path, simulate: str | None, agent_dir: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """The daemon under test: this checkout's, or the one in ``agent_dir`` (an A/B run)."""
     cmd = [sys.executable, "-m", "agent.daemon", "-l", f"127.0.0.1:{port}"]
     cmd += ["-s", str(workdir / "sock"), "-d", str(workdir / "volumes")]
     if simulate:
         cmd += ["--simulate", simulate]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = None
+    if agent_dir is not None:  # its code first; the dependencies of PYTHONPATH stay reachable
+        inherited = os.environ.get("PYTHONPATH")
+        path = os.pathsep.join([str(agent_dir.resolve()), *filter(None, [inherited])])
+        env = dict(os.environ, PYTHONPATH=path)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=agent_dir
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         help="client processes per row; auto (default): one per connection, up to CPUs - 1",
     )
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--agent-dir",
+        type=Path,
+        help="serve another checkout's agent (e.g. a git archive of an older commit), to "
+        "compare on the same machine",
+    )
     return parser
 
 
@@ -123,6 +140,8 @@ def main() -> int:
     simulate = None if args.real else args.simulate
     cpus = usable_cpus()
     where = "real GPUs (NVML)" if args.real else f"simulated node {simulate}"
+    if args.agent_dir is not None:
+        where += f", the agent of {args.agent_dir}"
     procs_setting = "auto" if args.client_procs is None else str(args.client_procs)
     procs_text = describe_client_procs(args.client_procs, cpus)
     rows = len(PATHS) * len(args.clients) * args.rounds
@@ -137,7 +156,7 @@ def main() -> int:
 
     port = free_port()
     workdir = tempfile.TemporaryDirectory(prefix="nvd-bench-")
-    proc = _start_agent(port, Path(workdir.name), simulate)
+    proc = _start_agent(port, Path(workdir.name), simulate, args.agent_dir)
     measurements: list[tuple[int, Measurement]] = []
     try:
         wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
