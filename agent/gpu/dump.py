@@ -86,19 +86,15 @@ def write_node_file(data: dict[str, Any], target: str) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m agent.gpu.dump [FILE|-]``: dump this machine's GPUs (NVML)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
-        print("usage: python -m agent.gpu.dump [FILE|-]  (default: - for stdout)")
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    target = args[0] if args else "-"
-    from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415 - pynvml only here
+def dump_to(simulate: str | None, target: str, report: Callable[[str], None]) -> int:
+    """Read the node (NVML, or ``simulate``) and write it to ``target`` (``-``: stdout);
+    ``report`` gets one line for an error or for what was written. Returns an exit code."""
+    from agent.gpu.backends import open_backend  # noqa: PLC0415 - pynvml only here
 
     try:
-        backend = NvmlBackend.start()
+        backend = open_backend(simulate)
     except GpuBackendError as err:
-        print(f"dump-node | Error: {err}", file=sys.stderr)
+        report(f"Error: {err}")
         return 1
     try:
         data = dump_node(backend)
@@ -107,11 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write_node_file(data, target)
     except OSError as err:
-        print(f"dump-node | Error: cannot write {target}: {err}", file=sys.stderr)
+        report(f"Error: cannot write the node file {target}: {err}")
         return 1
     if target != "-":
-        print(f"dump-node | wrote {target} ({len(data['devices'])} GPUs)", file=sys.stderr)
+        report(f"Wrote the node file {target} ({len(data['devices'])} GPUs)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agent.gpu.dump [FILE|-]``: dump this machine's GPUs (NVML)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
+        print("usage: python -m agent.gpu.dump [FILE|-]  (default: - for stdout)")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    return dump_to(
+        None, args[0] if args else "-", lambda line: print(f"dump-node | {line}", file=sys.stderr)
+    )
 
 
 if __name__ == "__main__":

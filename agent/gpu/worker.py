@@ -38,6 +38,7 @@ from typing import Any
 from agent.gpu import nvml_query
 from agent.gpu import worker_protocol as wp
 from agent.gpu.backend import GpuBackend, GpuBackendError
+from agent.gpu.backends import open_backend
 from agent.gpu.health import DeviceCheck, EventWatch, HealthSource
 from agent.gpu.model import LOST_DEVICE_STATUS, UNKNOWN_THROUGHPUT, DeviceStatus, PcieThroughput
 
@@ -233,21 +234,6 @@ def _health_source(backend: GpuBackend) -> HealthSource | None:
     ):
         return backend  # type: ignore[return-value]
     return None
-
-
-def open_backend(simulate: str | None) -> GpuBackend:
-    """NVML, or the simulated node when asked for; ``GpuBackendError`` with one line."""
-    if simulate is not None:
-        from agent.gpu.nodefile import NodeFileError  # noqa: PLC0415
-        from agent.gpu.simulated import SimulatedBackend  # noqa: PLC0415
-
-        try:
-            return SimulatedBackend.from_file(simulate)
-        except NodeFileError as err:
-            raise GpuBackendError(str(err)) from None
-    from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415 - pynvml only when needed
-
-    return NvmlBackend.start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,7 +54,7 @@ SETUP_S = 0.3
 
 def _old_way_sweep_ms(simulate: str | None, rounds: int) -> float:
     """Median time of one status sweep done the old way: every call in series, PCIe included."""
-    from agent.backends import open_backend  # noqa: PLC0415
+    from agent.gpu.backends import open_backend  # noqa: PLC0415
 
     backend = open_backend(simulate)
     try:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from agent.gpu.backend import GpuBackend, GpuBackendError
-from agent.gpu.nodefile import NodeFileError
-from agent.gpu.simulated import SimulatedBackend
 
 
 def open_backend(simulate: str | None) -> GpuBackend:
     """The backend the daemon serves; raises GpuBackendError with one clear line.
 
     Never falls back to simulation: a node whose driver failed must not advertise fake
-    GPUs to Docker or Mesos.
+    GPUs to Docker or Mesos. Used by the GPU worker (the daemon's NVML) and ``--dump-node``.
     """
     if simulate is not None:
+        from agent.gpu.nodefile import NodeFileError  # noqa: PLC0415 - simulation only
+        from agent.gpu.simulated import SimulatedBackend  # noqa: PLC0415
+
         try:
             return SimulatedBackend.from_file(simulate)
         except NodeFileError as err:
