@@ -12,6 +12,7 @@ log = logging.getLogger("nvidia-docker-plugin")
 def dump_node(simulate: str | None, target: str) -> int:
     """Read the node (NVML, or ``simulate``), write it to ``target`` (``-``: stdout); the
     exit code (docs/agent.md), with one log line for an error or for what was written."""
+
     def report(line: str) -> None:
         (log.error if line.startswith("Error") else log.info)("%s", line)
 
