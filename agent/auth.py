@@ -8,6 +8,9 @@ token, or a token that is not in the file), and nothing of the node. Every prese
 compared with every valid one in constant time (``hmac.compare_digest``), so the answer's
 timing says nothing about how much of a token was right.
 
+With ``--plain-loopback`` (the default), plain connections made on the node to a loopback
+address need no token (``agent.loopback``); TLS connections always do.
+
 Refusals are logged at most once per ``REFUSAL_LOG_INTERVAL_S`` with their count, so that a
 scanner cannot fill the journal.
 """
@@ -23,6 +26,8 @@ from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+
+from agent.loopback import is_plain_loopback
 
 log = logging.getLogger("nvidia-docker-plugin")
 
@@ -136,14 +141,17 @@ def _unauthorized(text: str) -> web.Response:
     )
 
 
-def token_middleware(store: TokenStore) -> Middleware:
-    """An aiohttp middleware that answers 401 unless the request carries a valid token."""
+def token_middleware(store: TokenStore, *, plain_loopback: bool = False) -> Middleware:
+    """An aiohttp middleware that answers 401 unless the request carries a valid token;
+    with ``plain_loopback``, plain connections to a loopback address need none."""
     refusals = _RefusalLog()
 
     @web.middleware
     async def require_token(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if plain_loopback and is_plain_loopback(request.transport):
+            return await handler(request)
         header = request.headers.get("Authorization", "")
         if header[: len(_SCHEME)].lower() != _SCHEME:
             refusals.refused(request.remote, "no bearer token")

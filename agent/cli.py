@@ -254,6 +254,15 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     "(Authorization: Bearer TOKEN). Re-read on SIGHUP.",
 )
 @click.option(
+    "--plain-loopback/--no-plain-loopback",
+    default=True,
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_PLAIN_LOOPBACK",
+    show_envvar=True,
+    help="With TLS or tokens on: connections to a loopback address (curl localhost:3476 on "
+    "the node, SSH tunnels) may still use plain HTTP without a token, on the same port.",
+)
+@click.option(
     "--dump-node",
     "dump_target",
     metavar="FILE",
@@ -288,6 +297,7 @@ def command(
     tls_key: Path | None,
     tls_client_ca: Path | None,
     token_file: Path | None,
+    plain_loopback: bool,
     dump_target: str | None,
 ) -> None:
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
@@ -318,6 +328,7 @@ def command(
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
         token_file=token_file,
+        plain_loopback=plain_loopback,
     )
     try:
         factory, loop_name = loop_factory(event_loop)

@@ -49,6 +49,8 @@ class Config:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     token_file: Path | None = None
+    # With TLS or tokens: plain connections to a loopback address need neither.
+    plain_loopback: bool = True
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

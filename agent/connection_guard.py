@@ -37,10 +37,12 @@ from aiohttp.typedefs import Middleware
 
 from agent.display import shown
 from agent.rate_limit import RateLimiter
+from agent.tls_or_plain import TlsOrPlainServer, bind
 
 log = logging.getLogger("nvidia-docker-plugin.connections")
 
 LOG_INTERVAL_S = 60.0
+DEFAULT_MAX_WAITING = 1024  # plain-or-TLS connections waiting for their first byte
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -263,6 +265,7 @@ class GuardedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None = None,
         backlog: int = 128,
         reuse_address: bool | None = None,
+        plain_loopback: bool = False,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._guarded_runner = runner
@@ -271,7 +274,9 @@ class GuardedSite(web.BaseSite):
         self._tls = ssl_context
         self._queue = backlog
         self._reuse_address = reuse_address
-        self._listener: asyncio.Server | None = None
+        # With TLS: connections to a loopback address may also speak plain HTTP.
+        self._plain_loopback = plain_loopback and ssl_context is not None and sock is None
+        self._listener: asyncio.Server | TlsOrPlainServer | None = None
 
     @property
     def name(self) -> str:
@@ -290,7 +295,17 @@ class GuardedSite(web.BaseSite):
         host, port, sock = self._where
         # A TLS handshake happens before the connection reaches the guard: bound it too.
         handshake_s = self._guard.limits.header_timeout_s if self._tls else None
-        if sock is not None:
+        if self._plain_loopback and self._tls is not None:
+            listener = TlsOrPlainServer(
+                factory,
+                bind(host, port if port is not None else 0, backlog=self._queue),
+                self._tls,
+                first_byte_timeout_s=self._guard.limits.header_timeout_s,
+                max_waiting=self._guard.limits.max_connections or DEFAULT_MAX_WAITING,
+            )
+            listener.start()
+            self._listener = listener
+        elif sock is not None:
             self._listener = await loop.create_server(
                 factory,
                 sock=sock,

@@ -27,10 +27,12 @@ async def listen(
     *,
     guard: ConnectionGuard | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    plain_loopback: bool = False,
 ) -> list[tuple[str, int]]:
     """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
-    ``ssl_context`` is given; ``guard`` sees (and limits) the connections of all of them
-    together. Returns the (host, port) of every socket bound."""
+    ``ssl_context`` is given (and, with ``plain_loopback`` and a ``guard``, plain HTTP too for
+    connections to a loopback address); ``guard`` sees (and limits) the connections of all
+    of them together. Returns the (host, port) of every socket bound."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -57,6 +59,7 @@ async def listen(
                 port=port,
                 reuse_address=True,
                 ssl_context=ssl_context,
+                plain_loopback=plain_loopback,
             )
         try:
             await site.start()

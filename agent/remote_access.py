@@ -16,7 +16,6 @@ The plugin's unix socket is not concerned (file permissions guard it).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,21 +26,12 @@ from aiohttp.typedefs import Middleware
 from agent.auth import TokenFileError, TokenStore, token_middleware
 from agent.config import Config
 from agent.errors import StartupError
+from agent.loopback import is_loopback
 from agent.tls import ServerTls, TlsConfigError, TlsFiles
 
 log = logging.getLogger("nvidia-docker-plugin")
 
 DOCS = "docs/remote-access.md"
-
-
-def is_loopback(address: str | None) -> bool:
-    """Whether a bound address is loopback only (None: every interface, so not)."""
-    if address is None:
-        return False
-    try:
-        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +40,8 @@ class RemoteAccess:
 
     tls: ServerTls | None = None
     tokens: TokenStore | None = None
+    # Plain connections to a loopback address need neither (agent.loopback).
+    plain_loopback: bool = True
 
     @classmethod
     def from_config(cls, config: Config) -> RemoteAccess:
@@ -62,7 +54,7 @@ class RemoteAccess:
                 tokens = TokenStore(config.token_file)
         except (TlsConfigError, TokenFileError) as err:
             raise StartupError(str(err)) from None
-        return cls(tls, tokens)
+        return cls(tls, tokens, config.plain_loopback)
 
     @property
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -70,13 +62,17 @@ class RemoteAccess:
 
     @property
     def middlewares(self) -> list[Middleware]:
-        return [] if self.tokens is None else [token_middleware(self.tokens)]
+        if self.tokens is None:
+            return []
+        return [token_middleware(self.tokens, plain_loopback=self.plain_loopback)]
 
     def describe(self) -> str:
         """``plain HTTP`` or ``TLS (...), bearer tokens``, for the start-up log line."""
         parts = ["plain HTTP" if self.tls is None else self.tls.describe()]
         if self.tokens is not None:
             parts.append(f"bearer tokens from {self.tokens.path} ({self.tokens.count})")
+        if self.plain_loopback and (self.tls is not None or self.tokens is not None):
+            parts.append("plain HTTP without a token on loopback")
         return ", ".join(parts)
 
     def reloaders(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:

@@ -224,6 +224,7 @@ class Agent:
             cfg.listen_port,
             guard=guard,
             ssl_context=access.ssl_context,
+            plain_loopback=access.plain_loopback,
         )
         access.warn_if_exposed([host for host, _ in bound], cfg.listen_port)
         self.reload_steps += [ReloadStep(name, run) for name, run in access.reloaders()]

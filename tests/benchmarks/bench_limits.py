@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import statistics
 import sys
 import time
@@ -41,8 +42,11 @@ CHURN_CLIENTS = 8
 Load = Callable[[int], Awaitable[int]]
 
 
-async def _keep_alive(port: int, path: str, clients: int, duration_s: float) -> int:
-    """Requests answered by ``clients`` keep-alive connections, one request in flight each.
+async def keep_alive_requests(
+    port: int, path: str, clients: int, duration_s: float, tls: ssl.SSLContext | None = None
+) -> int:
+    """Requests answered by ``clients`` keep-alive connections, one request in flight each
+    (over TLS with ``tls``).
 
     In this process on purpose: the CPU figure is this process's, client and servers alike.
     """
@@ -51,7 +55,7 @@ async def _keep_alive(port: int, path: str, clients: int, duration_s: float) -> 
     done = [0]
 
     async def loop() -> None:
-        reader, writer = await asyncio.open_connection(HOST, port)
+        reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
         try:
             while time.perf_counter() < deadline:
                 writer.write(request)
@@ -75,7 +79,9 @@ async def _keep_alive(port: int, path: str, clients: int, duration_s: float) -> 
     return done[0]
 
 
-async def _churn(port: int, path: str, clients: int, duration_s: float) -> int:
+async def new_connection_requests(
+    port: int, path: str, clients: int, duration_s: float, tls: ssl.SSLContext | None = None
+) -> int:
     """Requests answered by ``clients`` loops of one new connection per request."""
     request = f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode()
     deadline = time.perf_counter() + duration_s
@@ -83,7 +89,7 @@ async def _churn(port: int, path: str, clients: int, duration_s: float) -> int:
 
     async def loop() -> None:
         while time.perf_counter() < deadline:
-            reader, writer = await asyncio.open_connection(HOST, port)
+            reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
             writer.write(request)
             reply = await reader.read()
             writer.close()
@@ -129,12 +135,12 @@ async def _bench(bursts: int, burst_s: float) -> None:
     for path, clients in KEEP_ALIVE_ROWS:
 
         async def keep_alive(port: int, path: str = path, clients: int = clients) -> int:
-            return await _keep_alive(port, path, clients, burst_s)
+            return await keep_alive_requests(port, path, clients, burst_s)
 
         rows.append((f"{path}, {clients} keep-alive clients", keep_alive))
 
     def churn(port: int) -> Awaitable[int]:
-        return _churn(port, "/gpu/info/json", CHURN_CLIENTS, burst_s)
+        return new_connection_requests(port, "/gpu/info/json", CHURN_CLIENTS, burst_s)
 
     rows.append((f"/gpu/info/json, {CHURN_CLIENTS} clients, new connection each", churn))
     print(f"{'row':<52} {'without limits':>24} {'with limits':>24}  CPU")

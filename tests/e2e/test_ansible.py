@@ -714,7 +714,8 @@ def test_rollout_with_tls_client_certificates_and_tokens(
     fleet: Fleet, rolled_out: Run, tmp_path: Path
 ) -> None:
     """TLS, mutual TLS and a token through the role: the health gate and the fleet report
-    pass over TLS, the agent refuses plain HTTP, a token rotation reloads without a restart,
+    pass over TLS, plain HTTP is answered only on the node's loopback (and not at all with
+    nvidia_docker_agent_plain_loopback false), a token rotation reloads without a restart,
     nvidia-docker-ctl reads the same inventory through SSH, and switching off removes it all."""
     pki = make_pki(fleet.workdir / "pki")
     token, token_2 = "rollout-token-" + "1" * 20, "rollout-token-" + "2" * 20
@@ -726,7 +727,11 @@ def test_rollout_with_tls_client_certificates_and_tokens(
         "nvidia_docker_agent_tls_ca": str(pki.pem("ca")),
         "nvidia_docker_agent_tokens": [token],
     }
-    expected = {node: {"nvidia_docker_agent_expected_gpus": n} for node, n in BASELINE_GPUS.items()}
+    expected: dict[str, dict[str, object]] = {
+        node: {"nvidia_docker_agent_expected_gpus": n} for node, n in BASELINE_GPUS.items()
+    }
+    strict = NODES[0]  # TLS and the token from the node itself too
+    expected[strict]["nvidia_docker_agent_plain_loopback"] = False
     try:
         run = fleet.playbook("-e", json.dumps(tls_vars), host_vars=expected)
         run.assert_ok()
@@ -752,7 +757,12 @@ def test_rollout_with_tls_client_certificates_and_tokens(
                 "ca.pem nvidia-docker nvidia-docker 644",
                 "tokens nvidia-docker nvidia-docker 600",
             ]
-            assert fleet.try_api_gpus(node) is None  # plain HTTP is refused
+            if node == strict:
+                assert "--no-plain-loopback" in cmdline
+                assert fleet.try_api_gpus(node) is None  # plain HTTP is refused
+            else:  # a launch script's plain request on the node itself is answered
+                assert "--no-plain-loopback" not in cmdline
+                assert fleet.try_api_gpus(node) == BASELINE_GPUS[node]
             assert _https_gpus(fleet, node, token) == str(BASELINE_GPUS[node])
             assert _https_gpus(fleet, node, "x" * 24).startswith("HTTPError HTTP Error 401")
 

@@ -5,7 +5,8 @@ certificate, and a second unrelated CA with its own client and server certificat
 (``tests.support.certs``). Real agent processes serve them; ``curl`` and
 ``nvidia-docker-ctl`` are the clients. Each wrong setting must be refused with its own
 message: CA not trusted, name mismatch, no client certificate, a client certificate of the
-other CA, no token, a wrong token, plain HTTP to a TLS port. SIGHUP then rotates the server
+other CA, no token, a wrong token, plain HTTP to a TLS-only port (``--no-plain-loopback``),
+while plain HTTP to loopback on the default agent needs neither. SIGHUP then rotates the server
 certificate and the tokens while requests keep flowing: none may fail.
 """
 
@@ -113,6 +114,13 @@ def agent(pki: Pki) -> Iterator[TlsAgent]:
 
 
 @pytest.fixture(scope="module")
+def strict_agent(pki: Pki) -> Iterator[TlsAgent]:
+    """``--no-plain-loopback``: TLS and the token from the node itself too."""
+    with tls_agent(pki, pki.root / "strict", "127.0.0.1", "--no-plain-loopback") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def agent_by_other_address(pki: Pki) -> Iterator[TlsAgent]:
     """The same certificate, served on 127.0.0.2: an address the certificate does not list."""
     with tls_agent(pki, pki.root / "agent2", "127.0.0.2") as running:
@@ -174,6 +182,7 @@ def test_curl_each_wrong_setting_is_refused(
     pki: Pki,
     agent: TlsAgent,
     agent_by_other_address: TlsAgent,
+    strict_agent: TlsAgent,
 ) -> None:
     ca = ["--cacert", str(pki.pem("ca"))]
     cert = ["--cert", str(pki.pem("client")), "--key", str(pki.key("client"))]
@@ -193,8 +202,8 @@ def test_curl_each_wrong_setting_is_refused(
     }[case]  # fmt: skip
     if case == "name mismatch":
         url = f"{agent_by_other_address.url}/gpu/info/json"
-    if case == "plain HTTP":
-        url = f"http://127.0.0.1:{agent.port}/gpu/info/json"
+    if case == "plain HTTP":  # a TLS-only port (plain loopback is the other test)
+        url = f"http://127.0.0.1:{strict_agent.port}/gpu/info/json"
     code, out, err = curl(url, *args)
     assert code == exit_code, (out, err)
     if exit_code == 0:
@@ -203,6 +212,32 @@ def test_curl_each_wrong_setting_is_refused(
         assert "Devices" not in body
     else:
         assert message in err
+
+
+def test_plain_http_to_loopback_needs_neither_tls_nor_token(
+    pki: Pki, agent: TlsAgent, strict_agent: TlsAgent
+) -> None:
+    """A launch script's plain ``curl localhost:3476`` on the node keeps working on the TLS
+    port; TLS on that port still asks for the token. ``--no-plain-loopback`` refuses it."""
+    for url in (f"http://127.0.0.1:{agent.port}", f"http://localhost:{agent.port}"):
+        code, out, err = curl(f"{url}/gpu/info/json")
+        assert code == 0, err
+        body, status = out.rsplit("\n", 1)
+        assert status == "200"
+        assert len(json.loads(body)["Devices"]) == 1
+    code, out, err = curl(f"http://127.0.0.1:{agent.port}/docker/cli")
+    assert (code, out.rsplit("\n", 1)[1]) == (0, "200"), err
+    assert "--device=/dev/nvidiactl" in out
+    code, out, _ = curl(
+        f"{agent.url}/gpu/info/json",
+        "--cacert", str(pki.pem("ca")),
+        "--cert", str(pki.pem("client")), "--key", str(pki.key("client")),
+    )  # fmt: skip
+    assert (code, out.rsplit("\n", 1)[1]) == (0, "401")
+    assert "plain HTTP without a token on loopback" in agent.log_text()
+    code, _, err = curl(f"http://127.0.0.1:{strict_agent.port}/gpu/info/json")
+    assert code == 52, err
+    assert "plain HTTP without a token" not in strict_agent.log_text()
 
 
 # --- nvidia-docker-ctl ------------------------------------------------------------------------
@@ -251,7 +286,11 @@ async def test_ctl_with_the_right_ca_certificate_and_token(
 
 
 async def test_ctl_names_each_refusal_with_its_own_kind(
-    pki: Pki, agent: TlsAgent, agent_by_other_address: TlsAgent, tmp_path: Path
+    pki: Pki,
+    agent: TlsAgent,
+    agent_by_other_address: TlsAgent,
+    strict_agent: TlsAgent,
+    tmp_path: Path,
 ) -> None:
     """One inventory, one host per wrong setting (per-host TLS variables), one run."""
     good_token, bad_token = tmp_path / "good-token", tmp_path / "bad-token"
@@ -274,7 +313,9 @@ async def test_ctl_names_each_refusal_with_its_own_kind(
         },
         "no-token": {"nvidia_docker_token_file": ""},
         "wrong-token": {"nvidia_docker_token_file": str(bad_token)},
-        "plain-http": {"nvidia_docker_transport": "http"},
+        "plain-http": {"nvidia_docker_transport": "http", "port": strict_agent.port},
+        # plain HTTP to loopback, no token: answered (--plain-loopback, the default)
+        "plain-loopback": {"nvidia_docker_transport": "http", "nvidia_docker_token_file": ""},
     }
     inventory: dict[str, object] = {}
     for name, changes in hosts.items():
@@ -306,6 +347,7 @@ async def test_ctl_names_each_refusal_with_its_own_kind(
         "no-token": "token refused",
         "wrong-token": "token refused",
         "plain-http": "disconnected",
+        "plain-loopback": None,
     }
     errors = {name: lines[name]["error"] for name in hosts}
     assert "not trusted (self-signed certificate in certificate chain" in errors["untrusted"]
@@ -318,6 +360,7 @@ async def test_ctl_names_each_refusal_with_its_own_kind(
     assert f"refused the token of {bad_token}" in errors["wrong-token"]
     assert "https://?" in errors["plain-http"]
     assert len(lines["good"]["status"]["Devices"]) == 1
+    assert len(lines["plain-loopback"]["status"]["Devices"]) == 1
 
 
 async def test_ctl_options_that_cannot_be_used_stop_before_any_node(

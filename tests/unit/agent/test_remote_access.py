@@ -14,7 +14,8 @@ from aiohttp import web
 from agent.auth import TokenFileError, TokenStore, read_tokens, token_middleware
 from agent.config import Config
 from agent.errors import StartupError
-from agent.remote_access import RemoteAccess, is_loopback
+from agent.loopback import is_loopback
+from agent.remote_access import RemoteAccess
 from agent.tls import ServerTls, TlsConfigError, TlsFiles, build_context
 from tests.support.certs import Pki, make_pki
 from tests.support.services import serve_on_loopback
@@ -153,6 +154,21 @@ async def test_reload_swaps_the_tokens(guarded: tuple[int, TokenStore]) -> None:
     assert (await _get(port, {"Authorization": f"Bearer {NEXT}"}))[0] == 200  # kept
 
 
+async def test_plain_loopback_without_tls_needs_no_token(tmp_path: Path) -> None:
+    """Tokens without TLS, --plain-loopback: a connection to 127.0.0.1 needs none."""
+    path = tmp_path / "tokens"
+    path.write_text(f"{GOOD}\n")
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="the node's GPUs")
+
+    app = web.Application(middlewares=[token_middleware(TokenStore(path), plain_loopback=True)])
+    app.router.add_get("/gpu/info", hello)
+    async with serve_on_loopback(app) as port:
+        assert await _get(port, {}) == (200, "the node's GPUs", None)
+        assert (await _get(port, {"Authorization": "Bearer " + "w" * 24}))[0] == 200
+
+
 # --- TLS files -------------------------------------------------------------------------------
 
 
@@ -223,7 +239,8 @@ def test_from_config_errors_are_startup_errors(pki: Pki, tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("address", "loopback"),
     [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("fe80::1%eth0", False),
-     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), (None, False)],
+     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), (None, False),
+     ("::ffff:127.0.0.1", True), ("::ffff:10.0.0.5", False), ("localhost", False)],
 )  # fmt: skip
 def test_is_loopback(address: str | None, loopback: bool) -> None:
     assert is_loopback(address) is loopback

@@ -1,0 +1,206 @@
+"""One TCP port for TLS and, from the node itself, plain HTTP as well.
+
+With ``--tls-cert`` and ``--plain-loopback`` (the default), a launch script's
+``curl localhost:3476`` keeps working while other machines must speak TLS on the same port.
+``TlsOrPlainServer`` accepts the connections itself:
+
+- a connection to an address that is not loopback starts its TLS handshake at once (plain
+  HTTP from the network fails the handshake, as on a TLS-only port);
+- a connection to a loopback address is held until its first byte arrives (at most
+  ``first_byte_timeout_s``), which is read with ``MSG_PEEK`` so that it stays in the
+  socket: ``0x16`` opens a TLS handshake record, anything else is plain HTTP (a request
+  starts with a method's letter). The socket then goes to the event loop as TLS or plain.
+
+Connections waiting for their first byte are bounded (``max_waiting``; the one waiting
+longest is closed first), as are those in their handshake (the event loop's
+``ssl_handshake_timeout``). Once handed over, a connection is the event loop's and the
+protocol's, as with ``loop.create_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import ssl
+from collections import OrderedDict
+from collections.abc import Callable
+
+from agent.loopback import is_loopback
+from agent.rate_limit import RateLimiter
+
+log = logging.getLogger("nvidia-docker-plugin.connections")
+
+TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record: a ClientHello's first byte
+ACCEPT_BATCH = 64  # connections accepted per wake-up, so that one port cannot starve the loop
+OUT_OF_FDS_PAUSE_S = 1.0
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def bind(host: str | None, port: int, *, backlog: int = 128) -> list[socket.socket]:
+    """Listening, non-blocking sockets on every address of ``host`` (all interfaces for
+    None) at ``port``, as ``loop.create_server`` binds them; raises ``OSError``."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class TlsOrPlainServer:
+    """Serves ``factory`` on ``sockets``: TLS for every connection, and plain HTTP too for
+    connections to an address that ``plain_allowed`` accepts (loopback ones)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], asyncio.Protocol],
+        sockets: list[socket.socket],
+        ssl_context: ssl.SSLContext,
+        *,
+        first_byte_timeout_s: float,
+        max_waiting: int = 1024,
+        plain_allowed: Callable[[str], bool] = is_loopback,
+    ) -> None:
+        self.sockets = sockets
+        self._factory = factory
+        self._tls = ssl_context
+        self._timeout_s = first_byte_timeout_s
+        self._max_waiting = max_waiting
+        self._plain_allowed = plain_allowed
+        self._waiting: OrderedDict[socket.socket, asyncio.TimerHandle] = OrderedDict()
+        self._handing: set[asyncio.Task[None]] = set()
+        self._limiter = RateLimiter(60.0)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for listening in self.sockets:
+            self._loop.add_reader(listening.fileno(), self._accept, listening)
+
+    def close(self) -> None:
+        """Stop accepting; close the listening sockets and the connections not yet handed
+        over (those handed over belong to the server's runner, which closes them)."""
+        if self._closed:
+            return
+        self._closed = True
+        for listening in self.sockets:
+            if self._loop is not None:
+                self._loop.remove_reader(listening.fileno())
+            listening.close()
+        for conn in list(self._waiting):
+            self._drop(conn)
+        for task in self._handing:
+            task.cancel()
+
+    @property
+    def waiting(self) -> int:
+        """Connections to a loopback address whose first byte has not come yet."""
+        return len(self._waiting)
+
+    # --- accepting ---
+
+    def _accept(self, listening: socket.socket) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _peer = listening.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as err:
+                if err.errno in _OUT_OF_RESOURCES:
+                    self._pause(listening, err)
+                    return
+                raise
+            conn.setblocking(False)
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                local = str(conn.getsockname()[0])
+            except OSError:  # already reset by the client
+                conn.close()
+                continue
+            if self._plain_allowed(local):
+                self._wait_for_first_byte(conn)
+            else:
+                self._hand_over(conn, tls=True)
+
+    def _pause(self, listening: socket.socket, err: OSError) -> None:
+        """Out of descriptors: accept again in a second (the kernel keeps the backlog)."""
+        if self._limiter.allow("out of descriptors") is not None:
+            log.warning("REST API: cannot accept a connection: %s; retrying in 1 s", err.strerror)
+        assert self._loop is not None
+        self._loop.remove_reader(listening.fileno())
+
+        def resume() -> None:
+            if not self._closed and self._loop is not None:
+                self._loop.add_reader(listening.fileno(), self._accept, listening)
+
+        self._loop.call_later(OUT_OF_FDS_PAUSE_S, resume)
+
+    # --- a loopback connection's first byte ---
+
+    def _wait_for_first_byte(self, conn: socket.socket) -> None:
+        assert self._loop is not None
+        while len(self._waiting) >= self._max_waiting:
+            self._drop(next(iter(self._waiting)))
+        self._waiting[conn] = self._loop.call_later(self._timeout_s, self._drop, conn)
+        self._loop.add_reader(conn.fileno(), self._first_byte, conn)
+
+    def _first_byte(self, conn: socket.socket) -> None:
+        try:
+            first = conn.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not first:  # closed before a byte was sent
+            self._drop(conn)
+            return
+        self._forget(conn)
+        self._hand_over(conn, tls=first[0] == TLS_HANDSHAKE)
+
+    def _forget(self, conn: socket.socket) -> None:
+        timer = self._waiting.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
+        if self._loop is not None and conn.fileno() != -1:
+            self._loop.remove_reader(conn.fileno())
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._forget(conn)
+        conn.close()
+
+    # --- to the event loop ---
+
+    def _hand_over(self, conn: socket.socket, *, tls: bool) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._connect(conn, tls))
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _connect(self, conn: socket.socket, tls: bool) -> None:
+        assert self._loop is not None
+        try:
+            await self._loop.connect_accepted_socket(
+                self._factory,
+                conn,
+                ssl=self._tls if tls else None,
+                ssl_handshake_timeout=self._timeout_s if tls else None,
+            )
+        except OSError as err:  # ssl.SSLError and TimeoutError among them
+            # A failed handshake (plain HTTP from the network, an untrusted client
+            # certificate, a client that went away): the event loop has closed the socket.
+            log.debug("REST API: a connection ended before it was served: %s", err)

@@ -1,0 +1,131 @@
+"""What serving TLS and plain HTTP on one port (``--plain-loopback``) costs.
+
+    python -m tests.benchmarks.bench_plain_loopback [--bursts 10] [--burst 0.3]
+
+Three REST servers in this process, as the daemon serves them (``ConnectionGuard``,
+``GuardedSite``, the ``agent.rest`` routes of the simulated ``hgx-h200-8`` node), with
+certificates made by ``openssl``: plain HTTP only, TLS only (``loop.create_server`` with TLS),
+and TLS or plain (``agent.tls_or_plain``: its own accept loop, and a peek at the first byte
+of each connection to a loopback address). Plain rows compare the plain-only port with the
+shared one, TLS rows the TLS-only port with the shared one, in alternating short bursts
+from a client in the same process; per burst the requests answered and the process's CPU
+time per request (client and server). Keep-alive rows show what a connection costs once
+handed over (nothing: the same transport); new-connection rows show the accept path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from agent import rest
+from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.docker_cli import control_devices
+from agent.error_log import HttpErrorLog
+from agent.gpu.simulated import SimulatedBackend
+from agent.node_facts import NodeFacts
+from agent.node_state import NodeState
+from agent.status_service import StatusService
+from agent.tls import ServerTls, TlsFiles
+from tests.benchmarks.bench_limits import HOST, keep_alive_requests, new_connection_requests
+from tests.support.certs import make_pki
+
+PATH = "/gpu/info/json"
+Load = Callable[[int, ssl.SSLContext | None], Awaitable[int]]
+
+
+async def _serve(
+    node: NodeState, status: StatusService, tls: ssl.SSLContext | None, plain_loopback: bool
+) -> tuple[web.AppRunner, int]:
+    guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 1024))
+    app = rest.create_app(node, status, middlewares=[guard.middleware])
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
+    )
+    await runner.setup()
+    site = GuardedSite(
+        runner, guard, host=HOST, port=0, ssl_context=tls, plain_loopback=plain_loopback
+    )
+    await site.start()
+    return runner, site.bound[0][1]
+
+
+async def _bench(bursts: int, burst_s: float, pki_dir: Path) -> None:
+    pki = make_pki(pki_dir)
+    server_tls = ServerTls(TlsFiles(pki.pem("server"), pki.key("server"))).listening
+    client_tls = ssl.create_default_context(cafile=str(pki.pem("ca")))
+    backend = SimulatedBackend.from_file("hgx-h200-8")
+    info = backend.node_info()
+    status = StatusService(backend, info)
+    await status.sample_pcie()
+    node = NodeState(NodeFacts(info, control_devices()))
+    ports = {
+        "plain only": await _serve(node, status, None, False),
+        "TLS only": await _serve(node, status, server_tls, False),
+        "TLS or plain": await _serve(node, status, server_tls, True),
+    }
+
+    def keep_alive(port: int, tls: ssl.SSLContext | None) -> Awaitable[int]:
+        return keep_alive_requests(port, PATH, 16, burst_s, tls)
+
+    def new_connections(port: int, tls: ssl.SSLContext | None) -> Awaitable[int]:
+        return new_connection_requests(port, PATH, 8, burst_s, tls)
+
+    rows: list[tuple[str, str, ssl.SSLContext | None, Load]] = [
+        ("plain, 16 keep-alive clients", "plain only", None, keep_alive),
+        ("plain, 8 clients, new connection each", "plain only", None, new_connections),
+        ("TLS, 16 keep-alive clients", "TLS only", client_tls, keep_alive),
+        ("TLS, 8 clients, new connection each", "TLS only", client_tls, new_connections),
+    ]
+    print(f"{'row':<40} {'one protocol per port':>26} {'TLS or plain (shared)':>26}  CPU")
+    try:
+        for what, alone, tls, load in rows:
+            rates: dict[str, list[float]] = {alone: [], "TLS or plain": []}
+            cpu_us: dict[str, list[float]] = {alone: [], "TLS or plain": []}
+            for _ in range(bursts):
+                for name, rate in rates.items():
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    answered = await load(ports[name][1], tls)
+                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                    rate.append(answered / wall)
+                    cpu_us[name].append(cpu / max(answered, 1) * 1e6)
+            cells = [
+                f"{statistics.median(rates[name]):>8,.0f} req/s "
+                f"{statistics.median(cpu_us[name]):>7.1f} us/req"
+                for name in rates
+            ]
+            ratio = statistics.median(cpu_us["TLS or plain"]) / statistics.median(cpu_us[alone])
+            print(f"{what:<40} {cells[0]:>26} {cells[1]:>26}  x{ratio:.2f}")
+    finally:
+        for runner, _port in ports.values():
+            await runner.cleanup()
+        await status.close()
+        backend.close()
+    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bursts", type=int, default=10)
+    parser.add_argument("--burst", type=float, default=0.3, help="seconds per burst")
+    args = parser.parse_args()
+    pki_dir = Path(tempfile.mkdtemp(prefix="nvd-bench-pki-"))
+    try:
+        asyncio.run(_bench(args.bursts, args.burst, pki_dir))
+    finally:
+        shutil.rmtree(pki_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
