@@ -18,6 +18,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import click
 
@@ -31,17 +32,33 @@ from mesos.flags import FlagsError, parse_flag_line
 FORMATS = ("legacy", "native")
 TIMEOUT_S = 10.0
 
-Fetch = Callable[[str | None, str, Mapping[str, str]], bytes]
-"""``fetch(node, path, params) -> body``: GET from a node's agent; raises ``ControllerError``."""
+LEFT_OUT_HEADER = "X-Left-Out"  # what the agent's line does not offer, and why (docs/mesos.md)
 
 
-def fetch(node: str | None, path: str, params: Mapping[str, str]) -> bytes:
+@dataclass(frozen=True, slots=True)
+class AgentAnswer:
+    body: bytes
+    left_out: str | None = None  # the agent's X-Left-Out header
+
+
+@dataclass(frozen=True, slots=True)
+class FlagsLine:
+    line: str
+    left_out: str | None = None
+
+
+Fetch = Callable[[str | None, str, Mapping[str, str]], AgentAnswer]
+"""``fetch(node, path, params)``: GET from a node's agent; raises ``ControllerError``."""
+
+
+def fetch(node: str | None, path: str, params: Mapping[str, str]) -> AgentAnswer:
     """GET ``path`` from ``node``'s agent (NV_HOST grammar; None: the local agent)."""
     endpoint = LOCAL if node is None else parse_endpoint(node, source="NODE")
 
-    async def get() -> bytes:
+    async def get() -> AgentAnswer:
         async with AgentClient(endpoint, timeout_s=TIMEOUT_S) as agent:
-            return await agent.get(path, params)
+            body, headers = await agent.get_with_headers(path, params)
+            return AgentAnswer(body, headers.get(LEFT_OUT_HEADER))
 
     return asyncio.run(get())
 
@@ -54,11 +71,13 @@ def flags_query(fmt: str, dev: str | None) -> dict[str, str]:
     return query
 
 
-def fetch_flags(node: str | None, fmt: str, dev: str | None, *, get: Fetch | None = None) -> str:
-    """The node's flags line, checked as Mesos would read it; raises ``ControllerError``."""
-    line = (
-        (get or fetch)(node, "/mesos/cli", flags_query(fmt, dev)).decode("utf-8", "replace").strip()
-    )
+def fetch_flags(
+    node: str | None, fmt: str, dev: str | None, *, get: Fetch | None = None
+) -> FlagsLine:
+    """The node's flags line, checked as Mesos would read it, and what it leaves out;
+    raises ``ControllerError``."""
+    answer = (get or fetch)(node, "/mesos/cli", flags_query(fmt, dev))
+    line = answer.body.decode("utf-8", "replace").strip()
     try:
         flags = parse_flag_line(line)
     except FlagsError as error:
@@ -70,7 +89,14 @@ def fetch_flags(node: str | None, fmt: str, dev: str | None, *, get: Fetch | Non
             f"{_node_name(node)}: the agent answered the legacy format to format=native "
             "(an nvidia-docker-plugin 1.0 agent?): upgrade it or use --format legacy"
         )
-    return line
+    return FlagsLine(line, answer.left_out)
+
+
+def report_left_out(node: str | None, flags: FlagsLine) -> None:
+    """One line on stderr naming the GPUs the line does not offer (stdout stays the line)."""
+    if flags.left_out:
+        where = _node_name(node)
+        click.echo(f"nvidia-docker-ctl: {where}: not offered: {flags.left_out}", err=True)
 
 
 def node_from_environment(node: str | None, environ: Mapping[str, str]) -> str | None:
@@ -109,9 +135,13 @@ def mesos() -> None:
 @_DEV
 @click.argument("node", required=False)
 def flags_command(fmt: str, dev: str | None, node: str | None) -> None:
-    """Print NODE's Mesos agent flags (NODE: NV_HOST grammar; default NV_HOST, else local)."""
-    line = _or_fail(lambda: fetch_flags(node_from_environment(node, os.environ), fmt, dev))
-    click.echo(line)
+    """Print NODE's Mesos agent flags (NODE: NV_HOST grammar; default NV_HOST, else local).
+
+    GPUs the line does not offer (MIG mode for --format native, ...) are named on stderr."""
+    node = node_from_environment(node, os.environ)
+    flags = _or_fail(lambda: fetch_flags(node, fmt, dev))
+    report_left_out(node, flags)
+    click.echo(flags.line)
 
 
 @mesos.command(name="decode")
@@ -150,9 +180,11 @@ def exec_command(
     gpu/nvidia in an order every Mesos version accepts. The agent replaces this process.
     """
     program, *args = command
-    line = _or_fail(lambda: fetch_flags(node_from_environment(node, os.environ), fmt, dev))
+    node = node_from_environment(node, os.environ)
+    flags = _or_fail(lambda: fetch_flags(node, fmt, dev))
+    report_left_out(node, flags)
     try:
-        merged = merge_agent_args(args, line, environ=os.environ)
+        merged = merge_agent_args(args, flags.line, environ=os.environ)
     except MergeError as error:
         raise click.ClickException(str(error)) from None
     if dry_run:
@@ -164,7 +196,7 @@ def exec_command(
         raise click.ClickException(f"cannot run {program}: {error.strerror}") from None
 
 
-def _or_fail(action: Callable[[], str]) -> str:
+def _or_fail(action: Callable[[], FlagsLine]) -> FlagsLine:
     try:
         return action()
     except ControllerError as error:

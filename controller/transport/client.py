@@ -168,6 +168,13 @@ class AgentClient:
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         """The body of ``GET path`` (200 only); raises ``NodeError``."""
+        body, _headers = await self.get_with_headers(path, params)
+        return body
+
+    async def get_with_headers(
+        self, path: str, params: Mapping[str, str] | None = None
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """The body and headers of ``GET path`` (200 only); raises ``NodeError``."""
         if self._session is None:
             await self.open()
         assert self._session is not None
@@ -187,7 +194,7 @@ class AgentClient:
                         body,
                         self.tls.token_file,
                     )
-                return body
+                return body, response.headers
         except NodeError:
             raise
         except TimeoutError:

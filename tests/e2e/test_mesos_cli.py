@@ -7,6 +7,7 @@ line the real agent would get, and that it replaced the helper's process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -63,9 +64,22 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def agent() -> Iterator[Agent]:
+    with _agent("hgx-h200-8") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def mig_agent() -> Iterator[Agent]:
+    """Two H200s, GPU 0 in MIG mode with MIG devices (the h200x2-mig node file)."""
+    with _agent("h200x2-mig") as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _agent(node: str) -> Iterator[Agent]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="nvd-mesos-") as workdir:
-        command = [sys.executable, "-m", "agent.daemon", "--simulate", "hgx-h200-8"]
+        command = [sys.executable, "-m", "agent.daemon", "--simulate", node]
         command += ["-l", f"127.0.0.1:{port}", "-s", f"{workdir}/sock", "-d", f"{workdir}/vol"]
         proc = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT
@@ -182,6 +196,23 @@ def test_ctl_flags_and_decode_against_the_agent(
     decoded = ctl("decode", "-", stdin=flags.stdout.encode())
     assert decoded.returncode == 0
     assert decoded.stdout == info[0]
+
+
+def test_ctl_flags_names_the_gpus_a_line_leaves_out(mig_agent: Agent) -> None:
+    """The native line cannot offer a GPU in MIG mode: stdout is the line, stderr says why."""
+    status, line, _ = mig_agent.get("/mesos/cli?format=native")
+    assert status == 200
+    result = ctl("flags", "--format", "native", mig_agent.url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == line + b"\n"
+    assert line.endswith(b"--resources=gpus:1 --nvidia_gpu_devices=1")
+    assert result.stderr.decode() == (
+        f"nvidia-docker-ctl: {mig_agent.url}: not offered: GPU 0 is in MIG mode (Mesos's "
+        "gpu/nvidia isolator gives whole GPUs and cannot give MIG devices: use format=legacy, "
+        "whose gpus set offers MIG devices by UUID)\n"
+    )
+    legacy = ctl("flags", mig_agent.url)  # the legacy line offers the MIG devices
+    assert (legacy.returncode, legacy.stderr) == (0, b"")
 
 
 def test_ctl_flags_with_a_dev_naming_no_gpu_is_one_line(agent: Agent) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.ctl import mesos as mesos_commands
-from controller.ctl.mesos import fetch_flags, mesos, node_from_environment
+from controller.ctl.mesos import AgentAnswer, fetch_flags, mesos, node_from_environment
 from controller.errors import ControllerError
 from mesos.blob import decode
 from mesos.flags import legacy_flags, native_flags
@@ -23,13 +23,14 @@ NATIVE = native_flags(INFO, ["GPU-aaaa"], [0])
 class AgentAnswers:
     """Stands in for the node's agent: answers /mesos/cli by format, records the requests."""
 
-    def __init__(self, answers: Mapping[str, str]) -> None:
+    def __init__(self, answers: Mapping[str, str], left_out: str | None = None) -> None:
         self.answers = answers
+        self.left_out = left_out
         self.requests: list[tuple[str | None, str, dict[str, str]]] = []
 
-    def __call__(self, node: str | None, path: str, params: Mapping[str, str]) -> bytes:
+    def __call__(self, node: str | None, path: str, params: Mapping[str, str]) -> AgentAnswer:
         self.requests.append((node, path, dict(params)))
-        return self.answers[params["format"]].encode()
+        return AgentAnswer(self.answers[params["format"]].encode(), self.left_out)
 
 
 @pytest.fixture
@@ -79,6 +80,19 @@ def test_flags_prints_the_agents_line_and_passes_node_and_dev(agent: AgentAnswer
     assert agent.requests == [
         ("ssh://admin@node2:", "/mesos/cli", {"format": "native", "dev": "0 GPU-aa"})
     ]
+
+
+def test_flags_names_what_the_line_leaves_out_on_stderr(agent: AgentAnswers) -> None:
+    agent.left_out = "GPU 0 is in MIG mode (Mesos's gpu/nvidia isolator gives whole GPUs)"
+    result = cli_runner().invoke(mesos, ["flags", "--format", "native", "node2"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == NATIVE + "\n"  # what a launch script captures: the line only
+    assert result.stderr == (
+        "nvidia-docker-ctl: node2: not offered: GPU 0 is in MIG mode (Mesos's gpu/nvidia "
+        "isolator gives whole GPUs)\n"
+    )
+    agent.left_out = None
+    assert cli_runner().invoke(mesos, ["flags", "node2"]).stderr == ""
 
 
 def test_flags_uses_nv_host_when_no_node_is_given(
