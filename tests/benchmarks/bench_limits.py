@@ -21,7 +21,9 @@ import ssl
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
 
 from aiohttp import web
 
@@ -100,6 +102,37 @@ async def new_connection_requests(
     return done[0]
 
 
+@dataclass(frozen=True, slots=True)
+class BurstFigures:
+    """Medians over the bursts of one load on one server."""
+
+    rate: float  # requests answered per second
+    cpu_us: float  # this process's CPU time per request answered (client and server)
+
+    def cell(self) -> str:
+        return f"{self.rate:>8,.0f} req/s {self.cpu_us:>7.1f} us/req"
+
+
+async def alternate_bursts(
+    loads: Mapping[str, Callable[[], Awaitable[int]]], bursts: int
+) -> dict[str, BurstFigures]:
+    """Run every load once per round, ``bursts`` rounds, so that whatever else the machine
+    does weighs on all alike; each load returns the requests it had answered."""
+    rates: dict[str, list[float]] = {name: [] for name in loads}
+    cpu_us: dict[str, list[float]] = {name: [] for name in loads}
+    for _ in range(bursts):
+        for name, load in loads.items():
+            cpu, wall = time.process_time(), time.perf_counter()
+            answered = await load()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            rates[name].append(answered / wall)
+            cpu_us[name].append(cpu / max(answered, 1) * 1e6)
+    return {
+        name: BurstFigures(statistics.median(rates[name]), statistics.median(cpu_us[name]))
+        for name in loads
+    }
+
+
 async def _serve(
     guarded: bool, node: NodeState, status: StatusService
 ) -> tuple[web.AppRunner, int]:
@@ -146,22 +179,12 @@ async def _bench(bursts: int, burst_s: float) -> None:
     print(f"{'row':<52} {'without limits':>24} {'with limits':>24}  CPU")
     try:
         for what, load in rows:
-            rates: dict[str, list[float]] = {"without": [], "with": []}
-            cpu_us: dict[str, list[float]] = {"without": [], "with": []}
-            for _ in range(bursts):
-                for name, (_runner, port) in served.items():
-                    cpu, wall = time.process_time(), time.perf_counter()
-                    answered = await load(port)
-                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                    rates[name].append(answered / wall)
-                    cpu_us[name].append(cpu / answered * 1e6)
-            cells = {
-                name: f"{statistics.median(rates[name]):>8,.0f} req/s "
-                f"{statistics.median(cpu_us[name]):>6.1f} us/req"
-                for name in rates
-            }
-            change = statistics.median(cpu_us["with"]) / statistics.median(cpu_us["without"]) - 1
-            print(f"{what:<52} {cells['without']:>24} {cells['with']:>24}  {change * 100:+.1f}%")
+            figures = await alternate_bursts(
+                {name: partial(load, port) for name, (_runner, port) in served.items()}, bursts
+            )
+            without, with_ = figures["without"], figures["with"]
+            change = with_.cpu_us / without.cpu_us - 1
+            print(f"{what:<52} {without.cell():>24} {with_.cell():>24}  {change * 100:+.1f}%")
     finally:
         for runner, _port in served.values():
             await runner.cleanup()

@@ -19,11 +19,10 @@ import argparse
 import asyncio
 import shutil
 import ssl
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from aiohttp import web
@@ -37,7 +36,12 @@ from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.status_service import StatusService
 from agent.tls import ServerTls, TlsFiles
-from tests.benchmarks.bench_limits import HOST, keep_alive_requests, new_connection_requests
+from tests.benchmarks.bench_limits import (
+    HOST,
+    alternate_bursts,
+    keep_alive_requests,
+    new_connection_requests,
+)
 from tests.support.certs import make_pki
 
 PATH = "/gpu/info/json"
@@ -90,22 +94,13 @@ async def _bench(bursts: int, burst_s: float, pki_dir: Path) -> None:
     print(f"{'row':<40} {'one protocol per port':>26} {'TLS or plain (shared)':>26}  CPU")
     try:
         for what, alone, tls, load in rows:
-            rates: dict[str, list[float]] = {alone: [], "TLS or plain": []}
-            cpu_us: dict[str, list[float]] = {alone: [], "TLS or plain": []}
-            for _ in range(bursts):
-                for name, rate in rates.items():
-                    cpu, wall = time.process_time(), time.perf_counter()
-                    answered = await load(ports[name][1], tls)
-                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                    rate.append(answered / wall)
-                    cpu_us[name].append(cpu / max(answered, 1) * 1e6)
-            cells = [
-                f"{statistics.median(rates[name]):>8,.0f} req/s "
-                f"{statistics.median(cpu_us[name]):>7.1f} us/req"
-                for name in rates
-            ]
-            ratio = statistics.median(cpu_us["TLS or plain"]) / statistics.median(cpu_us[alone])
-            print(f"{what:<40} {cells[0]:>26} {cells[1]:>26}  x{ratio:.2f}")
+            figures = await alternate_bursts(
+                {name: partial(load, ports[name][1], tls) for name in (alone, "TLS or plain")},
+                bursts,
+            )
+            shared = figures["TLS or plain"]
+            ratio = shared.cpu_us / figures[alone].cpu_us
+            print(f"{what:<40} {figures[alone].cell():>26} {shared.cell():>26}  x{ratio:.2f}")
     finally:
         for runner, _port in ports.values():
             await runner.cleanup()
