@@ -1,14 +1,15 @@
 """Where an SSH node really is: ``~/.ssh/config`` applied to an ``ssh://`` endpoint.
 
 ``resolve_route(endpoint, config_file)`` reads the OpenSSH client configuration with
-paramiko's own parser (``paramiko.SSHConfig``: ``Host`` patterns, ``Match`` is not
-evaluated) and returns an ``SshRoute``: the target as a ``SshHop`` (``HostName``, ``Port``,
-``User``, ``IdentityFile``) and the jump hosts to go through (``ProxyJump``, each resolved in
-the same file), or a ``ProxyCommand``. As with ``ssh``, what the endpoint writes wins over the
-file: ``ssh://admin@gpu1:2222`` keeps admin and 2222 whatever ``Host gpu1`` says; a bare
-``ssh://gpu1`` takes both from it. ``UserKnownHostsFile`` adds known-hosts files; the host
-key policy itself stays ``NV_SSH_STRICT_HOST_KEY_CHECKING``'s (a config file cannot turn the
-check off behind the operator's back).
+paramiko's own parser (``paramiko.SSHConfig``: ``Host`` patterns, and ``Match`` blocks as
+paramiko evaluates them) and returns an ``SshRoute``: the target as a ``SshHop``
+(``HostName``, ``Port``, ``User``, ``IdentityFile``) and the jump hosts to go through
+(``ProxyJump``, each resolved in the same file), or a ``ProxyCommand``. As with ``ssh``,
+what the endpoint writes wins over the file: ``ssh://admin@gpu1:2222`` keeps admin and
+2222 whatever ``Host gpu1`` says; a bare ``ssh://gpu1`` takes both from it.
+``UserKnownHostsFile`` adds known-hosts files; the host key policy itself stays
+``NV_SSH_STRICT_HOST_KEY_CHECKING``'s (a config file cannot turn the check off behind the
+operator's back).
 
 The file is ``~/.ssh/config`` (``NV_SSH_CONFIG`` names another, ``none`` reads none); it is
 parsed once per process and file version. A file that cannot be read is a ``NodeError``

@@ -80,6 +80,19 @@ def test_proxyjump_none_chains_and_proxycommand(config: str, tmp_path: Path) -> 
     assert piped.proxy_command == "nc piped 22"
 
 
+def test_match_blocks_are_evaluated(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text(
+        "Match originalhost rack7-*\n  User rackops\n  Port 2207\n"
+        "Host rack7-gpu3\n  HostName 10.7.0.3\n"
+        "Match host 10.7.*\n  ProxyJump bastion7\n"
+        "Match all\n  Port 2299\n"
+    )
+    got = resolve_route(parse_endpoint("ssh://rack7-gpu3", user="alice"), str(path), "jumper")
+    assert got.describe() == "rackops@10.7.0.3:2207 via jumper@bastion7:2299"
+    assert route("ssh://other", str(path)) == "alice@other:2299"
+
+
 def test_bad_values_name_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text("Host bad\n  Port twenty-two\n")
