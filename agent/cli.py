@@ -27,6 +27,7 @@ from agent.config import (
     DEFAULT_LISTEN,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_PCIE_INTERVAL_S,
+    DEFAULT_PODMAN_SOCKET,
     DEFAULT_RESERVED_FDS,
     DEFAULT_SOCKET_DIR,
     DEFAULT_VOLUMES,
@@ -170,6 +171,16 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     "shown by id.",
 )
 @click.option(
+    "--podman-socket",
+    default=DEFAULT_PODMAN_SOCKET,
+    show_default=True,
+    envvar="NVIDIA_DOCKER_PLUGIN_PODMAN_SOCKET",
+    show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Podman's API socket (podman system service, the podman.socket unit), asked the "
+    "same for Podman containers using GPUs. Without it, they are shown by id.",
+)
+@click.option(
     "--event-loop",
     type=click.Choice(EVENT_LOOPS),
     default="auto",
@@ -288,6 +299,7 @@ def command(
     cdi_dev_root: Path,
     pcie_interval_s: float,
     docker_socket: Path,
+    podman_socket: Path,
     event_loop: str,
     header_timeout_s: float,
     idle_timeout_s: float,
@@ -318,6 +330,7 @@ def command(
         pcie_interval_s=pcie_interval_s,
         spec_file=spec_file,
         docker_socket=docker_socket,
+        podman_socket=podman_socket,
         header_timeout_s=header_timeout_s,
         idle_timeout_s=idle_timeout_s,
         max_connections=max_connections,

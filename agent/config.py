@@ -14,6 +14,7 @@ DEFAULT_SOCKET_DIR = "/run/docker/plugins"
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 DEFAULT_PCIE_INTERVAL_S = 1.0
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"  # asked for GPU processes' container names
+DEFAULT_PODMAN_SOCKET = "/run/podman/podman.sock"  # Podman's API service (podman.socket)
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"  # one of the two directories every CDI reader scans
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
 # Connection limits of both servers (docs/agent.md, "Limits").
@@ -38,6 +39,7 @@ class Config:
     pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
     spec_file: Path | None = None
     docker_socket: Path = Path(DEFAULT_DOCKER_SOCKET)
+    podman_socket: Path = Path(DEFAULT_PODMAN_SOCKET)
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS

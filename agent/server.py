@@ -165,7 +165,10 @@ class Agent:
         self.metrics = MetricsService(
             self.node,
             self.status,
-            attributor=Attributor(DockerEngine(cfg.docker_socket)),
+            attributor=Attributor(
+                DockerEngine(cfg.docker_socket),
+                podman=DockerEngine(cfg.podman_socket, what="Podman's API service"),
+            ),
             agent=counters,
             health=self._gpu_health,
         )

@@ -2,13 +2,17 @@
 
 ``GET /containers/<id>/json`` (``docker inspect``), unversioned so that any engine answers
 in its own current API version; the fields read (``Name``, ``Config.Image``) have been there
-since the first API versions. One aiohttp session with a unix connector, opened on first
-use and kept (keep-alive), each request bounded by ``timeout_s``.
+since the first API versions. Podman's API service (``podman system service``, the
+``podman.socket`` unit) answers the same request the same way on its Docker-compatible
+endpoints, so one client serves both (``what`` names the engine in messages). One aiohttp
+session with a unix connector, opened on first use and kept (keep-alive), each request
+bounded by ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,16 @@ class DockerEngineError(Exception):
 class DockerEngine:
     """A client of one Docker engine; ``close()`` it when done."""
 
-    def __init__(self, socket_path: Path = DEFAULT_DOCKER_SOCKET, timeout_s: float = 2.0):
+    def __init__(
+        self,
+        socket_path: Path = DEFAULT_DOCKER_SOCKET,
+        timeout_s: float = 2.0,
+        *,
+        what: str = "the Docker engine",
+    ):
         self.socket_path = socket_path
         self.timeout_s = timeout_s
+        self.what = what
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -49,7 +60,7 @@ class DockerEngine:
 
     async def inspect(self, container_id: str) -> ContainerFacts | None:
         """The container's name and image; ``None`` when the engine has no such container."""
-        where = f"the Docker engine at unix://{self.socket_path}"
+        where = f"{self.what} at unix://{self.socket_path}"
         try:
             async with self._client().get(f"http://docker/containers/{container_id}/json") as r:
                 if r.status == 404:
@@ -60,7 +71,13 @@ class DockerEngine:
         except TimeoutError:
             raise DockerEngineError(f"{where} did not answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as err:
-            raise DockerEngineError(f"cannot reach {where}: {err.os_error}") from None
+            hint = ""
+            if err.os_error.errno == errno.EACCES:
+                hint = (
+                    " (this user may not use the socket: give it the socket's group, "
+                    "see docs/metrics.md, 'Container names')"
+                )
+            raise DockerEngineError(f"cannot reach {where}: {err.os_error}{hint}") from None
         except (aiohttp.ClientError, ValueError) as err:
             raise DockerEngineError(f"{where} gave no usable answer: {err}") from None
         return _facts(container_id, body)
@@ -74,7 +91,7 @@ class DockerEngine:
 
 def _facts(container_id: str, body: Any) -> ContainerFacts:
     if not isinstance(body, dict):
-        raise DockerEngineError("the Docker engine answered JSON that is not a container")
+        raise DockerEngineError("the engine answered JSON that is not a container")
     name = body.get("Name")
     config = body.get("Config")
     image = config.get("Image") if isinstance(config, dict) else None

@@ -1,15 +1,17 @@
-"""Each GPU process's owner: its cgroup says which container, the Docker engine says its
-name and image, and a cache keeps the engine out of the hot path.
+"""Each GPU process's owner: its cgroup says which container, the container's engine (the
+Docker engine, or Podman's API service) says its name and image, and a cache keeps the
+engines out of the hot path.
 
 - The cgroup is read at every call (a procfs read of a few microseconds): PIDs are reused,
   so an old answer could name the wrong container.
-- Container facts are cached by container id, LRU-bounded (``max_containers``). A miss asks
-  the engine (concurrent misses of one id share one request); an entry is asked again
+- Container facts are cached by engine and container id, LRU-bounded (``max_containers``).
+  A miss asks the engine (concurrent misses of one id share one request); an entry is asked again
   after ``ttl_s`` (a renamed container), an id the engine does not know after
   ``missing_ttl_s`` (a container of another engine, or one just removed).
-- While the engine cannot be reached, it is asked again only every ``retry_s``; the
+- While an engine cannot be reached, it is asked again only every ``retry_s``; the
   processes keep their container id and kind, without name and image. The outage is logged
-  once, and its end too.
+  once per engine, and its end too. Without a Podman service (the common case on Docker
+  nodes), Podman containers are shown by id and the engine is asked only every ``retry_s``.
 - A Docker container that the Mesos Docker containerizer started is named
   ``mesos-<container id>`` (older Mesos: ``mesos-<agent id>.<container id>``, and its
   executor's ``....executor``): its Mesos container id is taken from the name.
@@ -53,6 +55,9 @@ class ProcessOwner:
         return (self.kind, self.container_id, self.mesos_container)
 
 
+_Key = tuple[OwnerKind, str]  # (engine, container id)
+
+
 @dataclass(slots=True)
 class _Entry:
     facts: ContainerFacts | None  # None: the engine does not know this id
@@ -66,6 +71,7 @@ class Attributor:
         self,
         engine: DockerEngine | None,
         *,
+        podman: DockerEngine | None = None,
         proc: Path = Path("/proc"),
         max_containers: int = 4096,
         ttl_s: float = 300.0,
@@ -73,89 +79,102 @@ class Attributor:
         retry_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.engine = engine
+        self.engines = {
+            kind: client
+            for kind, client in ((OwnerKind.DOCKER, engine), (OwnerKind.PODMAN, podman))
+            if client is not None
+        }
         self.proc = proc
         self.max_containers = max_containers
         self.ttl_s = ttl_s
         self.missing_ttl_s = missing_ttl_s
         self.retry_s = retry_s
         self._clock = clock
-        self._cache: OrderedDict[str, _Entry] = OrderedDict()
-        self._pending: dict[str, asyncio.Future[ContainerFacts | None]] = {}
-        self._engine_down_until: float | None = None
-        self.lookups = 0  # requests made to the engine
+        self._cache: OrderedDict[_Key, _Entry] = OrderedDict()
+        self._pending: dict[_Key, asyncio.Future[ContainerFacts | None]] = {}
+        self._engine_down_until: dict[OwnerKind, float] = {}
+        self.lookups = 0  # requests made to the engines
         self.lookup_failures = 0  # of which failed (engine unreachable, timeout, bad answer)
 
     async def owners(self, pids: Iterable[int]) -> dict[int, ProcessOwner]:
         """The owner of every PID (each read once); never raises."""
         places = {pid: read_place(pid, self.proc) for pid in dict.fromkeys(pids)}
-        ids = {p.container_id for p in places.values() if p.kind is OwnerKind.DOCKER}
-        facts = await self._facts(i for i in ids if i)
-        return {pid: _owner(place, facts.get(place.container_id)) for pid, place in places.items()}
+        keys = {
+            (p.kind, p.container_id)
+            for p in places.values()
+            if p.kind in (OwnerKind.DOCKER, OwnerKind.PODMAN) and p.container_id
+        }
+        facts = await self._facts(keys)
+        return {
+            pid: _owner(place, facts.get((place.kind, place.container_id or "")))
+            for pid, place in places.items()
+        }
 
-    async def _facts(self, ids: Iterable[str]) -> dict[str | None, ContainerFacts]:
+    async def _facts(self, keys: Iterable[_Key]) -> dict[_Key, ContainerFacts]:
         now = self._clock()
-        known: dict[str | None, ContainerFacts] = {}
-        missing: list[str] = []
-        for container_id in ids:
-            entry = self._cache.get(container_id)
+        known: dict[_Key, ContainerFacts] = {}
+        missing: list[_Key] = []
+        for key in keys:
+            entry = self._cache.get(key)
             if entry is not None and entry.expires_at > now:
-                self._cache.move_to_end(container_id)
+                self._cache.move_to_end(key)
                 if entry.facts is not None:
-                    known[container_id] = entry.facts
+                    known[key] = entry.facts
             else:
                 if entry is not None and entry.facts is not None:
-                    known[container_id] = entry.facts  # stale, but better than nothing
-                missing.append(container_id)
-        if missing and self.engine is not None and not self._engine_down(now):
-            answers = await asyncio.gather(*(self._ask(i) for i in missing))
-            for container_id, facts in zip(missing, answers, strict=True):
+                    known[key] = entry.facts  # stale, but better than nothing
+                if key[0] in self.engines and not self._engine_down(key[0], now):
+                    missing.append(key)
+        if missing:
+            answers = await asyncio.gather(*(self._ask(key) for key in missing))
+            for key, facts in zip(missing, answers, strict=True):
                 if facts is not None:
-                    known[container_id] = facts
+                    known[key] = facts
                 else:
-                    known.pop(container_id, None)
+                    known.pop(key, None)
         return known
 
-    def _engine_down(self, now: float) -> bool:
-        return self._engine_down_until is not None and now < self._engine_down_until
+    def _engine_down(self, kind: OwnerKind, now: float) -> bool:
+        return now < self._engine_down_until.get(kind, now)
 
-    async def _ask(self, container_id: str) -> ContainerFacts | None:
-        pending = self._pending.get(container_id)
+    async def _ask(self, key: _Key) -> ContainerFacts | None:
+        pending = self._pending.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(self._lookup(container_id))
-            self._pending[container_id] = pending
-            pending.add_done_callback(lambda _f: self._pending.pop(container_id, None))
+            pending = asyncio.ensure_future(self._lookup(key))
+            self._pending[key] = pending
+            pending.add_done_callback(lambda _f: self._pending.pop(key, None))
         return await asyncio.shield(pending)
 
-    async def _lookup(self, container_id: str) -> ContainerFacts | None:
-        assert self.engine is not None
+    async def _lookup(self, key: _Key) -> ContainerFacts | None:
+        kind, container_id = key
+        engine = self.engines[kind]
         self.lookups += 1
         try:
-            facts = await self.engine.inspect(container_id)
+            facts = await engine.inspect(container_id)
         except Exception as err:  # DockerEngineError, or a client bug: never cost the scrape
             if not isinstance(err, DockerEngineError):
-                log.exception("Asking the Docker engine about container %s failed", container_id)
+                log.exception("Asking %s about container %s failed", engine.what, container_id)
             self.lookup_failures += 1
-            if self._engine_down_until is None:
+            if kind not in self._engine_down_until:
                 log.warning(
-                    "%s: GPU processes in Docker containers are shown with their container "
+                    "%s: GPU processes in %s containers are shown with their container "
                     "id only (no name, no image); asking again every %g s",
                     err,
+                    kind.value.capitalize(),
                     self.retry_s,
                 )
-            self._engine_down_until = self._clock() + self.retry_s
-            cached = self._cache.get(container_id)
+            self._engine_down_until[kind] = self._clock() + self.retry_s
+            cached = self._cache.get(key)
             return cached.facts if cached is not None else None
-        if self._engine_down_until is not None:
-            log.info("The Docker engine answers again: containers are named")
-            self._engine_down_until = None
+        if self._engine_down_until.pop(kind, None) is not None:
+            log.info("%s answers again: containers are named", engine.what.capitalize())
         ttl = self.ttl_s if facts is not None else self.missing_ttl_s
-        self._remember(container_id, _Entry(facts, self._clock() + ttl))
+        self._remember(key, _Entry(facts, self._clock() + ttl))
         return facts
 
-    def _remember(self, container_id: str, entry: _Entry) -> None:
-        self._cache[container_id] = entry
-        self._cache.move_to_end(container_id)
+    def _remember(self, key: _Key, entry: _Entry) -> None:
+        self._cache[key] = entry
+        self._cache.move_to_end(key)
         while len(self._cache) > self.max_containers:
             self._cache.popitem(last=False)
 
@@ -166,8 +185,8 @@ class Attributor:
     async def close(self) -> None:
         for pending in list(self._pending.values()):
             pending.cancel()
-        if self.engine is not None:
-            await self.engine.close()
+        for engine in self.engines.values():
+            await engine.close()
 
 
 def _owner(place: CgroupPlace, facts: ContainerFacts | None) -> ProcessOwner:

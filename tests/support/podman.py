@@ -31,7 +31,7 @@ LOCK = "podman"  # machine_lock names: one podman test run at a time on the mach
 CDI_LOCK = "cdi"  # and one writer of the machine-wide CDI directories
 MACHINE_PATHS = (Path("/var/lib/containers"), Path("/run/containers"))
 RUN_LIMITS = ("--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
-APPLETS = ("sh", "ls", "cat", "echo", "find", "stat", "test", "sort", "grep")
+APPLETS = ("sh", "ls", "cat", "echo", "find", "stat", "test", "sort", "grep", "sleep")
 
 
 @dataclass(frozen=True)

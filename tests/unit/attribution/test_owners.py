@@ -78,6 +78,32 @@ async def test_unreachable_engine_is_logged_once_and_retried_later(
     assert "container id only" in warnings[0]
 
 
+async def test_each_engine_has_its_own_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No Podman service on a Docker node: Podman containers by id, Docker's still asked."""
+    podman_id = "b" * 64
+    proc = _proc(
+        tmp_path, {10: f"0::/docker/{ID}\n", 11: f"0::/libpod_parent/libpod-{podman_id}\n"}
+    )
+    docker = DockerEngine(tmp_path / "no-docker.sock", timeout_s=1)
+    podman = DockerEngine(tmp_path / "no-podman.sock", timeout_s=1, what="Podman's API service")
+    attributor = Attributor(docker, podman=podman, proc=proc, retry_s=30, clock=Clock())
+    try:
+        owners = await attributor.owners([10, 11])
+        assert owners[11] == ProcessOwner(OwnerKind.PODMAN, container_id=podman_id)
+        assert (attributor.lookups, attributor.lookup_failures) == (2, 2)
+        await attributor.owners([10, 11])
+        assert attributor.lookups == 2  # both engines wait for retry_s
+    finally:
+        await attributor.close()
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert len(warnings) == 2
+    assert "Podman's API service at unix://" in warnings[0]
+    assert "GPU processes in Podman containers are shown with their container id" in warnings[0]
+    assert "GPU processes in Docker containers" in warnings[1]
+
+
 @pytest.mark.parametrize(
     ("name", "container"),
     [
