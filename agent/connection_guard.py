@@ -42,7 +42,17 @@ from agent.tls_or_plain import TlsOrPlainServer, bind
 log = logging.getLogger("nvidia-docker-plugin.connections")
 
 LOG_INTERVAL_S = 60.0
-DEFAULT_MAX_WAITING = 1024  # plain-or-TLS connections waiting for their first byte
+DEFAULT_MAX_WAITING = 256  # plain-or-TLS connections waiting for their first byte
+
+
+def _waiting_bound(max_connections: int | None) -> int:
+    """Connections to loopback waiting for their first byte hold descriptors the guard does
+    not count yet: at most a quarter of the bound (at least 16), taken from the descriptor
+    budget's reserve (docs/agent.md, "Limits") only by local clients."""
+    if max_connections is None:
+        return DEFAULT_MAX_WAITING
+    return max(16, max_connections // 4)
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -301,7 +311,7 @@ class GuardedSite(web.BaseSite):
                 bind(host, port if port is not None else 0, backlog=self._queue),
                 self._tls,
                 first_byte_timeout_s=self._guard.limits.header_timeout_s,
-                max_waiting=self._guard.limits.max_connections or DEFAULT_MAX_WAITING,
+                max_waiting=_waiting_bound(self._guard.limits.max_connections),
             )
             listener.start()
             self._listener = listener

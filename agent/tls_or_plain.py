@@ -122,8 +122,9 @@ class TlsOrPlainServer:
             except OSError as err:
                 if err.errno in _OUT_OF_RESOURCES:
                     self._pause(listening, err)
-                    return
-                raise
+                else:  # a network error of a pending connection (EPROTO, ...): that one only
+                    log.debug("REST API: accept failed: %s", err)
+                return
             conn.setblocking(False)
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
