@@ -16,6 +16,10 @@ from tests.support.sshd import SshServer, start_sshd, stop_sshd
 # Agents the tests start write no CDI spec unless a test asks for one (--cdi-spec-dir): the
 # default, /var/run/cdi, is the machine's own, read by every CDI engine here.
 os.environ["NVIDIA_DOCKER_PLUGIN_CDI_SPEC_DIR"] = ""
+# And they run on asyncio's own event loop, which every install has, although uvloop (a test
+# dependency) is installed: scripts/test-all runs the network-facing end-to-end tests a
+# second time with NVIDIA_DOCKER_PLUGIN_EVENT_LOOP=uvloop, as `pip install '.[fast]'` runs.
+os.environ.setdefault("NVIDIA_DOCKER_PLUGIN_EVENT_LOOP", "asyncio")
 
 
 # Fixtures that start real services: a test that is the first to ask for one also waits for

@@ -95,6 +95,8 @@ def test_serves_the_api_over_tcp_and_stops_gracefully(daemon: Daemon) -> None:
                  "Received SIGTERM", "Stopped"):  # fmt: skip
         assert step in text
     assert "Traceback" not in text
+    # the event loop the suite asked for (tests/conftest.py; scripts/test-all's uvloop pass)
+    assert f"Event loop: {os.environ['NVIDIA_DOCKER_PLUGIN_EVENT_LOOP']}" in text
 
 
 def test_sigint_is_graceful_too(tmp_path: Path) -> None:

@@ -213,3 +213,48 @@ async def test_plain_loopback_needs_no_token_but_tls_does(pki: Pki, tmp_path: Pa
             assert await _get(secure, _client_tls(pki), **auth) == (200, "the node's GPUs")
         finally:
             await runner.cleanup()
+
+
+def test_uvloop_serves_both_and_gives_descriptors_back(pki: Pki) -> None:
+    """The same on uvloop (the agent's loop with '.[fast]'): its connect_accepted_socket and
+    add_reader on sockets it does not own, and its handling of failed handshakes."""
+    uvloop = pytest.importorskip("uvloop")  # a test dependency: installed wherever tests run
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/gpu/info", _info)
+        runner = web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        assert runner.server is not None
+        tls = ServerTls(TlsFiles(pki.pem("server"), pki.key("server"))).listening
+        servers = [
+            TlsOrPlainServer(runner.server, bind("127.0.0.1", 0), tls, first_byte_timeout_s=0.2),
+            TlsOrPlainServer(
+                runner.server,
+                bind("127.0.0.1", 0),
+                tls,
+                first_byte_timeout_s=0.2,
+                plain_allowed=lambda _address: False,
+            ),
+        ]
+        for server in servers:
+            server.start()
+        loopback, network = (server.sockets[0].getsockname()[1] for server in servers)
+        try:
+            assert await _get(f"http://127.0.0.1:{loopback}/gpu/info") == (200, "the node's GPUs")
+            for port in (loopback, network):
+                url = f"https://127.0.0.1:{port}/gpu/info"
+                assert await _get(url, _client_tls(pki)) == (200, "the node's GPUs")
+            before = _descriptors()
+            for _ in range(10):
+                assert await _raw(loopback, b"\x16\x03\x01\x00\x05not a hello") == b""
+                assert await _raw(network, REQUEST) == b""
+                assert await _raw(loopback, b"") == b""  # silent: closed after 0.2 s
+            await _until(lambda: _descriptors() <= before, "every descriptor is given back")
+        finally:
+            for server in servers:
+                server.close()
+            await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
