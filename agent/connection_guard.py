@@ -36,22 +36,27 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.display import shown
+from agent.loopback import is_loopback
 from agent.rate_limit import RateLimiter
 from agent.tls_or_plain import TlsOrPlainServer, bind
 
 log = logging.getLogger("nvidia-docker-plugin.connections")
 
 LOG_INTERVAL_S = 60.0
-DEFAULT_MAX_WAITING = 256  # plain-or-TLS connections waiting for their first byte
+DEFAULT_MAX_PENDING = 256  # TLS-port connections before their first byte or handshake's end
 
 
-def _waiting_bound(max_connections: int | None) -> int:
-    """Connections to loopback waiting for their first byte hold descriptors the guard does
-    not count yet: at most a quarter of the bound (at least 16), taken from the descriptor
-    budget's reserve (docs/agent.md, "Limits") only by local clients."""
+def _pending_bound(max_connections: int | None) -> int:
+    """Connections of the TLS port that have not reached the server yet (no first byte, or
+    in their handshake) hold descriptors the guard does not count yet: at most a quarter of
+    the bound (at least 16), taken from the descriptor budget's reserve (docs/agent.md)."""
     if max_connections is None:
-        return DEFAULT_MAX_WAITING
+        return DEFAULT_MAX_PENDING
     return max(16, max_connections // 4)
+
+
+def _never(_address: str) -> bool:
+    return False
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -285,7 +290,7 @@ class GuardedSite(web.BaseSite):
         self._queue = backlog
         self._reuse_address = reuse_address
         # With TLS: connections to a loopback address may also speak plain HTTP.
-        self._plain_loopback = plain_loopback and ssl_context is not None and sock is None
+        self._plain_loopback = plain_loopback
         self._listener: asyncio.Server | TlsOrPlainServer | None = None
 
     @property
@@ -305,13 +310,14 @@ class GuardedSite(web.BaseSite):
         host, port, sock = self._where
         # A TLS handshake happens before the connection reaches the guard: bound it too.
         handshake_s = self._guard.limits.header_timeout_s if self._tls else None
-        if self._plain_loopback and self._tls is not None:
+        if self._tls is not None and sock is None:  # TLS on TCP: bounded before the guard
             listener = TlsOrPlainServer(
                 factory,
                 bind(host, port if port is not None else 0, backlog=self._queue),
                 self._tls,
                 first_byte_timeout_s=self._guard.limits.header_timeout_s,
-                max_waiting=_waiting_bound(self._guard.limits.max_connections),
+                max_pending=_pending_bound(self._guard.limits.max_connections),
+                plain_allowed=is_loopback if self._plain_loopback else _never,
             )
             listener.start()
             self._listener = listener

@@ -1,8 +1,9 @@
-"""One TCP port for TLS and, from the node itself, plain HTTP as well.
+"""The REST API's TLS port: TLS, and from the node itself plain HTTP as well; bounded.
 
 With ``--tls-cert`` and ``--plain-loopback`` (the default), a launch script's
 ``curl localhost:3476`` keeps working while other machines must speak TLS on the same port.
-``TlsOrPlainServer`` accepts the connections itself:
+``TlsOrPlainServer`` accepts the connections itself (with ``--no-plain-loopback`` too, then
+with ``plain_allowed`` false for every address):
 
 - a connection to an address that is not loopback starts its TLS handshake at once (plain
   HTTP from the network fails the handshake, as on a TLS-only port);
@@ -11,10 +12,14 @@ With ``--tls-cert`` and ``--plain-loopback`` (the default), a launch script's
   socket: ``0x16`` opens a TLS handshake record, anything else is plain HTTP (a request
   starts with a method's letter). The socket then goes to the event loop as TLS or plain.
 
-Connections waiting for their first byte are bounded (``max_waiting``; the one waiting
-longest is closed first), as are those in their handshake (the event loop's
-``ssl_handshake_timeout``). Once handed over, a connection is the event loop's and the
-protocol's, as with ``loop.create_server``.
+A connection is *pending* until it reaches the server's protocol: while it waits for its
+first byte, and while its TLS handshake runs (at most ``first_byte_timeout_s`` too). The
+connection guard (``agent.connection_guard``) sees connections only from then on, so pending
+ones are bounded here: beyond ``max_pending`` the oldest is closed (one still waiting for its
+first byte before one in its handshake), so that clients that open connections and stall
+before or inside the handshake cannot take the descriptors the plugin socket needs. Once
+handed over, a connection is the event loop's and the protocol's, as with
+``loop.create_server``.
 """
 
 from __future__ import annotations
@@ -71,17 +76,18 @@ class TlsOrPlainServer:
         ssl_context: ssl.SSLContext,
         *,
         first_byte_timeout_s: float,
-        max_waiting: int = 1024,
+        max_pending: int = 256,
         plain_allowed: Callable[[str], bool] = is_loopback,
     ) -> None:
         self.sockets = sockets
         self._factory = factory
         self._tls = ssl_context
         self._timeout_s = first_byte_timeout_s
-        self._max_waiting = max_waiting
+        self._max_pending = max(1, max_pending)
         self._plain_allowed = plain_allowed
         self._waiting: OrderedDict[socket.socket, asyncio.TimerHandle] = OrderedDict()
-        self._handing: set[asyncio.Task[None]] = set()
+        self._handing: OrderedDict[asyncio.Task[None], None] = OrderedDict()
+        self.dropped = 0  # pending connections closed at the bound, since start
         self._limiter = RateLimiter(60.0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -103,13 +109,39 @@ class TlsOrPlainServer:
             listening.close()
         for conn in list(self._waiting):
             self._drop(conn)
-        for task in self._handing:
+        for task in list(self._handing):
             task.cancel()
+        self._handing.clear()
 
     @property
     def waiting(self) -> int:
         """Connections to a loopback address whose first byte has not come yet."""
         return len(self._waiting)
+
+    @property
+    def pending(self) -> int:
+        """Connections not yet served: waiting for their first byte, or in their handshake."""
+        return len(self._waiting) + len(self._handing)
+
+    def _make_room(self) -> None:
+        """At the bound: close the oldest pending connection (waiting ones first)."""
+        while self.pending >= self._max_pending:
+            self.dropped += 1
+            if self._waiting:
+                self._drop(next(iter(self._waiting)))
+            else:
+                task = next(iter(self._handing))
+                del self._handing[task]
+                task.cancel()  # the event loop closes the socket of a cancelled handshake
+            held_back = self._limiter.allow("pending")
+            if held_back is not None:
+                more = f"; {held_back} more in the last 60 s" if held_back else ""
+                log.warning(
+                    "REST API: %d connections before their first byte or in their TLS "
+                    "handshake, the most allowed: closed the oldest%s",
+                    self._max_pending,
+                    more,
+                )
 
     # --- accepting ---
 
@@ -154,8 +186,7 @@ class TlsOrPlainServer:
 
     def _wait_for_first_byte(self, conn: socket.socket) -> None:
         assert self._loop is not None
-        while len(self._waiting) >= self._max_waiting:
-            self._drop(next(iter(self._waiting)))
+        self._make_room()
         self._waiting[conn] = self._loop.call_later(self._timeout_s, self._drop, conn)
         self._loop.add_reader(conn.fileno(), self._first_byte, conn)
 
@@ -170,7 +201,7 @@ class TlsOrPlainServer:
         if not first:  # closed before a byte was sent
             self._drop(conn)
             return
-        self._forget(conn)
+        self._forget(conn)  # still pending: now as a handover, in the same bound
         self._hand_over(conn, tls=first[0] == TLS_HANDSHAKE)
 
     def _forget(self, conn: socket.socket) -> None:
@@ -188,9 +219,10 @@ class TlsOrPlainServer:
 
     def _hand_over(self, conn: socket.socket, *, tls: bool) -> None:
         assert self._loop is not None
+        self._make_room()
         task = self._loop.create_task(self._connect(conn, tls))
-        self._handing.add(task)
-        task.add_done_callback(self._handing.discard)
+        self._handing[task] = None
+        task.add_done_callback(lambda done: self._handing.pop(done, None))
 
     async def _connect(self, conn: socket.socket, tls: bool) -> None:
         assert self._loop is not None

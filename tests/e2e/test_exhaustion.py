@@ -4,8 +4,10 @@ and two daemons racing for one socket directory."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from tests.support.agent_process import (
     running_agent,
     wait_ready,
 )
+from tests.support.certs import make_pki
 from tests.support.fake_driver import VERSION, FakeDriver
 from tests.support.services import port_open, stop_process, wait_until
 
@@ -118,6 +121,74 @@ def test_mount_and_rest_answer_within_1s_under_1100_stalled_connections_at_1024_
         log = agent.log()
     assert "Connection limits: 768 REST connections (descriptor limit 1024, 256 reserved)" in log
     assert "connections, the most allowed: dropped the one from 127.0.0.1" in log
+    assert "Too many open files" not in log
+    assert "out of system resource" not in log
+    assert "Traceback" not in log
+    assert most < DAEMON_FDS
+
+
+def stall_in_handshake(port: int) -> socket.socket:
+    """A connection that starts a TLS record (a ClientHello's first bytes) and waits."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    with contextlib.suppress(OSError):
+        sock.sendall(b"\x16\x03\x01")
+    return sock
+
+
+def tls_get(port: int, ca: Path, limit_s: float) -> None:
+    """A GET over TLS on a new connection, answered within ``limit_s``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    started = time.monotonic()
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=limit_s, context=context)
+    try:
+        conn.request("GET", "/gpu/info/json")
+        answer = conn.getresponse()
+        assert (answer.status, answer.read()[:1]) == (200, b"{")
+    finally:
+        conn.close()
+    assert time.monotonic() - started < limit_s
+
+
+def test_the_tls_port_under_1100_connections_stalled_in_their_handshake_at_1024_fds(
+    tmp_path: Path, fake_driver: FakeDriver
+) -> None:
+    """The same attack on a TLS port (--tls-cert, plain HTTP on loopback): each connection
+    starts a TLS record and stalls, so it never reaches the server and its guard. The
+    handshake timeout is long (it is the header timeout); only the bound on connections
+    before their handshake's end keeps the plugin socket and the REST API answering."""
+    pki = make_pki(tmp_path / "pki")
+    with (
+        attacker_sockets(ATTACKERS) as attackers,
+        running_agent(
+            tmp_path / "agent", "--header-timeout", "600", "--idle-timeout", "600",
+            "--tls-cert", str(pki.pem("server")), "--tls-key", str(pki.key("server")),
+            nofile=DAEMON_FDS, driver=fake_driver,
+        ) as agent,
+    ):  # fmt: skip
+        assert agent.plugin("VolumeDriver.Create", {"Name": VOLUME}, timeout_s=60) == (
+            200,
+            {"Err": ""},
+        )
+        mount_and_get(agent, 1.0)  # the GET: plain HTTP to loopback
+        tls_get(agent.port, pki.pem("ca"), 1.0)
+        baseline = agent.open_descriptors()
+        most = baseline
+        for _ in range(4):
+            for _ in range(ATTACKERS // 4):
+                attackers.append(stall_in_handshake(agent.port))
+            most = max(most, agent.open_descriptors())
+            mount_and_get(agent, 1.0)
+            tls_get(agent.port, pki.pem("ca"), 1.0)
+        assert agent.alive()
+        for sock in attackers:
+            sock.close()
+        wait_until(
+            lambda: agent.open_descriptors() <= baseline,
+            what=f"the daemon's descriptors back to {baseline}",
+            timeout_s=20,
+        )
+        log = agent.log()
+    assert "before their first byte or in their TLS handshake, the most allowed" in log
     assert "Too many open files" not in log
     assert "out of system resource" not in log
     assert "Traceback" not in log

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from agent.auth import TokenStore, token_middleware
 from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.loopback import is_loopback
 from agent.tls import ServerTls, TlsFiles
 from agent.tls_or_plain import TlsOrPlainServer, bind
 from tests.support.certs import Pki, make_pki
@@ -53,7 +54,10 @@ async def serve(pki: Pki) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     servers: list[TlsOrPlainServer] = []
 
     async def start(
-        *, plain_allowed: Callable[[str], bool] | None = None, **options: float
+        *,
+        plain_allowed: Callable[[str], bool] = is_loopback,
+        timeout_s: float = 10.0,
+        max_pending: int = 1024,
     ) -> Served:
         app = web.Application()
         app.router.add_get("/gpu/info", _info)
@@ -62,14 +66,13 @@ async def serve(pki: Pki) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
         runners.append(runner)
         assert runner.server is not None
         tls = ServerTls(TlsFiles(pki.pem("server"), pki.key("server")))
-        extra = {} if plain_allowed is None else {"plain_allowed": plain_allowed}
         server = TlsOrPlainServer(
             runner.server,
             bind("127.0.0.1", 0),
             tls.listening,
-            first_byte_timeout_s=options.get("timeout_s", 10.0),
-            max_waiting=int(options.get("max_waiting", 1024)),
-            **extra,
+            first_byte_timeout_s=timeout_s,
+            max_pending=max_pending,
+            plain_allowed=plain_allowed,
         )
         server.start()
         servers.append(server)
@@ -140,10 +143,10 @@ async def test_a_loopback_connection_that_sends_nothing_is_closed(
     await _until(lambda: server.waiting == 0, "the closed connection is forgotten")
 
 
-async def test_connections_waiting_for_their_first_byte_are_bounded(
+async def test_connections_before_their_first_byte_are_bounded(
     serve: Callable[..., Awaitable[Served]],
 ) -> None:
-    server, port = await serve(max_waiting=3)
+    server, port = await serve(max_pending=3)
     streams = []
     for count in range(1, 5):
         streams.append(await asyncio.open_connection("127.0.0.1", port))
@@ -151,12 +154,37 @@ async def test_connections_waiting_for_their_first_byte_are_bounded(
     first_reader, first_writer = streams[0]
     assert await asyncio.wait_for(first_reader.read(), 10) == b""  # the oldest was closed
     first_writer.close()
-    assert server.waiting == 3
+    assert (server.waiting, server.dropped) == (3, 1)
     server.close()  # closes those still waiting
     for reader, writer in streams[1:]:
         assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()
     assert server.waiting == 0
+
+
+@pytest.mark.parametrize("plain_loopback", [True, False])
+async def test_connections_stalled_in_their_handshake_are_bounded(
+    pki: Pki, serve: Callable[..., Awaitable[Served]], plain_loopback: bool
+) -> None:
+    """A TLS record header and nothing more, from loopback or from "the network": the oldest
+    are closed beyond the bound, and a client that completes its handshake is served."""
+    allowed = is_loopback if plain_loopback else (lambda _address: False)
+    server, port = await serve(max_pending=4, plain_allowed=allowed)
+    stalled = []
+    for count in range(1, 7):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x16\x03\x01")  # the start of a ClientHello record
+        stalled.append((reader, writer))
+        await _until(lambda n=count: server.pending == min(n, 4), f"{count} pending")  # type: ignore[misc]
+    for reader, _writer in stalled[:2]:  # the two oldest were closed
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    assert (server.pending, server.dropped) == (4, 2)
+    assert await _get(f"https://127.0.0.1:{port}/gpu/info", _client_tls(pki)) == (
+        200,
+        "the node's GPUs",
+    )
+    for _reader, writer in stalled:
+        writer.close()
 
 
 def _descriptors() -> int:
