@@ -32,6 +32,20 @@ from pathlib import Path
 import pytest
 
 from agent.gpu import nodefile
+from tests.support.cdi_node import (
+    CAPS_MAJOR,
+    CONTROL,
+    GPU1,
+    LABELS,
+    LIST_NODES,
+    MIGS,
+    NODE,
+    NVIDIA_MAJOR,
+    PROGRAM,
+    caps_of,
+    make_dev_root,
+)
+from tests.support.cdi_node import nodes_seen as seen_in
 from tests.support.cdi_schema import schema_errors
 from tests.support.fake_driver import (
     NEW_VERSION,
@@ -47,16 +61,8 @@ from tests.support.systemd_hosts import ensure_rootfs_tarball
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-NODE = "h200x2-mig"
-INFO = nodefile.load(NODE).info
-GPU0, GPU1 = INFO.devices
-MIGS = GPU0.mig_devices
 CDI_DIR = Path("/var/run/cdi")
 SPEC = CDI_DIR / "nvidia-docker.json"
-LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
-NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 509  # any free majors do for nodes never opened
-CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm"}
-LIST_NODES = "find /dev -name 'nvidia*' \\( -type c -o -type d \\) | sort"
 
 
 @dataclass
@@ -65,20 +71,6 @@ class CdiAgent:
     proc: subprocess.Popen[bytes]
     log: Path
     node_file: Path
-
-
-def _make_dev_root(root: Path) -> None:
-    """The device nodes of the node, with the real NVIDIA numbering, under ``root/dev``."""
-    dev = root / "dev"
-    (dev / "nvidia-caps").mkdir(parents=True)
-    nodes = {"nvidiactl": (NVIDIA_MAJOR, 255), "nvidia-uvm": (UVM_MAJOR, 0)}
-    nodes |= {f"nvidia{i}": (NVIDIA_MAJOR, i) for i in range(len(INFO.devices))}
-    for mig in MIGS:
-        for cap in mig.capabilities:
-            minor = int(cap.rsplit("nvidia-cap", 1)[1])
-            nodes[cap.removeprefix("/dev/")] = (CAPS_MAJOR, minor)
-    for name, (major, minor) in nodes.items():
-        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
 
 def _foreign_specs() -> list[str]:
@@ -98,7 +90,7 @@ def _cdi_agent(driver: FakeDriver) -> Iterator[CdiAgent]:
             pytest.skip(f"another CDI spec of kind nvidia.com/gpu is here: {_foreign_specs()}")
         made_dir = not CDI_DIR.exists()
         base = Path(tempfile.mkdtemp(prefix="nvd-cdi-agent-"))
-        _make_dev_root(base / "devroot")
+        make_dev_root(base / "devroot")
         node_file = base / "node.json"
         node_file.write_text(nodefile.resolve(NODE).read_text())
         port = free_port()
@@ -178,11 +170,7 @@ def debian(podman: Podman) -> str:
 
 def nodes_seen(done: subprocess.CompletedProcess[str]) -> set[str]:
     assert done.returncode == 0, done.stderr
-    return {line for line in done.stdout.split() if line != "/dev/nvidia-caps"}
-
-
-def caps_of(*indices: int) -> set[str]:
-    return {cap for i in indices for cap in MIGS[i].capabilities}
+    return seen_in(done.stdout)
 
 
 def test_the_spec_is_valid_and_podman_reads_its_version(cdi_agent: CdiAgent) -> None:
@@ -235,22 +223,6 @@ def test_an_unknown_device_is_podmans_error(
     done = podman.run(busybox, "true", devices=["nvidia.com/gpu=7"])
     assert done.returncode != 0
     assert "nvidia.com/gpu=7" in done.stderr
-
-
-PROGRAM = """
-import ctypes, os
-assert "LD_LIBRARY_PATH" not in os.environ, os.environ["LD_LIBRARY_PATH"]
-cuda = ctypes.CDLL("libcuda.so.1")
-nvml = ctypes.CDLL("libnvidia-ml.so.1")
-version = ctypes.create_string_buffer(96)
-assert nvml.nvmlInit_v2() == 0
-assert nvml.nvmlSystemGetDriverVersion(version, 96) == 0
-print("cuInit", cuda.cuInit(0), "driver", version.value.decode())
-for line in open("/proc/self/maps"):
-    if "libcuda.so" in line:
-        print(line.split()[-1])
-        break
-"""
 
 
 def test_python_loads_libcuda_by_soname_without_ld_library_path(

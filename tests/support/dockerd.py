@@ -16,10 +16,12 @@ test gives it a volume plugin by writing a spec file into ``DockerEngine.plugin_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -95,10 +97,17 @@ class DockerEngine:
         return tag
 
 
-def start_engine(base: Path | None = None) -> tuple[DockerEngine, subprocess.Popen[bytes]]:
-    """Start a private dockerd; the caller stops it with ``stop_engine``."""
-    if shutil.which("dockerd") is None:
-        raise RuntimeError("dockerd is not installed: apt-get install docker.io")
+def start_engine(
+    base: Path | None = None,
+    *,
+    dockerd: str = "dockerd",
+    extra_args: Sequence[str] = (),
+    daemon_json: Mapping[str, object] | None = None,
+) -> tuple[DockerEngine, subprocess.Popen[bytes]]:
+    """Start a private dockerd (another build: ``dockerd``; ``daemon_json`` becomes its
+    ``/etc/docker/daemon.json``); the caller stops it with ``stop_engine``."""
+    if shutil.which(dockerd) is None:
+        raise RuntimeError(f"{dockerd} is not installed: apt-get install docker.io")
     if not Path("/etc/docker").is_dir():
         raise RuntimeError(
             "/etc/docker is missing (docker.io installs it): apt-get install docker.io"
@@ -107,13 +116,20 @@ def start_engine(base: Path | None = None) -> tuple[DockerEngine, subprocess.Pop
     sock = root / "docker.sock"
     engine = DockerEngine(host=f"unix://{sock}", root=root)
     engine.plugin_specs.mkdir(parents=True)
+    if daemon_json is not None:
+        (root / "etc-docker" / "daemon.json").write_text(json.dumps(daemon_json))
     with (root / "dockerd.log").open("wb") as log:
-        proc = _spawn_dockerd(root, sock, log, dict(os.environ))
+        proc = _spawn_dockerd(root, sock, log, dict(os.environ), dockerd, extra_args)
     return _await_engine(engine, proc)
 
 
 def _spawn_dockerd(
-    root: Path, sock: Path, log: BinaryIO, env: dict[str, str]
+    root: Path,
+    sock: Path,
+    log: BinaryIO,
+    env: dict[str, str],
+    dockerd: str = "dockerd",
+    extra_args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     # unshare and sh exec in place: the pid is dockerd's, so signals reach it directly.
     return subprocess.Popen(
@@ -126,7 +142,7 @@ def _spawn_dockerd(
             "-c",
             _PRIVATE_PATHS,
             str(root / "etc-docker"),
-            "dockerd",
+            dockerd,
             "--host",
             f"unix://{sock}",
             "--data-root",
@@ -137,6 +153,7 @@ def _spawn_dockerd(
             str(root / "dockerd.pid"),
             "--iptables=false",
             "--bridge=none",
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

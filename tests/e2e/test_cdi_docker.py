@@ -1,0 +1,186 @@
+"""The agent's CDI spec with a real Docker 25+ engine (Debian 13's dockerd 26), end to end.
+
+Debian 12's own engine (20.10) has no CDI, so ``scripts/test-all`` fetches Debian 13's
+``docker.io`` package and unpacks its ``dockerd`` into ``.cache/docker-cdi`` (it runs on
+Debian 12's libraries, containerd and runc); ``NVD_DOCKERD_CDI`` names another build. The
+engine is private (``tests.support.dockerd``) with CDI on (``"features": {"cdi": true}``)
+and ``--cdi-spec-dir`` a directory of this test, where a real agent writes its spec for the
+simulated ``h200x2-mig`` node against the fake driver root; device nodes are made with
+mknod in a private dev root. Nothing machine-wide is written.
+
+Checked: ``docker run --device nvidia.com/gpu=...`` gives the container exactly the
+selected nodes; the CDI hook (run by runc for dockerd) lets a Debian image without
+LD_LIBRARY_PATH load ``libcuda.so.1`` by soname; ``nvidia-docker run`` sees that the
+engine reads CDI and gives a labelled image its GPUs that way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.gpu import nodefile
+from tests.support.cdi_node import (
+    CONTROL,
+    GPU1,
+    LABELS,
+    LIST_NODES,
+    MIGS,
+    NODE,
+    PROGRAM,
+    caps_of,
+    make_dev_root,
+    nodes_seen,
+)
+from tests.support.dockerd import DockerEngine, start_engine, stop_engine
+from tests.support.fake_driver import FakeDriver
+from tests.support.prerequisites import require_root, unavailable
+from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.systemd_hosts import ensure_rootfs_tarball
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
+
+
+@dataclass
+class Setup:
+    engine: DockerEngine
+    agent_port: int
+    spec_dir: Path
+
+
+def _dockerd_with_cdi() -> str:
+    path = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
+    if not os.access(path, os.X_OK):
+        unavailable(
+            f"needs a dockerd 25 or newer at {path} (scripts/test-all unpacks Debian 13's "
+            "docker.io there; NVD_DOCKERD_CDI names another)"
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
+    require_root()
+    dockerd = _dockerd_with_cdi()
+    base = Path(tempfile.mkdtemp(prefix="nvd-cdi-docker-"))
+    spec_dir = base / "cdi"
+    spec_dir.mkdir()
+    make_dev_root(base / "devroot")
+    node_file = base / "node.json"
+    node_file.write_text(nodefile.resolve(NODE).read_text())
+    port = free_port()
+    log = base / "agent.log"
+    env = {**os.environ, "PATH": fake_driver.search_path, "PYTHONPATH": str(REPO)}
+    with log.open("wb") as out:
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "agent.daemon",
+                "-l", f"127.0.0.1:{port}", "-s", str(base / "plugins"), "-d", str(base / "vol"),
+                "--simulate", str(node_file), "--ldcache", str(fake_driver.ldcache),
+                "--cdi-spec-dir", str(spec_dir), "--cdi-dev-root", str(base / "devroot"),
+            ],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    engine = proc = None
+    try:
+        wait_until(
+            lambda: port_open(port) and (spec_dir / "nvidia-docker.json").exists(),
+            what=f"agent and its CDI spec (log: {log})",
+            proc=agent,
+        )
+        engine, proc = start_engine(
+            base,
+            dockerd=dockerd,
+            extra_args=["--cdi-spec-dir", str(spec_dir)],
+            daemon_json={"features": {"cdi": True}},
+        )
+        yield Setup(engine, port, spec_dir)
+    finally:
+        if engine is not None and proc is not None:
+            stop_engine(engine, proc)
+        stop_process(agent)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def busybox(setup: Setup) -> str:
+    return setup.engine.import_busybox("nvd-cdi/busybox-cuda:12.4", LABELS)
+
+
+@pytest.fixture(scope="module")
+def debian(setup: Setup) -> str:
+    tag = "nvd-cdi/debian:12"
+    args = ["import", *(f"--change=LABEL {k}={v}" for k, v in LABELS.items())]
+    setup.engine.docker(*args, str(ensure_rootfs_tarball()), tag, timeout_s=600)
+    return tag
+
+
+def run(setup: Setup, image: str, *command: str, devices: tuple[str, ...] = ()) -> str:
+    device_args = [f"--device={device}" for device in devices]
+    done = setup.engine.docker("run", "--rm", "--network", "none", *device_args, image, *command)
+    return done.stdout
+
+
+def test_the_engine_reads_cdi_from_the_agents_directory(setup: Setup) -> None:
+    version = setup.engine.docker("version", "--format", "{{.Server.Version}}").stdout
+    assert int(version.split(".")[0]) >= 25, version
+    dirs = setup.engine.docker("info", "--format", "{{json .CDISpecDirs}}").stdout.strip()
+    assert dirs == f'["{setup.spec_dir}"]'
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        ("nvidia.com/gpu=1", {"/dev/nvidia1"}),
+        (f"nvidia.com/gpu={GPU1.uuid}", {"/dev/nvidia1"}),
+        ("nvidia.com/gpu=0:1", {"/dev/nvidia0", *caps_of(1)}),
+        (f"nvidia.com/gpu={MIGS[3].uuid}", {"/dev/nvidia0", *caps_of(3)}),
+        ("nvidia.com/gpu=all", {"/dev/nvidia0", "/dev/nvidia1", *caps_of(0, 1, 2, 3)}),
+    ],
+)
+def test_docker_gives_exactly_the_selected_nodes(
+    setup: Setup, busybox: str, device: str, expected: set[str]
+) -> None:
+    seen = run(setup, busybox, "sh", "-c", LIST_NODES, devices=(device,))
+    assert nodes_seen(seen) == CONTROL | expected
+
+
+def test_python_loads_libcuda_by_soname_under_docker(
+    setup: Setup, debian: str, fake_driver: FakeDriver
+) -> None:
+    out = run(setup, debian, "python3", "-c", PROGRAM, devices=("nvidia.com/gpu=1",))
+    assert out.splitlines() == [
+        f"cuInit 0 driver {fake_driver.version}",
+        f"/usr/local/nvidia/lib64/libcuda.so.{fake_driver.version}",
+    ]
+
+
+def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> None:
+    script = Path(sys.executable).with_name("nvidia-docker")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
+    environ = {k: v for k, v in setup.engine.env().items() if not k.startswith("NV_")}
+    environ.update(
+        NV_HOST=f"http://127.0.0.1:{setup.agent_port}", NV_GPU="1", NV_DEBUG="1",
+        PYTHONPATH=str(REPO),
+    )  # fmt: skip
+    done = subprocess.run(
+        [*command, "run", "--rm", "--network", "none", busybox, "sh", "-c", LIST_NODES],
+        env=environ, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
+    # NV_DEBUG: what the engine check found (the volume form would name the host's /dev,
+    # where these nodes do not exist, and the run would fail)
+    assert "nvidia-docker | engine: Docker " in done.stderr
+    assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr
