@@ -4,12 +4,14 @@
 
 Three REST servers in this process, as the daemon serves them (``ConnectionGuard``,
 ``GuardedSite``, the ``agent.rest`` routes of the simulated ``hgx-h200-8`` node), with
-certificates made by ``openssl``: plain HTTP only, TLS only (``loop.create_server`` with TLS),
-and TLS or plain (``agent.tls_or_plain``: its own accept loop, and a peek at the first byte
-of each connection to a loopback address). Plain rows compare the plain-only port with the
-shared one, TLS rows the TLS-only port with the shared one, in alternating short bursts
-from a client in the same process; per burst the requests answered and the process's CPU
-time per request (client and server). Keep-alive rows show what a connection costs once
+certificates made by ``openssl``: plain HTTP only, TLS only by the event loop's own server
+(``loop.create_server`` with TLS, as aiohttp serves it: what the agent did before), and TLS
+or plain (``agent.tls_or_plain``, what the agent does with TLS now: its own accept loop, the
+bound on pending connections, and a peek at the first byte of each connection to a loopback
+address). Plain rows compare the plain-only port with the shared one, TLS rows the
+event loop's TLS port with the shared one, in alternating short bursts from a client in the
+same process; per burst the requests answered and the process's CPU time per request
+(client and server). Keep-alive rows show what a connection costs once
 handed over (nothing: the same transport); new-connection rows show the accept path.
 """
 
@@ -43,20 +45,32 @@ from tests.benchmarks.bench_limits import (
     new_connection_requests,
 )
 from tests.support.certs import make_pki
+from tests.support.services import free_port
 
 PATH = "/gpu/info/json"
 Load = Callable[[int, ssl.SSLContext | None], Awaitable[int]]
 
 
 async def _serve(
-    node: NodeState, status: StatusService, tls: ssl.SSLContext | None, plain_loopback: bool
+    node: NodeState,
+    status: StatusService,
+    tls: ssl.SSLContext | None,
+    plain_loopback: bool,
+    *,
+    event_loop_tls: bool = False,
 ) -> tuple[web.AppRunner, int]:
+    """The REST routes as the daemon serves them; ``event_loop_tls``: TLS by the event
+    loop's own server (``loop.create_server``, aiohttp's ``TCPSite``) instead."""
     guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 1024))
     app = rest.create_app(node, status, middlewares=[guard.middleware])
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
     )
     await runner.setup()
+    if event_loop_tls:
+        port = free_port()
+        await web.TCPSite(runner, HOST, port, ssl_context=tls, reuse_address=True).start()
+        return runner, port
     site = GuardedSite(
         runner, guard, host=HOST, port=0, ssl_context=tls, plain_loopback=plain_loopback
     )
@@ -75,7 +89,7 @@ async def _bench(bursts: int, burst_s: float, pki_dir: Path) -> None:
     node = NodeState(NodeFacts(info, control_devices()))
     ports = {
         "plain only": await _serve(node, status, None, False),
-        "TLS only": await _serve(node, status, server_tls, False),
+        "TLS only": await _serve(node, status, server_tls, False, event_loop_tls=True),
         "TLS or plain": await _serve(node, status, server_tls, True),
     }
 
