@@ -8,6 +8,11 @@ container; the names are the runtimes' own, stable for years, and the same under
   ``/system.slice/docker-<64 hex>.scope`` (also under ``kubepods`` slices);
 - Podman: ``libpod-<64 hex>.scope`` (systemd) or ``/libpod_parent/libpod-<64 hex>``
   (``libpod-conmon-<id>`` is the monitor process, not the container);
+- containerd: ``cri-containerd-<64 hex>.scope`` (Kubernetes through CRI, systemd driver) or
+  ``nerdctl-<64 hex>.scope`` (nerdctl); CRI-O: ``crio-<64 hex>.scope`` (``crio-conmon-``
+  is its monitor); a Kubernetes pod under the cgroupfs driver,
+  ``/kubepods[/<class>]/pod<uid>/<64 hex>``, names no runtime: ``kubernetes``. These
+  runtimes are not asked for names (no client here): their processes carry the id;
 - the Mesos containerizer: ``/mesos/<container id>``, a nested container (a task of a
   task group) ``/mesos/<parent>/mesos/<child>``, shown as Mesos writes nested ids,
   ``parent.child``.
@@ -29,6 +34,9 @@ from pathlib import Path
 class OwnerKind(enum.StrEnum):
     DOCKER = "docker"
     PODMAN = "podman"
+    CONTAINERD = "containerd"
+    CRIO = "cri-o"
+    KUBERNETES = "kubernetes"  # a pod's container whose runtime the path does not name
     MESOS = "mesos"
     HOST = "host"
     UNKNOWN = "unknown"  # the process ended (or is not visible) before it could be placed
@@ -39,7 +47,7 @@ class CgroupPlace:
     """The container a cgroup path names; ids only (names come from the engine)."""
 
     kind: OwnerKind
-    container_id: str | None = None  # Docker or Podman: the full 64-hex id
+    container_id: str | None = None  # a container runtime's full 64-hex id
     mesos_container: str | None = None  # the Mesos ContainerID, nested ones as parent.child
 
 
@@ -52,34 +60,39 @@ _DOCKER = (
     re.compile(rf"(?:^|/)docker-({_HEX64})\.scope(?=/|$)"),  # systemd driver
 )
 _PODMAN = re.compile(rf"(?:^|/)libpod-({_HEX64})(?:\.scope)?(?=/|$)")
+# First match wins, in this order (a Docker container in a Kubernetes pod is Docker's).
+_RUNTIMES: tuple[tuple[OwnerKind, tuple[re.Pattern[str], ...]], ...] = (
+    (OwnerKind.DOCKER, _DOCKER),
+    (OwnerKind.PODMAN, (_PODMAN,)),
+    (
+        OwnerKind.CONTAINERD,
+        (
+            re.compile(rf"(?:^|/)cri-containerd-({_HEX64})\.scope(?=/|$)"),
+            re.compile(rf"(?:^|/)nerdctl-({_HEX64})\.scope(?=/|$)"),
+        ),
+    ),
+    (OwnerKind.CRIO, (re.compile(rf"(?:^|/)crio-({_HEX64})\.scope(?=/|$)"),)),
+    (
+        OwnerKind.KUBERNETES,
+        (re.compile(rf"/kubepods(?:/[a-z]+)?/pod[0-9a-f_-]+/({_HEX64})(?=/|$)"),),
+    ),
+)
 _MESOS = re.compile(r"(?:^|/)mesos/([A-Za-z0-9_.-]+)")
 
 
 def place_of(cgroup_text: str) -> CgroupPlace:
     """The container named by the content of a ``/proc/<pid>/cgroup`` file."""
-    docker: str | None = None
-    podman: str | None = None
-    mesos: list[str] = []
     lines = [line for line in cgroup_text.splitlines() if line.strip()]
     if not lines:
         return UNKNOWN  # an exiting process: the kernel has already detached it
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        path = parts[2]
-        if docker is None:
-            docker = _first(_DOCKER, path)
-        if podman is None:
-            found = _PODMAN.search(path)
-            podman = found.group(1) if found else None
-        if not mesos:
-            mesos = _MESOS.findall(path)
+    paths = [parts[2] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
+    mesos = next((found for found in map(_MESOS.findall, paths) if found), [])
     mesos_id = ".".join(mesos) if mesos else None
-    if docker is not None:
-        return CgroupPlace(OwnerKind.DOCKER, docker, mesos_id)
-    if podman is not None:
-        return CgroupPlace(OwnerKind.PODMAN, podman, mesos_id)
+    for kind, patterns in _RUNTIMES:
+        for path in paths:
+            container_id = _first(patterns, path)
+            if container_id is not None:
+                return CgroupPlace(kind, container_id, mesos_id)
     if mesos_id is not None:
         return CgroupPlace(OwnerKind.MESOS, None, mesos_id)
     return HOST

@@ -47,7 +47,7 @@ class ProcessOwner:
 
     @property
     def in_container(self) -> bool:
-        return self.kind in (OwnerKind.DOCKER, OwnerKind.PODMAN, OwnerKind.MESOS)
+        return self.kind not in (OwnerKind.HOST, OwnerKind.UNKNOWN)
 
     @property
     def key(self) -> tuple[OwnerKind, str | None, str | None]:

@@ -2,8 +2,9 @@
 
 A new route (``/gpu/status/json`` keeps its processes exactly as the old tool had them).
 Compact JSON with a final newline and CamelCase keys, as the other routes; a GPU without
-processes has an empty list. ``Owner`` is ``docker``, ``podman``, ``mesos``, ``host`` or
-``unknown`` (the process ended, or is not visible, before it could be placed);
+processes has an empty list. ``Owner`` is ``docker``, ``podman``, ``containerd``, ``cri-o``,
+``kubernetes``, ``mesos``, ``host`` or ``unknown`` (the process ended, or is not visible,
+before it could be placed);
 fields that do not apply or are not known are ``null``. See docs/api.md.
 """
 

@@ -163,6 +163,10 @@ def users(processes: Sequence[Any]) -> str:
     return ", ".join(seen) or "-"
 
 
+# Owners of /gpu/processes/json that are containers of a runtime other than Docker's.
+CONTAINER_RUNTIMES = frozenset({"podman", "containerd", "cri-o", "kubernetes"})
+
+
 def process_owner(process: Any) -> str:
     """A few words for who runs one process of ``/gpu/processes/json``."""
     owner = _get(process, "Owner")
@@ -173,8 +177,9 @@ def process_owner(process: Any) -> str:
         return f"mesos:{mesos}"
     if owner == "docker":
         return name if isinstance(name, str) and name else short_id or "docker"
-    if owner == "podman":
-        return f"podman:{short_id}" if short_id else "podman"
+    if owner in CONTAINER_RUNTIMES:  # podman:trainer, containerd:9f1c2b3a4d5e, ...
+        named = name if isinstance(name, str) and name else short_id
+        return f"{owner}:{named}" if named else str(owner)
     if owner == "mesos":
         return "mesos"
     pid, command = _get(process, "PID"), _get(process, "Name")

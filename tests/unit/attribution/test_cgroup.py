@@ -59,6 +59,37 @@ def test_podman_monitor_is_not_the_container() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # Kubernetes with containerd (CRI), systemd driver
+        (
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod3c1d.slice/"
+            f"cri-containerd-{ID}.scope\n",
+            OwnerKind.CONTAINERD,
+        ),
+        # nerdctl (containerd without Kubernetes), systemd driver
+        (f"0::/system.slice/nerdctl-{ID}.scope\n", OwnerKind.CONTAINERD),
+        # Kubernetes with CRI-O, cgroup v1
+        (
+            f"4:memory:/kubepods.slice/kubepods-pod9a8b.slice/crio-{ID}.scope\n"
+            "1:name=systemd:/system.slice/kubelet.service\n",
+            OwnerKind.CRIO,
+        ),
+        # Kubernetes, cgroupfs driver: the path names the pod, not the runtime
+        (f"0::/kubepods/burstable/pod1f2e3d4c-aaaa-bbbb-cccc-0123456789ab/{ID}\n",
+         OwnerKind.KUBERNETES),
+        (f"0::/kubepods/pod1f2e3d4c-aaaa-bbbb-cccc-0123456789ab/{ID}\n", OwnerKind.KUBERNETES),
+    ],
+)  # fmt: skip
+def test_other_runtimes_are_containers_not_the_host(text: str, kind: OwnerKind) -> None:
+    assert place_of(text) == CgroupPlace(kind, container_id=ID)
+
+
+def test_cri_o_monitor_is_not_the_container() -> None:
+    assert place_of(f"0::/system.slice/crio-conmon-{ID}.scope\n") == HOST
+
+
+@pytest.mark.parametrize(
     ("text", "container"),
     [
         # cgroup v1, the cgroups isolators: every hierarchy under --cgroups_root=mesos

@@ -64,6 +64,9 @@ def test_container_without_a_name_shows_its_short_id() -> None:
         "0123456789ab"
     )
     assert process_owner(_process(1, "podman", ContainerID="f" * 64)) == "podman:" + "f" * 12
+    named = _process(1, "podman", ContainerID="f" * 64, ContainerName="trainer")
+    assert process_owner(named) == "podman:trainer"
+    assert process_owner(_process(1, "cri-o", ContainerID="e" * 64)) == "cri-o:" + "e" * 12
 
 
 def test_a_mesos_task_in_a_docker_container_shows_as_the_task() -> None:
