@@ -267,7 +267,8 @@ class _GuardedProtocol(asyncio.Protocol):
 
 class GuardedSite(web.BaseSite):
     """An aiohttp site (a TCP address, or a listening socket) whose connections ``guard``
-    sees; otherwise what ``web.TCPSite`` and ``web.SockSite`` are."""
+    sees; otherwise what ``web.TCPSite`` and ``web.SockSite`` are. With ``ssl_context``
+    (TCP only) ``agent.tls_or_plain`` accepts the connections."""
 
     def __init__(
         self,
@@ -308,12 +309,11 @@ class GuardedSite(web.BaseSite):
         factory = self._guard.protocol_factory(server)
         loop = asyncio.get_running_loop()
         host, port, sock = self._where
-        # A TLS handshake happens before the connection reaches the guard: bound it too.
-        handshake_s = self._guard.limits.header_timeout_s if self._tls else None
-        if self._tls is not None and sock is None:  # TLS on TCP: bounded before the guard
+        if self._tls is not None:  # TLS: accepted by tls_or_plain, bounded before the guard
+            listening = [sock] if sock is not None else bind(host, port or 0, backlog=self._queue)
             listener = TlsOrPlainServer(
                 factory,
-                bind(host, port if port is not None else 0, backlog=self._queue),
+                listening,
                 self._tls,
                 first_byte_timeout_s=self._guard.limits.header_timeout_s,
                 max_pending=_pending_bound(self._guard.limits.max_connections),
@@ -322,22 +322,14 @@ class GuardedSite(web.BaseSite):
             listener.start()
             self._listener = listener
         elif sock is not None:
-            self._listener = await loop.create_server(
-                factory,
-                sock=sock,
-                ssl=self._tls,
-                backlog=self._queue,
-                ssl_handshake_timeout=handshake_s,
-            )
+            self._listener = await loop.create_server(factory, sock=sock, backlog=self._queue)
         else:
             self._listener = await loop.create_server(
                 factory,
                 host,
-                port if port is not None else 0,
-                ssl=self._tls,
+                port or 0,
                 backlog=self._queue,
                 reuse_address=self._reuse_address,
-                ssl_handshake_timeout=handshake_s,
             )
 
     @property

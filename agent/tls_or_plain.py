@@ -95,6 +95,7 @@ class TlsOrPlainServer:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         for listening in self.sockets:
+            listening.setblocking(False)
             self._loop.add_reader(listening.fileno(), self._accept, listening)
 
     def close(self) -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ssl
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,6 +36,7 @@ from agent.gpu.simulated import SimulatedBackend
 from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.status_service import StatusService
+from tests.benchmarks.loadgen import read_answer
 from tests.support.services import free_port
 
 HOST = "127.0.0.1"
@@ -61,17 +63,7 @@ async def keep_alive_requests(
         try:
             while time.perf_counter() < deadline:
                 writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(line[15:])
-                        for line in head.split(b"\r\n")
-                        if line[:15].lower() == b"content-length:"
-                    ),
-                    0,
-                )
-                if length:
-                    await reader.readexactly(length)
+                head = await read_answer(reader)
                 done[0] += head.startswith(b"HTTP/1.1 200")
         finally:
             writer.close()
@@ -133,6 +125,25 @@ async def alternate_bursts(
     }
 
 
+@contextlib.asynccontextmanager
+async def simulated_rest_node() -> AsyncIterator[tuple[NodeState, StatusService]]:
+    """The 8-GPU simulated node and its status service, as the REST routes need them."""
+    backend = SimulatedBackend.from_file("hgx-h200-8")
+    info = backend.node_info()
+    status = StatusService(backend, info)
+    try:
+        await status.sample_pcie()
+        yield NodeState(NodeFacts(info, control_devices())), status
+    finally:
+        await status.close()
+        backend.close()
+
+
+async def cleanup(runners: Iterable[web.AppRunner]) -> None:
+    for runner in runners:
+        await runner.cleanup()
+
+
 async def _serve(
     guarded: bool, node: NodeState, status: StatusService
 ) -> tuple[web.AppRunner, int]:
@@ -158,12 +169,16 @@ async def _serve(
 
 
 async def _bench(bursts: int, burst_s: float) -> None:
-    backend = SimulatedBackend.from_file("hgx-h200-8")
-    info = backend.node_info()
-    status = StatusService(backend, info)
-    await status.sample_pcie()
-    node = NodeState(NodeFacts(info, control_devices()))
-    served = {name: await _serve(name == "with", node, status) for name in ("without", "with")}
+    async with simulated_rest_node() as (node, status):
+        served = {n: await _serve(n == "with", node, status) for n in ("without", "with")}
+        try:
+            await _rows(served, bursts, burst_s)
+        finally:
+            await cleanup(runner for runner, _port in served.values())
+    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
+
+
+async def _rows(served: dict[str, tuple[web.AppRunner, int]], bursts: int, burst_s: float) -> None:
     rows: list[tuple[str, Load]] = []
     for path, clients in KEEP_ALIVE_ROWS:
 
@@ -177,20 +192,13 @@ async def _bench(bursts: int, burst_s: float) -> None:
 
     rows.append((f"/gpu/info/json, {CHURN_CLIENTS} clients, new connection each", churn))
     print(f"{'row':<52} {'without limits':>24} {'with limits':>24}  CPU")
-    try:
-        for what, load in rows:
-            figures = await alternate_bursts(
-                {name: partial(load, port) for name, (_runner, port) in served.items()}, bursts
-            )
-            without, with_ = figures["without"], figures["with"]
-            change = with_.cpu_us / without.cpu_us - 1
-            print(f"{what:<52} {without.cell():>24} {with_.cell():>24}  {change * 100:+.1f}%")
-    finally:
-        for runner, _port in served.values():
-            await runner.cleanup()
-        await status.close()
-        backend.close()
-    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
+    for what, load in rows:
+        figures = await alternate_bursts(
+            {name: partial(load, port) for name, (_runner, port) in served.items()}, bursts
+        )
+        without, with_ = figures["without"], figures["with"]
+        change = with_.cpu_us / without.cpu_us - 1
+        print(f"{what:<52} {without.cell():>24} {with_.cell():>24}  {change * 100:+.1f}%")
 
 
 def main() -> int:

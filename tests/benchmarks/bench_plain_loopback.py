@@ -31,18 +31,17 @@ from aiohttp import web
 
 from agent import rest
 from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.docker_cli import control_devices
 from agent.error_log import HttpErrorLog
-from agent.gpu.simulated import SimulatedBackend
-from agent.node_facts import NodeFacts
 from agent.node_state import NodeState
 from agent.status_service import StatusService
 from agent.tls import ServerTls, TlsFiles
 from tests.benchmarks.bench_limits import (
     HOST,
     alternate_bursts,
+    cleanup,
     keep_alive_requests,
     new_connection_requests,
+    simulated_rest_node,
 )
 from tests.support.certs import make_pki
 from tests.support.services import free_port
@@ -82,17 +81,25 @@ async def _bench(bursts: int, burst_s: float, pki_dir: Path) -> None:
     pki = make_pki(pki_dir)
     server_tls = ServerTls(TlsFiles(pki.pem("server"), pki.key("server"))).listening
     client_tls = ssl.create_default_context(cafile=str(pki.pem("ca")))
-    backend = SimulatedBackend.from_file("hgx-h200-8")
-    info = backend.node_info()
-    status = StatusService(backend, info)
-    await status.sample_pcie()
-    node = NodeState(NodeFacts(info, control_devices()))
-    ports = {
-        "plain only": await _serve(node, status, None, False),
-        "TLS only": await _serve(node, status, server_tls, False, event_loop_tls=True),
-        "TLS or plain": await _serve(node, status, server_tls, True),
-    }
+    async with simulated_rest_node() as (node, status):
+        ports = {
+            "plain only": await _serve(node, status, None, False),
+            "TLS only": await _serve(node, status, server_tls, False, event_loop_tls=True),
+            "TLS or plain": await _serve(node, status, server_tls, True),
+        }
+        try:
+            await _rows(ports, client_tls, bursts, burst_s)
+        finally:
+            await cleanup(runner for runner, _port in ports.values())
+    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
 
+
+async def _rows(
+    ports: dict[str, tuple[web.AppRunner, int]],
+    client_tls: ssl.SSLContext,
+    bursts: int,
+    burst_s: float,
+) -> None:
     def keep_alive(port: int, tls: ssl.SSLContext | None) -> Awaitable[int]:
         return keep_alive_requests(port, PATH, 16, burst_s, tls)
 
@@ -106,21 +113,14 @@ async def _bench(bursts: int, burst_s: float, pki_dir: Path) -> None:
         ("TLS, 8 clients, new connection each", "TLS only", client_tls, new_connections),
     ]
     print(f"{'row':<40} {'one protocol per port':>26} {'TLS or plain (shared)':>26}  CPU")
-    try:
-        for what, alone, tls, load in rows:
-            figures = await alternate_bursts(
-                {name: partial(load, ports[name][1], tls) for name in (alone, "TLS or plain")},
-                bursts,
-            )
-            shared = figures["TLS or plain"]
-            ratio = shared.cpu_us / figures[alone].cpu_us
-            print(f"{what:<40} {figures[alone].cell():>26} {shared.cell():>26}  x{ratio:.2f}")
-    finally:
-        for runner, _port in ports.values():
-            await runner.cleanup()
-        await status.close()
-        backend.close()
-    print(f"(medians of {bursts} alternating bursts of {burst_s:g} s; CPU: client and server)")
+    for what, alone, tls, load in rows:
+        figures = await alternate_bursts(
+            {name: partial(load, ports[name][1], tls) for name in (alone, "TLS or plain")},
+            bursts,
+        )
+        shared = figures["TLS or plain"]
+        ratio = shared.cpu_us / figures[alone].cpu_us
+        print(f"{what:<40} {figures[alone].cell():>26} {shared.cell():>26}  x{ratio:.2f}")
 
 
 def main() -> int:

@@ -284,6 +284,18 @@ class _Tally:
         self.latencies_s: array.array[float] = array.array("d")
 
 
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """Read one HTTP/1.1 answer (head, then ``Content-Length`` bytes); returns the head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+            if length:
+                await reader.readexactly(length)
+            break
+    return head
+
+
 async def _keep_one_in_flight(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -303,14 +315,7 @@ async def _keep_one_in_flight(
                 tally.budget -= 1
                 started = time.perf_counter()
                 writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
-                        break
-                if length:
-                    await reader.readexactly(length)
+                head = await read_answer(reader)
                 tally.latencies_s.append(time.perf_counter() - started)
                 if not head.startswith(b"HTTP/1.1 200"):
                     tally.errors += 1

@@ -13,6 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from tests.benchmarks.loadgen import read_answer
+
 
 @dataclass
 class Loop:
@@ -45,13 +47,7 @@ async def client(port: int, path: str, loop: Loop) -> None:
         while not loop.stop:
             started = time.monotonic()
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
+            head = await read_answer(reader)
             loop.requests.append((started, time.monotonic(), int(head.split(b" ", 2)[1])))
     except (OSError, asyncio.IncompleteReadError) as err:
         loop.broken.append(f"{type(err).__name__}: {err}")

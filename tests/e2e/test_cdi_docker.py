@@ -27,23 +27,20 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu import nodefile
 from tests.support.cdi_node import (
     CONTROL,
     GPU1,
     LABELS,
     LIST_NODES,
     MIGS,
-    NODE,
     PROGRAM,
     caps_of,
-    make_dev_root,
     nodes_seen,
+    running_cdi_agent,
 )
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.fake_driver import FakeDriver
 from tests.support.prerequisites import require_root, unavailable
-from tests.support.services import free_port, port_open, stop_process, wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
 
 pytestmark = pytest.mark.e2e
@@ -76,40 +73,19 @@ def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
     base = Path(tempfile.mkdtemp(prefix="nvd-cdi-docker-"))
     spec_dir = base / "cdi"
     spec_dir.mkdir()
-    make_dev_root(base / "devroot")
-    node_file = base / "node.json"
-    node_file.write_text(nodefile.resolve(NODE).read_text())
-    port = free_port()
-    log = base / "agent.log"
-    env = {**os.environ, "PATH": fake_driver.search_path, "PYTHONPATH": str(REPO)}
-    with log.open("wb") as out:
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "agent.daemon",
-                "-l", f"127.0.0.1:{port}", "-s", str(base / "plugins"), "-d", str(base / "vol"),
-                "--simulate", str(node_file), "--ldcache", str(fake_driver.ldcache),
-                "--cdi-spec-dir", str(spec_dir), "--cdi-dev-root", str(base / "devroot"),
-            ],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    engine = proc = None
     try:
-        wait_until(
-            lambda: port_open(port) and (spec_dir / "nvidia-docker.json").exists(),
-            what=f"agent and its CDI spec (log: {log})",
-            proc=agent,
-        )
-        engine, proc = start_engine(
-            base,
-            dockerd=dockerd,
-            extra_args=["--cdi-spec-dir", str(spec_dir)],
-            daemon_json={"features": {"cdi": True}},
-        )
-        yield Setup(engine, port, spec_dir)
+        with running_cdi_agent(base, fake_driver, spec_dir) as agent:
+            engine, proc = start_engine(
+                base,
+                dockerd=dockerd,
+                extra_args=["--cdi-spec-dir", str(spec_dir)],
+                daemon_json={"features": {"cdi": True}},
+            )
+            try:
+                yield Setup(engine, agent.port, spec_dir)
+            finally:
+                stop_engine(engine, proc)
     finally:
-        if engine is not None and proc is not None:
-            stop_engine(engine, proc)
-        stop_process(agent)
         shutil.rmtree(base, ignore_errors=True)
 
 

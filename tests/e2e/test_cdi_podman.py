@@ -26,12 +26,10 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from agent.gpu import nodefile
 from tests.support.cdi_node import (
     CAPS_MAJOR,
     CONTROL,
@@ -39,11 +37,11 @@ from tests.support.cdi_node import (
     LABELS,
     LIST_NODES,
     MIGS,
-    NODE,
     NVIDIA_MAJOR,
     PROGRAM,
+    CdiAgent,
     caps_of,
-    make_dev_root,
+    running_cdi_agent,
 )
 from tests.support.cdi_node import nodes_seen as seen_in
 from tests.support.cdi_schema import schema_errors
@@ -55,7 +53,7 @@ from tests.support.fake_driver import (
     remove_fake_driver,
 )
 from tests.support.podman import CDI_LOCK, Podman, private_podman
-from tests.support.services import free_port, machine_lock, port_open, stop_process, wait_until
+from tests.support.services import machine_lock, wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
 
 pytestmark = pytest.mark.e2e
@@ -63,14 +61,6 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 CDI_DIR = Path("/var/run/cdi")
 SPEC = CDI_DIR / "nvidia-docker.json"
-
-
-@dataclass
-class CdiAgent:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    node_file: Path
 
 
 def _foreign_specs() -> list[str]:
@@ -90,39 +80,10 @@ def _cdi_agent(driver: FakeDriver) -> Iterator[CdiAgent]:
             pytest.skip(f"another CDI spec of kind nvidia.com/gpu is here: {_foreign_specs()}")
         made_dir = not CDI_DIR.exists()
         base = Path(tempfile.mkdtemp(prefix="nvd-cdi-agent-"))
-        make_dev_root(base / "devroot")
-        node_file = base / "node.json"
-        node_file.write_text(nodefile.resolve(NODE).read_text())
-        port = free_port()
-        log = base / "agent.log"
-        env = {**os.environ, "PATH": driver.search_path, "PYTHONPATH": str(REPO)}
-        env.pop("NV_DEBUG", None)
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "agent.daemon",
-                    "-l", f"127.0.0.1:{port}",
-                    "-s", str(base / "plugins"),
-                    "-d", str(base / "volumes"),
-                    "--simulate", str(node_file),
-                    "--ldcache", str(driver.ldcache),
-                    "--cdi-spec-dir", str(CDI_DIR),
-                    "--cdi-dev-root", str(base / "devroot"),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )  # fmt: skip
         try:
-            wait_until(
-                lambda: port_open(port) and SPEC.exists(),
-                what=f"agent and its CDI spec (log: {log})",
-                timeout_s=60,
-                proc=proc,
-            )
-            yield CdiAgent(port, proc, log, node_file)
+            with running_cdi_agent(base, driver, CDI_DIR) as agent:
+                yield agent
         finally:
-            stop_process(proc)
             SPEC.unlink(missing_ok=True)
             if made_dir:
                 with contextlib.suppress(OSError):

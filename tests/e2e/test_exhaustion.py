@@ -65,6 +65,15 @@ def closed_by_peer(sock: socket.socket, timeout_s: float = 10.0) -> bool:
         return True
 
 
+def descriptors_back(agent: AgentProcess, baseline: int) -> None:
+    """Wait (bounded) until the daemon holds no more descriptors than ``baseline``."""
+    wait_until(
+        lambda: agent.open_descriptors() <= baseline,
+        what=f"the daemon's descriptors back to {baseline}",
+        timeout_s=20,
+    )
+
+
 def mount_and_get(agent: AgentProcess, limit_s: float) -> None:
     """A Mount on the plugin socket and a GET on a new REST connection, each answered
     within ``limit_s``."""
@@ -112,11 +121,7 @@ def test_mount_and_rest_answer_within_1s_under_1100_stalled_connections_at_1024_
         assert agent.alive()
         for sock in attackers:
             sock.close()
-        wait_until(
-            lambda: agent.open_descriptors() <= baseline,
-            what=f"the daemon's descriptors back to {baseline}",
-            timeout_s=20,
-        )
+        descriptors_back(agent, baseline)
         mount_and_get(agent, 1.0)
         log = agent.log()
     assert "Connection limits: 768 REST connections (descriptor limit 1024, 256 reserved)" in log
@@ -182,11 +187,7 @@ def test_the_tls_port_under_1100_connections_stalled_in_their_handshake_at_1024_
         assert agent.alive()
         for sock in attackers:
             sock.close()
-        wait_until(
-            lambda: agent.open_descriptors() <= baseline,
-            what=f"the daemon's descriptors back to {baseline}",
-            timeout_s=20,
-        )
+        descriptors_back(agent, baseline)
         log = agent.log()
     assert "before their first byte or in their TLS handshake, the most allowed" in log
     assert "Too many open files" not in log

@@ -8,11 +8,21 @@ nothing opens them (the majors need not be the driver's).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpu import nodefile
+from tests.support.fake_driver import FakeDriver
+from tests.support.services import free_port, port_open, stop_process, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC_NAME = "nvidia-docker.json"  # the agent's spec file in --cdi-spec-dir
 
 NODE = "h200x2-mig"
 INFO = nodefile.load(NODE).info
@@ -63,3 +73,45 @@ for line in open("/proc/self/maps"):
         print(line.split()[-1])
         break
 """
+
+
+@dataclass
+class CdiAgent:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    node_file: Path  # the simulated node, which a test may rewrite (docs/node-file.md)
+
+
+@contextlib.contextmanager
+def running_cdi_agent(base: Path, driver: FakeDriver, spec_dir: Path) -> Iterator[CdiAgent]:
+    """A real agent serving ``NODE`` against the fake driver root, writing its CDI spec into
+    ``spec_dir`` with the device nodes of ``make_dev_root`` (made under ``base``); stopped
+    at the end."""
+    make_dev_root(base / "devroot")
+    node_file = base / "node.json"
+    node_file.write_text(nodefile.resolve(NODE).read_text())
+    port = free_port()
+    log = base / "agent.log"
+    env = {**os.environ, "PATH": driver.search_path, "PYTHONPATH": str(REPO)}
+    env.pop("NV_DEBUG", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "agent.daemon",
+                "-l", f"127.0.0.1:{port}", "-s", str(base / "plugins"), "-d", str(base / "vol"),
+                "--simulate", str(node_file), "--ldcache", str(driver.ldcache),
+                "--cdi-spec-dir", str(spec_dir), "--cdi-dev-root", str(base / "devroot"),
+            ],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        wait_until(
+            lambda: port_open(port) and (spec_dir / SPEC_NAME).exists(),
+            what=f"agent and its CDI spec (log: {log})",
+            timeout_s=60,
+            proc=proc,
+        )
+        yield CdiAgent(port, proc, log, node_file)
+    finally:
+        stop_process(proc)
