@@ -8,7 +8,8 @@
 - **Loaded**: the kernel module's version, from ``/proc/driver/nvidia/version`` (or
   ``/sys/module/nvidia/version``); ``None`` while no module is loaded. With ``--simulate
   FILE`` the loaded driver is the node file's ``driver_version``: renaming a file with
-  another version into place is loading another module (docs/node-file.md).
+  another version into place is loading another module (docs/node-file.md); the file is
+  read within the node file's bounds (``agent.gpu.nodefile.read_json``), never blocking.
 
 Every look is blocking file I/O: run it in a thread. None of these raise: a file that cannot
 be read means "not known" (``None``).
@@ -16,12 +17,12 @@ be read means "not known" (``None``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from pathlib import Path
 
+from agent.gpu import nodefile
 from plugin.ldcache import LdCacheError, WordSize, read_ldcache
 
 log = logging.getLogger("nvidia-docker-plugin.driver")
@@ -97,7 +98,13 @@ class LoadedModule:
 
 
 class SimulatedModule:
-    """``--simulate FILE``: the loaded driver is the file's ``driver_version``."""
+    """``--simulate FILE``: the loaded driver is the file's ``driver_version``.
+
+    The file is read as the GPU worker reads it (``nodefile.read_json``: a regular file only,
+    opened without blocking, within its size and depth bounds), once per version: a version
+    that cannot be read leaves the version as it was (the worker logs the one line about
+    it), and the next version is read again. So no look blocks, whatever is at the path.
+    """
 
     def __init__(self, node_file: Path) -> None:
         self.node_file = node_file
@@ -109,11 +116,12 @@ class SimulatedModule:
         if signature is None:
             return self._version  # between an unlink and a rename: still what it was
         if force or signature != self._seen:
+            self._seen = signature  # half written or hostile: look again at the next change
             try:
-                data = json.loads(self.node_file.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return self._version  # half written: look again at the next change
-            self._seen = signature
+                data = nodefile.read_json(self.node_file)
+            except nodefile.NodeFileError as err:
+                log.debug("%s: the driver stays %s", err, self._version)
+                return self._version
             version = data.get("driver_version") if isinstance(data, dict) else None
             self._version = version if isinstance(version, str) and version else None
         return self._version

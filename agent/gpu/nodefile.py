@@ -3,23 +3,57 @@
 The schema is documented in ``docs/node-file.md``. Field names are those of the model
 (``agent.gpu.model``), read and written by ``codec`` from the model's own declarations, so
 a node file reads like the model it describes and a new model field needs no change here.
+
+The file is whatever is at its path when it is read, and a node file is read by the GPU
+worker and by the daemon (its ``driver_version``, ``agent.driver_versions``), at start and
+at every new version. So ``read_json`` reads it within bounds, each failure one line naming
+the file (``NodeFileError``):
+
+- only a regular file, opened without blocking (``agent.files.read_regular``): a FIFO, a
+  directory, a device (``/dev/zero`` behind a link) is refused at once, never read;
+- at most ``MAX_BYTES``: the built-in nodes are 2 to 17 KB, a 64-GPU node in MIG mode with
+  every pair of GPUs linked would be about 600 KB; and parsed JSON costs Python up to about
+  25 times its size (a list of ``{}``), in each of the two processes, so that at 1 MiB the
+  agent stays well within 256 MB whatever the file holds;
+- nested at most ``MAX_DEPTH`` levels, checked before parsing by a linear scan that never
+  recurses (the idea of ``plugin.json_body``): Python's parser recurses once a level and
+  fails with ``RecursionError`` at about 1,000;
+- UTF-8 (no other encoding guessed), and JSON as RFC 8259 has it: no ``NaN`` or
+  ``Infinity``, no number of more digits than Python converts;
+- at most ``MAX_DEVICES`` devices (``parse``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from agent.files import UnusableFile, read_regular
 from agent.gpu import codec
 from agent.gpu.codec import CodecError
 from agent.gpu.model import DeviceInfo, DeviceStatus, NodeInfo, PcieThroughput
 
 SCHEMA = "nvidia-docker-node/1"
 BUILTIN_NODES = ("h200", "h200x2", "hgx-h200-8", "h200x2-mig")
+
+MAX_BYTES = 1024 * 1024  # a node file's size bound (the module docstring says why)
+# How deep a node file may nest: its own structure goes 6 levels deep (the top object >
+# devices > a device > status > telemetry > remapped_rows); the rest is room for notes.
+MAX_DEPTH = 32
+# How many GPUs a node file may describe: the largest machines have 16 (DGX-2, HGX-2); the
+# agent keeps a thread per GPU in the worker's pools and a block per GPU in every answer.
+MAX_DEVICES = 64
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes and all
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+_OPENING = frozenset(b"[{")
 
 
 class NodeFileError(ValueError):
@@ -71,21 +105,75 @@ def resolve(name_or_path: str) -> Path:
 
 
 def load(name_or_path: str) -> NodeFile:
+    """The node file ``name_or_path`` (a built-in name or a path), read within the bounds
+    (``read_json``) and parsed; ``NodeFileError``, one line naming the file, otherwise."""
     path = resolve(name_or_path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NodeFileError(
-            f"node file {path} not found (built-in nodes: {', '.join(BUILTIN_NODES)})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise NodeFileError(f"node file {path}: cannot read it: {err}") from None
-    except json.JSONDecodeError as err:
-        raise NodeFileError(f"node file {path}: not JSON: {err}") from None
+    raw = read_json(path)
     try:
         return parse(raw)
     except NodeFileError as err:
         raise NodeFileError(f"node file {path}: {err}") from None
+
+
+def read_json(path: Path) -> object:
+    """The JSON value of the node file at ``path``, read within the bounds of the module
+    docstring; ``NodeFileError`` (one line naming the file and what is wrong) otherwise."""
+    try:
+        data = read_regular(path, limit=MAX_BYTES, what="node file")
+    except UnusableFile as err:
+        if not os.path.lexists(path):
+            raise NodeFileError(
+                f"node file {path} not found (built-in nodes: {', '.join(BUILTIN_NODES)})"
+            ) from None
+        raise NodeFileError(str(err)) from None
+    try:
+        return decode_json(data)
+    except NodeFileError as err:
+        raise NodeFileError(f"node file {path}: {err}") from None
+
+
+def decode_json(data: bytes) -> object:
+    """The JSON value of a node file's bytes; ``NodeFileError`` for bytes that nest deeper
+    than ``MAX_DEPTH``, are not UTF-8, or are not JSON (RFC 8259: no ``NaN``)."""
+    _check_depth(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise NodeFileError(f"not UTF-8 (byte {err.start})") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as err:
+        raise NodeFileError(
+            f"not JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+        ) from None
+    except NodeFileError:
+        raise
+    except ValueError:  # int() refuses the digits of a number too long
+        raise NodeFileError(
+            f"not JSON (a number of more than {sys.get_int_max_str_digits()} digits)"
+        ) from None
+    except RecursionError:  # not within MAX_DEPTH, so not here; but never a traceback
+        raise NodeFileError(f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise NodeFileError(f"not JSON ({name} is not a JSON number)")
+
+
+def _check_depth(data: bytes) -> None:
+    """Refuse bytes whose arrays and objects nest deeper than ``MAX_DEPTH``, counting the
+    brackets outside strings, in one pass that never recurses. A string that does not end
+    leaves its brackets counted: such bytes are no JSON anyway."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for byte in _STRING.sub(b"", data).translate(None, _NOT_BRACKETS):
+        if byte in _OPENING:
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise NodeFileError(f"nested deeper than {MAX_DEPTH} levels")
+        else:
+            depth -= 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +197,7 @@ def _parse(raw: object) -> NodeFile:
         raise NodeFileError("top level: expected an object")
     schema = raw.get("schema")
     if schema not in (None, SCHEMA):
-        raise NodeFileError(f"schema: {schema!r} is not supported (expected {SCHEMA!r})")
+        raise NodeFileError(f"schema: {_show(schema)} is not supported (expected {SCHEMA!r})")
     timing = codec.from_json(Timing, raw.get("timing"), "timing")
     for name in ("status_call_s", "pcie_sample_s"):
         if getattr(timing, name) < 0:
@@ -119,6 +207,10 @@ def _parse(raw: object) -> NodeFile:
         raise NodeFileError("devices: expected a list")
     if not devices:
         raise NodeFileError("devices: a node file needs at least one device")
+    if len(devices) > MAX_DEVICES:
+        raise NodeFileError(
+            f"devices: {len(devices)} devices, more than the {MAX_DEVICES} a node file may have"
+        )
     infos: list[DeviceInfo] = []
     simulated: list[SimulatedDevice] = []
     for index, dev in enumerate(devices):
@@ -160,7 +252,7 @@ def _events(raw: object, count: int) -> tuple[SimulatedEvent, ...]:
             raise NodeFileError(f"{where}.id: expected a string or an integer")
         if str(ident) in seen:
             raise NodeFileError(
-                f"{where}.id: {ident!r} is used twice (each event is delivered once)"
+                f"{where}.id: {_show(ident)} is used twice (each event is delivered once)"
             )
         seen.add(str(ident))
         gpu = entry.get("gpu")
@@ -185,7 +277,7 @@ def _simulated(dev: Mapping[str, Any], where: str) -> SimulatedDevice:
     for name in ("lost", *_HEALTH_FLAGS):
         value = dev.get(name)
         if value is not None and not isinstance(value, bool):
-            raise NodeFileError(f"{where}.{name}: expected true, false or null, got {value!r}")
+            raise NodeFileError(f"{where}.{name}: expected true, false or null, got {_show(value)}")
         flags[name] = bool(value)
     return SimulatedDevice(
         status=codec.from_json(DeviceStatus, status, f"{where}.status"),
@@ -195,6 +287,12 @@ def _simulated(dev: Mapping[str, Any], where: str) -> SimulatedDevice:
 
 
 _HEALTH_FLAGS = ("row_remap_failure", "row_remap_pending", "retired_pages_pending")
+
+
+def _show(value: object) -> str:
+    """A value of the file in a message: its repr, cut to 40 characters (one short line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def dump(

@@ -11,6 +11,8 @@ the ``events`` it has not delivered yet, each once, as ``nvmlEventSetWait`` woul
 already in the file when the backend starts are history: NVML delivers only what happens
 after it registers. An ``xid`` event 79 makes the GPU lost, as the real "fallen off the bus"
 does; ``answers_again`` brings it back through a reset (one check sees it not answering).
+A version that cannot be used (not a regular file, too large, too deep, not JSON, not a
+node file: ``nodefile``'s bounds) is one log line, and the previous version stays in force.
 """
 
 from __future__ import annotations
@@ -90,18 +92,22 @@ class SimulatedBackend:
         return SimulatedEventWatch(self)
 
     def follow_file(self) -> list[HealthEvent]:
-        """Re-read the file if it changed; the new events, as NVML would deliver them."""
+        """Re-read the file if it changed; the new events, as NVML would deliver them.
+
+        Each version is read once (``nodefile.load``: within its bounds, never blocking);
+        one that cannot be used is one log line, and what the file said before stays in
+        force until a good version comes. A half-written file gets a new signature when done.
+        """
         path = Path(self._source)
         signature = _signature(path)
         if signature is None or signature == self._seen:
             return []
+        self._seen = signature  # even if reading it raises: the next look waits for a change
         try:
             node = nodefile.load(str(path))
         except nodefile.NodeFileError as err:
-            log.warning("%s: %s: keeping what it said before", path, err)
-            self._seen = signature  # a half-written file gets a new signature when done
+            log.warning("%s: keeping what the file said before", err)
             return []
-        self._seen = signature
         if len(node.devices) != len(self._node.devices):
             log.warning(
                 "%s now has %d devices, not %d: only its events are taken",

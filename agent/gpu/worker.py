@@ -13,8 +13,10 @@ instead of NVML, so that tests exercise the same processes as a real node.
 
 Threads: the main one reads requests and answers status reads (inline for one GPU, in a
 pool for more, as the daemon did before); PCIe samples run in their own thread, so a
-sample (about 40 ms a GPU) never delays a status read; one thread waits for NVML events;
-one sweeps health checks every ``--health-interval`` seconds and pushes what changed.
+sample (about 40 ms a GPU) never delays a status read; one thread waits for NVML events
+(an unexpected failure there is one log line, and it waits again after a pause that grows
+from ``EVENT_RETRY_FIRST_S`` to ``EVENT_RETRY_MAX_S``: it never ends for good); one sweeps
+health checks every ``--health-interval`` seconds and pushes what changed.
 The worker exits when the daemon says ``stop`` or when its end of the pipe closes (the
 daemon died). SIGINT and SIGTERM are the daemon's to handle: a terminal's Ctrl-C and
 systemd's stop reach the whole process group or unit, and the daemon, which decides when
@@ -46,6 +48,10 @@ log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
 
 DEFAULT_HEALTH_INTERVAL_S = 1.0
 EVENT_WAIT_S = 0.5  # how long one nvmlEventSetWait blocks (bounds how long stop takes)
+# After an unexpected failure of the event watch, the pause before it watches again: doubled
+# at each failure in a row, up to the maximum (at most two log lines a minute).
+EVENT_RETRY_FIRST_S = 0.5
+EVENT_RETRY_MAX_S = 30.0
 EXIT_BACKEND_FAILED = 2
 # The daemon's log format (agent.logs), so the worker's lines read as the daemon's own.
 LOG_FORMAT = "nvidia-docker-plugin | %(asctime)s GPU worker: %(message)s"
@@ -184,10 +190,22 @@ class Worker:
             return
         if watch is None:
             return
+        retry_s = EVENT_RETRY_FIRST_S
         try:
             while not self._stopping.is_set():
-                for event in watch.wait(EVENT_WAIT_S):
-                    self.send({"push": wp.PUSH_EVENT, "event": wp.encode_event(event)})
+                try:
+                    for event in watch.wait(EVENT_WAIT_S):
+                        self.send({"push": wp.PUSH_EVENT, "event": wp.encode_event(event)})
+                except Exception as err:  # the watch never ends for good: one line, a pause
+                    log.error(
+                        "Watching GPU events failed (%s): watching again in %g s",
+                        _one_line(err),
+                        retry_s,
+                    )
+                    self._stopping.wait(retry_s)
+                    retry_s = min(retry_s * 2, EVENT_RETRY_MAX_S)
+                else:
+                    retry_s = EVENT_RETRY_FIRST_S
         finally:
             watch.close()
 
@@ -220,6 +238,12 @@ class Worker:
         self._backend.close()
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: message`` of an exception on one line, cut to 200 characters."""
+    text = " ".join(f"{type(err).__name__}: {err}".split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _index(value: Any) -> int:

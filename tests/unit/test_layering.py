@@ -1,7 +1,8 @@
 """The layering rules of the README ("Architecture"), checked on every import of our code.
 
 Imports point one way: ``controller`` -> ``agent`` -> ``plugin``, ``mesos``, ``cdi``.
-``agent.gpu``, ``plugin``, ``mesos`` and ``cdi`` import nothing of ours; nothing imports
+``agent.gpu``, ``plugin``, ``mesos`` and ``cdi`` import nothing of ours (but ``agent.gpu``
+reads files through ``agent.files``, which imports only the standard library); nothing imports
 ``controller``, and ``controller`` imports neither ``plugin`` nor ``cdi`` (the agent speaks
 for them); only ``agent/gpu/`` imports pynvml and only ``agent/metrics/``
 prometheus_client; in ``controller``, paramiko only in the SSH tunnel (and its ``~/.ssh/config``
@@ -109,7 +110,12 @@ def test_the_scan_sees_lazy_and_relative_imports() -> None:
         ("plugin", ("agent", "mesos", "controller", "cdi"), ()),
         ("mesos", ("agent", "plugin", "controller", "cdi"), ()),
         ("cdi", ("agent", "plugin", "mesos", "controller"), ()),
-        ("agent.gpu", ("agent", "plugin", "mesos", "controller", "cdi"), ("agent.gpu",)),
+        (
+            "agent.gpu",
+            ("agent", "plugin", "mesos", "controller", "cdi"),
+            ("agent.gpu", "agent.files"),
+        ),
+        ("agent.files", ("agent", "plugin", "mesos", "controller", "cdi"), ()),
         ("agent", ("controller",), ()),
         ("controller", ("plugin", "cdi"), ()),
     ],
@@ -157,3 +163,15 @@ def test_the_wrappers_fast_path_imports_only_the_standard_library_at_load() -> N
         and not any(_is(imp.target, f) for f in FAST_PATH)
     ]
     assert bad == []
+
+
+def test_agent_files_imports_only_the_standard_library() -> None:
+    """``agent.gpu`` may import ``agent.files`` because it brings nothing else along."""
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    bad = [
+        str(imp)
+        for imp in IMPORTS
+        if imp.module == "agent.files" and imp.target.split(".")[0] not in stdlib
+    ]
+    assert bad == []
+    assert any(imp.module == "agent.files" for imp in IMPORTS)
