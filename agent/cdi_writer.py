@@ -4,11 +4,20 @@ The daemon builds one ``CdiSpecWriter`` when ``--cdi-spec-dir`` is set, writes t
 once before it serves, and subscribes the writer to the node state: every
 ``NodeState.replace`` (a driver upgrade, a GPU's health, MIG devices) rewrites it. A rewrite
 first makes sure the driver volume of the node's driver exists (the spec mounts it), then
-writes a temporary file next to the spec (``.nvidia-docker.json.<pid>.tmp``: CDI readers load
-``*.json`` and ``*.yaml`` only), mode 0644, fsyncs it and renames it over the spec, so an
-engine reads the old spec or the new one, never a part. Rewrites run one at a time; node
-changes that arrive meanwhile fold into one more rewrite with the latest facts. A spec with
-the same bytes as the file is not rewritten.
+replaces the file through ``agent.files.write_atomically``: a temporary file with a random
+name, created inside the directory without following links (``O_EXCL | O_NOFOLLOW``),
+mode 0644, fsynced and renamed over the spec, so an engine reads the old spec or the new
+one, never a part, and nothing planted in the directory is ever opened or exposed. The spec
+on disk is read back (to leave an identical one alone) only when it is a regular file of at
+most ``MAX_SPEC_BYTES``, opened without following a link or blocking on a FIFO; anything
+else at its name is replaced. Rewrites run one at a time; node changes that arrive
+meanwhile fold into one more rewrite with the latest facts. A spec with the same bytes as
+the file is not rewritten.
+
+A rewrite that fails (a full disk, a directory at the spec's name, a volume that cannot be
+built) is one log line; it is tried again after ``RETRY_FIRST_S``, then after twice as long
+each time up to ``RETRY_MAX_S``, at once when the node changes, and at ``SIGHUP``
+(``reload``).
 
 When the agent stops, the spec stays: containers with a restart policy that name
 ``nvidia.com/gpu`` devices must still start while the agent restarts, and the devices and
@@ -27,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import files
 from agent.cdi_inputs import ROOT, spec_inputs
 from agent.node_facts import NodeFacts
 from cdi import spec
@@ -39,6 +49,10 @@ SPEC_NAME = "nvidia-docker.json"
 # Where every CDI reader looks (Podman always; Docker 25+ unless its daemon.json says else).
 SCANNED_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 FILE_MODE = 0o644
+# A spec names a few hundred files at most (tens of KB); anything larger is not ours.
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
 HOOK_PROGRAM = "nvidia-docker-cdi-hook"
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 
@@ -100,32 +114,6 @@ class CdiSettings:
     hook: spec.LinkerCacheHook | None = None
 
 
-def write_atomically(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
-    """Temporary file beside ``path``, fsync, rename over it, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)  # whatever the umask
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 class CdiSpecWriter:
     """Writes the spec for the facts it is given; see the module docstring."""
 
@@ -134,14 +122,23 @@ class CdiSpecWriter:
         settings: CdiSettings,
         ensure_volume: EnsureVolume,
         unhealthy: Unhealthy = no_unhealthy_gpus,
+        *,
+        retry_first_s: float = RETRY_FIRST_S,
+        retry_max_s: float = RETRY_MAX_S,
     ) -> None:
         self.settings = settings
         self._ensure_volume = ensure_volume
         self._unhealthy = unhealthy
+        self._retry_first_s = retry_first_s
+        self._retry_max_s = retry_max_s
         self._current: bytes | None = None
         self._wanted: NodeFacts | None = None
         self._task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+        self._quiet = asyncio.Event()  # no rewrite running: done, or waiting to retry
+        self._quiet.set()
         self._checked_readers = False
+        self.failure: str | None = None  # why the last rewrite failed; None once one works
 
     @property
     def path(self) -> Path:
@@ -163,36 +160,43 @@ class CdiSpecWriter:
         return spec.build_spec(inputs)
 
     async def write(self, facts: NodeFacts) -> bool:
-        """Write the spec for ``facts``; False (logged) when it could not be, and the
-        previous spec stays."""
+        """Write the spec for ``facts`` once; False (one line logged) when it could not be,
+        and the previous spec stays. ``start`` and node changes retry; this does not."""
+        failure = await self._attempt(facts)
+        if failure is not None:
+            log.error("%s", failure)
+        return failure is None
+
+    async def _attempt(self, facts: NodeFacts) -> str | None:
+        """One rewrite; what went wrong as one line, or None."""
         version = facts.node.driver_version
         try:
             volume = await asyncio.to_thread(self._ensure_volume, version)
         except Exception as err:
-            log.error(
-                "CDI spec %s not written: the driver volume of driver %s cannot be built "
-                "(%s); keeping the previous one",
-                self.path,
-                version,
-                err,
-            )
-            return False
+            return self._failed(f"the driver volume of driver {version} cannot be built ({err})")
         built = self.build(facts, volume)
         if not built.document["devices"]:
-            log.error(
-                "CDI spec %s not written: no GPU can be named; keeping the previous one", self.path
-            )
-            return False
+            return self._failed("no GPU can be named")
         data = spec.encode(built.document)
+        on_disk, found = await asyncio.to_thread(self._read)
+        if found is not None:
+            log.warning("CDI spec %s: %s; replacing it", self.path, found)
         try:
-            on_disk = await asyncio.to_thread(self._read)
             if on_disk != data:
-                await asyncio.to_thread(write_atomically, self.path, data)
+                await asyncio.to_thread(
+                    files.write_atomically,
+                    self.settings.spec_dir,
+                    SPEC_NAME,
+                    data,
+                    mode=FILE_MODE,
+                )
         except OSError as err:
-            log.error("CDI spec %s not written: %s; keeping the previous one", self.path, err)
-            return False
+            return self._failed(_os_reason(err, self.path))
         changed = on_disk != data
         self._current = data
+        if self.failure is not None:
+            log.info("CDI spec %s: written again after the failure", self.path)
+        self.failure = None
         if not self._checked_readers:
             self._checked_readers = True
             if not readers_find(self.path):
@@ -213,32 +217,74 @@ class CdiSpecWriter:
             version,
             len(built.device_names),
         )
-        return True
+        return None
 
-    def _read(self) -> bytes | None:
+    def _failed(self, why: str) -> str:
+        self.failure = why
+        return f"CDI spec {self.path} not written: {why}; keeping the previous one"
+
+    def _read(self) -> tuple[bytes | None, str | None]:
+        """The spec on disk if it is ours to compare (a regular file, within the bound),
+        and what else is at its name when that is worth a warning."""
         try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
+            return files.read_regular(
+                self.path, limit=MAX_SPEC_BYTES, what="CDI spec", follow=False
+            ), None
+        except files.UnusableFile as err:
+            if not os.path.lexists(self.path):
+                return None, None
+            return None, str(err).removeprefix(f"CDI spec {self.path} ")
+
+    def start(self, facts: NodeFacts) -> None:
+        """Write the spec for ``facts`` soon, retrying until it is written (in the loop)."""
+        self.on_node_change(facts)
 
     def on_node_change(self, facts: NodeFacts) -> None:
         """A ``NodeState`` listener (called in the event loop): rewrite soon, one at a time."""
         self._wanted = facts
+        self._poke.set()
+        self._quiet.clear()  # the drain sets it again when done, or waiting to retry
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="cdi-spec")
 
+    async def reload(self, facts: NodeFacts) -> None:
+        """SIGHUP: write the spec for ``facts`` now, even while a retry waits (a spec removed
+        by hand comes back); raises ``OSError`` with the reason when it cannot be."""
+        self.on_node_change(facts)
+        await self.settled()
+        if self.failure is not None:
+            raise OSError(f"{self.path}: {self.failure}")
+
     async def _drain(self) -> None:
+        delay = self._retry_first_s
         while self._wanted is not None:
             facts, self._wanted = self._wanted, None
+            self._poke.clear()
+            self._quiet.clear()
             try:
-                await self.write(facts)
-            except Exception:
-                log.exception("CDI spec %s: rewrite failed", self.path)
+                failure = await self._attempt(facts)
+            except Exception as err:  # a bug of ours: one line, and the retry
+                failure = self._failed(f"{type(err).__name__}: {err}")
+                log.debug("CDI spec rewrite failed", exc_info=True)
+            if failure is None:
+                delay = self._retry_first_s
+                continue
+            log.error("%s; trying again in %g s, at a node change or at SIGHUP", failure, delay)
+            if self._wanted is None:
+                self._wanted = facts
+            self._quiet.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), delay)
+            delay = min(delay * 2, self._retry_max_s)
+        self._quiet.set()
 
     async def settled(self) -> None:
-        """Wait until every node change seen so far is written (or failed)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        """Wait until every node change seen so far is written, or failed and waits to be
+        tried again."""
+        while self._task is not None and not self._task.done() and not self._quiet.is_set():
+            quiet = asyncio.ensure_future(self._quiet.wait())
+            await asyncio.wait({quiet, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            quiet.cancel()
 
     async def close(self) -> None:
         """Stop rewriting; the spec stays on disk (see the module docstring)."""
@@ -252,3 +298,13 @@ class CdiSpecWriter:
                 "devices still start while the agent is down",
                 self.path,
             )
+
+
+def _os_reason(err: OSError, path: Path) -> str:
+    """An ``OSError`` of a rewrite as a person reads it, with what to do where it helps."""
+    reason = err.strerror or str(err)
+    if isinstance(err, IsADirectoryError | NotADirectoryError) or err.errno == 39:
+        return f"{reason}: a directory is in the way at {path}; remove it"
+    if err.errno == 28:
+        return f"{reason} on the file system of {path.parent}"
+    return reason

@@ -172,16 +172,6 @@ class Agent:
             agent=counters,
             health=self._gpu_health,
         )
-        if cfg.cdi_spec_dir is not None:
-            settings = CdiSettings(cfg.cdi_spec_dir, cfg.cdi_dev_root, find_linker_cache_hook())
-            # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node_life)
-            self.cdi = CdiSpecWriter(
-                settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy
-            )
-            log.info("Writing the CDI spec %s (with the driver volume it mounts)", self.cdi.path)
-            await self.cdi.write(self.node.facts)
-            self.node.subscribe(self.cdi.on_node_change)
-
         socket_path = cfg.socket_dir / SOCKET_NAME
         log.info("Serving the plugin API on unix://%s", socket_path)
         try:
@@ -195,6 +185,17 @@ class Agent:
             )
         except OSError as err:
             raise StartupError(f"cannot serve the plugin socket {socket_path}: {err}") from None
+
+        if cfg.cdi_spec_dir is not None:  # only once this agent owns its socket directory
+            settings = CdiSettings(cfg.cdi_spec_dir, cfg.cdi_dev_root, find_linker_cache_hook())
+            # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node_life)
+            cdi = self.cdi = CdiSpecWriter(
+                settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy
+            )
+            log.info("Writing the CDI spec %s (with the driver volume it mounts)", cdi.path)
+            cdi.start(self.node.facts)  # a failure is retried, with backoff and at SIGHUP
+            await cdi.settled()
+            self.node.subscribe(cdi.on_node_change)
 
         where = f"{cfg.listen_host or '*'}:{cfg.listen_port}"
         log.info("Serving the REST API on %s: %s", where, access.describe())
@@ -240,6 +241,9 @@ class Agent:
             raise StartupError(str(err)) from None
         self.life.serve(status=self.status, node_state=self.node, store=store)
         self.reload_steps.append(ReloadStep("driver", self.life.reread))
+        if self.cdi is not None:  # after the driver: the spec of the facts it found
+            cdi, node_state = self.cdi, self.node
+            self.reload_steps.append(ReloadStep("CDI spec", lambda: cdi.reload(node_state.facts)))
         release_startup_memory()
         log.info("Ready")
         notify(f"READY=1\nSTATUS=serving {len(node.devices)} GPU(s), driver {node.driver_version}")

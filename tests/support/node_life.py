@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +115,13 @@ def start_agent(
     search_path: str | None = None,
     spec_file: Path | None = None,
     extra: Sequence[str] = (),
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[Agent]:
     """The daemon serving ``node``; stopped at the end. A port that another process took
-    between choosing and binding it (other test runs on the machine) is chosen again."""
+    between choosing and binding it (other test runs on the machine) is chosen again.
+    ``preexec`` runs in the child before exec (``MemoryCgroup.enter``)."""
     for attempt in range(3):
-        agent = _spawn_agent(base, node, ldcache, search_path, spec_file, extra)
+        agent = _spawn_agent(base, node, ldcache, search_path, spec_file, extra, preexec)
         try:
             wait_until(
                 functools.partial(_ready, agent),
@@ -153,6 +155,7 @@ def _spawn_agent(
     search_path: str | None,
     spec_file: Path | None,
     extra: Sequence[str],
+    preexec: Callable[[], None] | None = None,
 ) -> Agent:
     port = free_port()
     socket_dir, volume_dir, log_path = base / "plugins", base / "volumes", base / "agent.log"
@@ -170,7 +173,13 @@ def _spawn_agent(
     if search_path is not None:
         env["PATH"] = search_path
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=preexec,  # noqa: PLW1509 - it only moves the child into a cgroup
+        )
     return Agent(proc, port, socket_dir, volume_dir, log_path)
 
 

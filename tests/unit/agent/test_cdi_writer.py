@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -371,3 +372,88 @@ async def test_a_spec_no_reader_sees_is_warned_about(
     lines = [r.getMessage() for r in caplog.records if "CDI readers" in r.getMessage()]
     assert len(lines) == 1  # once, not at every rewrite
     assert "link /var/run/cdi/nvidia-docker.json to it" in lines[0]
+
+
+# --- hostile spec directories (docs/cdi.md, "What the agent does with the spec directory") ---
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "sparse", "link"])
+async def test_whatever_is_at_the_specs_name_is_replaced_without_being_read(
+    tmp_path: Path, volumes: Volumes, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = make_writer(tmp_path, volumes)
+    writer.path.parent.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    if kind == "fifo":
+        os.mkfifo(writer.path)  # reading it would block forever
+    elif kind == "dev-zero":
+        writer.path.symlink_to("/dev/zero")  # reading it would never end
+    elif kind == "sparse":
+        with writer.path.open("wb") as out:
+            out.truncate(20 * 1000**3)  # reading it would take 20 GB
+    else:
+        writer.path.symlink_to(victim)
+    with caplog.at_level(logging.WARNING):
+        assert await asyncio.wait_for(writer.write(facts()), 30)
+    assert stat.S_ISREG(writer.path.lstat().st_mode)
+    assert schema_errors(spec_on_disk(writer)) == []
+    assert victim.read_text() == "secret"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    (line,) = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    assert line.startswith(f"CDI spec {writer.path}: ")
+
+
+async def test_a_failed_rewrite_is_tried_again_with_backoff_until_it_works(
+    tmp_path: Path, volumes: Volumes, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = CdiSpecWriter(
+        CdiSettings(tmp_path / "cdi", hook=HOOK), volumes, retry_first_s=0.01, retry_max_s=0.05
+    )
+    (tmp_path / "cdi" / cdi_writer.SPEC_NAME).mkdir(parents=True)  # in the way
+    with caplog.at_level(logging.ERROR):
+        writer.start(facts())
+        await writer.settled()
+        assert writer.failure is not None
+        assert "a directory is in the way" in writer.failure
+        for _ in range(3):  # it keeps trying
+            caplog.clear()
+            await _until(lambda: bool(caplog.records))
+    (record,) = caplog.records[:1]
+    assert record.getMessage().startswith(f"CDI spec {writer.path} not written: ")
+    assert "; trying again in " in record.getMessage()
+    assert "\n" not in record.getMessage()
+    writer.path.rmdir()
+    await _until(writer.path.is_file)
+    await writer.settled()
+    assert writer.failure is None
+    assert schema_errors(spec_on_disk(writer)) == []
+    await writer.close()
+
+
+async def test_a_reload_writes_at_once_even_while_a_retry_waits(
+    tmp_path: Path, volumes: Volumes
+) -> None:
+    writer = CdiSpecWriter(CdiSettings(tmp_path / "cdi", hook=HOOK), volumes, retry_first_s=3600)
+    volumes.broken.add(NODE.driver_version)  # ENOSPC while the volume is built
+    writer.start(facts())
+    await writer.settled()
+    assert writer.failure is not None
+    with pytest.raises(OSError, match="No space left on device"):
+        await asyncio.wait_for(writer.reload(facts()), 10)
+    volumes.broken.clear()  # space again: SIGHUP need not wait an hour
+    await asyncio.wait_for(writer.reload(facts()), 10)
+    assert writer.failure is None
+    assert writer.path.is_file()
+    writer.path.unlink()  # removed by hand: a SIGHUP puts it back
+    await asyncio.wait_for(writer.reload(facts()), 10)
+    assert writer.path.is_file()
+    await writer.close()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within 10 s"
+        await asyncio.sleep(0.01)

@@ -53,7 +53,7 @@ def test_what_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, kind: str
     def read() -> None:
         try:
             read_regular(path, limit=1024, what="token file")
-        except BaseException as err:  # noqa: BLE001 - kept for the assertion
+        except BaseException as err:
             outcome.append(err)
         done.set()
 
