@@ -15,7 +15,10 @@ import re
 
 MAX_DEPTH = 32
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A JSON string, escapes included; an unterminated one runs to the end of the body.
+# Possessive, so that no body makes it backtrack: the scan stays linear in the body's size
+# (the plain pattern took 8 s on a 40 KB body of escaped quotes after an open one).
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 
@@ -41,7 +44,8 @@ def parse_json(raw: bytes) -> object:
 
 def _check_depth(raw: bytes) -> None:
     """Refuse a body whose arrays and objects nest deeper than ``MAX_DEPTH``, counting
-    brackets outside strings (a broken string counts as structure: such a body is no JSON)."""
+    brackets outside strings (an unterminated string runs to the end, as for the parser,
+    which then refuses the body without recursing)."""
     depth = 0
     for match in _BRACKET.finditer(_STRING.sub(b"", raw)):
         if match[0] in (b"[", b"{"):

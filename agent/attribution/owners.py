@@ -12,6 +12,11 @@ engines out of the hot path.
   processes keep their container id and kind, without name and image. The outage is logged
   once per engine, and its end too. Without a Podman service (the common case on Docker
   nodes), Podman containers are shown by id and the engine is asked only every ``retry_s``.
+- An answer that breaks a bound (``BadAnswer``: too large, too deep, not JSON; see
+  ``docker_engine``) is a failed lookup of that container alone: it is shown by id, asked
+  again after ``retry_s``, and logged in one line, at most once per engine and ``retry_s``
+  (the next line says how many were held back). So is an error that no answer should cause
+  (a bug here): one line, its traceback only at debug level (``NV_DEBUG``).
 - A Docker container that the Mesos Docker containerizer started is named
   ``mesos-<container id>`` (older Mesos: ``mesos-<agent id>.<container id>``, and its
   executor's ``....executor``): its Mesos container id is taken from the name.
@@ -28,7 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.attribution.cgroup import CgroupPlace, OwnerKind, read_place
-from agent.attribution.docker_engine import ContainerFacts, DockerEngine, DockerEngineError
+from agent.attribution.docker_engine import (
+    BadAnswer,
+    ContainerFacts,
+    DockerEngine,
+    DockerEngineError,
+)
+from agent.display import shown
+from agent.rate_limit import RateLimiter
 
 log = logging.getLogger("nvidia-docker-plugin.attribution")
 
@@ -93,6 +105,7 @@ class Attributor:
         self._cache: OrderedDict[_Key, _Entry] = OrderedDict()
         self._pending: dict[_Key, asyncio.Future[ContainerFacts | None]] = {}
         self._engine_down_until: dict[OwnerKind, float] = {}
+        self._bad_answer_lines = RateLimiter(retry_s, clock=clock)  # keyed by engine
         self.lookups = 0  # requests made to the engines
         self.lookup_failures = 0  # of which failed (engine unreachable, timeout, bad answer)
 
@@ -151,9 +164,10 @@ class Attributor:
         self.lookups += 1
         try:
             facts = await engine.inspect(container_id)
-        except Exception as err:  # DockerEngineError, or a client bug: never cost the scrape
-            if not isinstance(err, DockerEngineError):
-                log.exception("Asking %s about container %s failed", engine.what, container_id)
+        except BadAnswer as err:
+            self._log_bad_answer(kind, str(err))
+            return self._failed(key)
+        except DockerEngineError as err:
             self.lookup_failures += 1
             if kind not in self._engine_down_until:
                 log.warning(
@@ -166,11 +180,47 @@ class Attributor:
             self._engine_down_until[kind] = self._clock() + self.retry_s
             cached = self._cache.get(key)
             return cached.facts if cached is not None else None
+        except Exception as err:  # a bug here, not the engine's doing: never cost the scrape
+            log.debug("Asking %s about container %s failed", engine.what, container_id,
+                      exc_info=True)  # fmt: skip
+            self._log_bad_answer(
+                kind,
+                f"asking {engine.where} about container {container_id[:12]} failed "
+                f"unexpectedly ({type(err).__name__}: {shown(str(err))}; please report it, "
+                "NV_DEBUG=1 logs its traceback)",
+            )
+            return self._failed(key)
         if self._engine_down_until.pop(kind, None) is not None:
             log.info("%s answers again: containers are named", engine.what.capitalize())
         ttl = self.ttl_s if facts is not None else self.missing_ttl_s
         self._remember(key, _Entry(facts, self._clock() + ttl))
         return facts
+
+    def _failed(self, key: _Key) -> ContainerFacts | None:
+        """A lookup the engine answered unusably: counted, and not asked again for
+        ``retry_s`` (what was known of the container, if anything, is kept until then)."""
+        self.lookup_failures += 1
+        self._engine_down_until.pop(key[0], None)  # it answers: no outage (or its end)
+        cached = self._cache.get(key)
+        facts = cached.facts if cached is not None else None
+        self._remember(key, _Entry(facts, self._clock() + self.retry_s))
+        return facts
+
+    def _log_bad_answer(self, kind: OwnerKind, message: str) -> None:
+        held_back = self._bad_answer_lines.allow(kind.value)
+        if held_back is None:
+            return
+        more = ""
+        if held_back:
+            answers = "answer" if held_back == 1 else "answers"
+            more = f"; {held_back} more such {answers} since the last line"
+        log.warning(
+            "%s; the container is shown with its id only (no name, no image), asked again "
+            "in %g s%s",
+            message,
+            self.retry_s,
+            more,
+        )
 
     def _remember(self, key: _Key, entry: _Entry) -> None:
         self._cache[key] = entry

@@ -119,6 +119,19 @@ def _descriptor_limit(limit: int) -> Callable[[], None]:
     return set_limit
 
 
+def _in_child(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One ``preexec_fn`` that runs each of ``steps`` given, in order; None for none."""
+    given = [step for step in steps if step is not None]
+    if not given:
+        return None
+
+    def run_all() -> None:
+        for step in given:
+            step()
+
+    return run_all
+
+
 def launch_agent(
     base: Path,
     *args: str,
@@ -127,8 +140,10 @@ def launch_agent(
     nofile: int | None = None,
     driver: FakeDriver | None = None,
     simulate: str = "h200",
+    preexec: Callable[[], None] | None = None,
 ) -> AgentProcess:
-    """Start the daemon without waiting for it (``wait_ready`` waits)."""
+    """Start the daemon without waiting for it (``wait_ready`` waits). ``preexec`` runs in
+    the child before exec, after the descriptor limit is set (a memory cgroup's ``enter``)."""
     base.mkdir(parents=True, exist_ok=True)
     port = free_port() if port is None else port
     socket_dir = base / "plugins" if socket_dir is None else socket_dir
@@ -150,7 +165,9 @@ def launch_agent(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_descriptor_limit(nofile) if nofile is not None else None,  # noqa: PLW1509
+            preexec_fn=_in_child(  # noqa: PLW1509
+                _descriptor_limit(nofile) if nofile is not None else None, preexec
+            ),
         )
     return AgentProcess(proc, port, base, socket_dir)
 
@@ -165,9 +182,11 @@ def wait_ready(agent: AgentProcess, timeout_s: float = 60.0) -> None:
 
 
 @contextmanager
-def running_agent(base: Path, *args: str, **kwargs: Any) -> Iterator[AgentProcess]:
+def running_agent(
+    base: Path, *args: str, preexec: Callable[[], None] | None = None, **kwargs: Any
+) -> Iterator[AgentProcess]:
     """A started, ready agent; stopped (SIGTERM, then SIGKILL) afterwards."""
-    agent = launch_agent(base, *args, **kwargs)
+    agent = launch_agent(base, *args, preexec=preexec, **kwargs)
     try:
         wait_ready(agent)
         yield agent

@@ -69,3 +69,12 @@ def test_examples(raw: bytes, message: str | None) -> None:
         with pytest.raises(BodyError) as refused:
             parse_json(raw)
         assert str(refused.value) == message
+
+
+def test_escaped_quotes_after_an_open_string_are_scanned_in_linear_time() -> None:
+    """200,000 escaped quotes after an unterminated string: the former pattern backtracked
+    over them (8 s for 20,000, growing with the square); the pytest timeout guards this."""
+    body = b"[" * 40 + b'"' + b'\\"' * 200_000
+    with pytest.raises(BodyError, match="nests deeper than 32 levels"):
+        parse_json(body)
+    assert parse_json(b'["' + b'\\"' * 200_000 + b'"]') == ['"' * 200_000]
