@@ -13,6 +13,11 @@ of a socket pair and waits for its hello (the node's static facts). Then:
 - ``await stop()`` asks the worker to shut NVML down and waits until the process is gone,
   so that every ``/dev/nvidia*`` descriptor it held is closed; ``closed`` is set when the
   pipe ends for any reason (``exit_reason`` says why).
+- every call has a deadline (``call_deadline_s``, ``CALL_DEADLINE_S`` by default): a worker
+  that does not answer in time (a hung NVML call, a stopped process) is killed at once, and
+  every call waiting on it, that one included, raises ``WorkerGone`` with the reason, so
+  that no request waits on a hung worker longer than the deadline; ``closed`` is set, and
+  the daemon (``agent.node_life``) starts another worker.
 
 ``attach(sock)`` is the same client on a socket whose other end is served some other way
 (the unit tests serve a ``Worker`` in a thread, over the fake pynvml).
@@ -40,6 +45,9 @@ log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
 START_TIMEOUT_S = 120.0  # nvmlInit plus reading every GPU's facts (8 GPUs: about 1 s)
 STOP_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 30.0  # the blocking calls only; the hot path's liveness is a ping
+# How long any answer of the worker may take. A status read of 8 GPUs takes a few ms and a
+# PCIe sample about 45 ms (the GPUs in parallel); past this the worker is taken for hung.
+CALL_DEADLINE_S = 3.0
 
 PushHandler = Callable[[dict[str, Any]], None]
 
@@ -56,10 +64,14 @@ class WorkerClient:
     """One running GPU worker, seen from the event loop that started it."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes] | None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        process: subprocess.Popen[bytes] | None,
+        call_deadline_s: float = CALL_DEADLINE_S,
     ) -> None:
         self._loop = loop
         self.process = process
+        self.call_deadline_s = call_deadline_s
         self._transport: asyncio.Transport | None = None
         self._hello: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -81,6 +93,7 @@ class WorkerClient:
         simulate: str | None = None,
         health_interval_s: float = 1.0,
         start_timeout_s: float = START_TIMEOUT_S,
+        call_deadline_s: float = CALL_DEADLINE_S,
     ) -> WorkerClient:
         """Start a worker process and wait for its hello; ``WorkerFailed`` if its backend
         cannot start (the message is the backend's one line)."""
@@ -107,7 +120,9 @@ class WorkerClient:
             raise GpuBackendError(f"cannot start the GPU worker ({err})") from None
         finally:
             theirs.close()
-        return await cls.attach(ours, process=process, start_timeout_s=start_timeout_s)
+        return await cls.attach(
+            ours, process=process, start_timeout_s=start_timeout_s, call_deadline_s=call_deadline_s
+        )
 
     @classmethod
     async def attach(
@@ -116,9 +131,10 @@ class WorkerClient:
         *,
         process: subprocess.Popen[bytes] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        call_deadline_s: float = CALL_DEADLINE_S,
     ) -> WorkerClient:
         loop = asyncio.get_running_loop()
-        client = cls(loop, process)
+        client = cls(loop, process, call_deadline_s)
         sock.setblocking(False)
         transport, _ = await loop.create_unix_connection(lambda: _Pipe(client), sock=sock)
         client._transport = transport
@@ -183,9 +199,9 @@ class WorkerClient:
         """Every device's PCIe throughput (the slow sample), one round trip."""
         return tuple(wp.decode_throughput(item) for item in await self.call(wp.PCIE_ALL))
 
-    async def ping(self, timeout_s: float) -> None:
-        """Raises ``WorkerGone`` or ``TimeoutError`` unless the worker answers in time."""
-        await asyncio.wait_for(self.call(wp.PING), timeout_s)
+    async def ping(self) -> None:
+        """Raises ``WorkerGone`` unless the worker answers within the deadline."""
+        await self.call(wp.PING)
 
     def set_push_handler(self, handler: PushHandler) -> None:
         self._push = handler
@@ -194,6 +210,8 @@ class WorkerClient:
             handler(message)
 
     async def call(self, op: str, **args: Any) -> Any:
+        """Ask the worker; its answer, or ``WorkerGone`` (it ended, or missed the deadline
+        and was killed)."""
         if self.exit_reason is not None or self._transport is None:
             raise WorkerGone(self.exit_reason or "the GPU worker is not running")
         self._next_id += 1
@@ -201,7 +219,27 @@ class WorkerClient:
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[ident] = future
         self._transport.write(wp.frame({"id": ident, "op": op, **args}))
-        return await future
+        timer = self._loop.call_later(self.call_deadline_s, self._missed_deadline, op)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    def _missed_deadline(self, op: str) -> None:
+        """A call got no answer in time: the worker is hung (NVML, or the process stopped).
+        Kill it now (SIGKILL ends a stopped process too) and fail every waiting call."""
+        if self.exit_reason is not None:
+            return
+        pid = f" (pid {self.process.pid})" if self.process is not None else ""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.kill()
+        self._lost(
+            f"the GPU worker{pid} did not answer {_WHAT.get(op, op)} within "
+            f"{self.call_deadline_s:g} s (a hung NVML call, or a stopped process) and was killed"
+        )
+        if self._transport is not None:
+            self._transport.close()
 
     def _blocking(self, op: str, **args: Any) -> Any:
         if _in_loop(self._loop):
@@ -270,6 +308,16 @@ class WorkerClient:
                 WorkerGone(f"the GPU worker stopped before it started ({self.exit_reason})")
             )
         self.closed.set()
+
+
+_WHAT = {
+    wp.STATUS_ALL: "a status read",
+    wp.PCIE_ALL: "a PCIe sample",
+    wp.STATUS: "a status read",
+    wp.PCIE: "a PCIe sample",
+    wp.PING: "a ping",
+    wp.STOP: "the request to stop",
+}
 
 
 class _Pipe(asyncio.Protocol):

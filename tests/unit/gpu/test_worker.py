@@ -8,6 +8,8 @@ worker process (``--simulate``), as the daemon does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -19,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent.gpu import worker
+from agent.gpu import nodefile, worker
 from agent.gpu import worker_protocol as wp
 from agent.gpu.backend import GpuBackend
 from agent.gpu.health import DOUBLE_BIT_ECC, XID
@@ -257,3 +259,44 @@ async def test_a_worker_that_dies_fails_its_callers_and_says_how() -> None:
     await client.stop()
     assert client.exit_reason is not None
     assert "GPU worker" in client.exit_reason
+
+
+async def test_a_stopped_worker_misses_the_deadline_is_killed_and_fails_every_waiting_call() -> (
+    None
+):
+    """SIGSTOP looks like a hung NVML call: no answer. Every waiting call fails within the
+    deadline (not 30 s later), the process is killed, and the reason names the deadline."""
+    client = await WorkerClient.spawn(simulate="h200", call_deadline_s=0.5)
+    assert client.pid is not None
+    assert client.process is not None
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        started = asyncio.get_running_loop().time()
+        outcomes = await asyncio.gather(
+            *(client.read_statuses() for _ in range(5)), client.ping(), return_exceptions=True
+        )
+        waited = asyncio.get_running_loop().time() - started
+        assert all(isinstance(outcome, WorkerGone) for outcome in outcomes), outcomes
+        assert waited < 5  # the deadline (0.5 s), not CALL_TIMEOUT_S (30 s)
+        assert client.closed.is_set()
+        assert client.exit_reason is not None
+        assert "did not answer a status read within 0.5 s" in client.exit_reason
+        assert await asyncio.to_thread(client.process.wait, 10) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(client.pid, signal.SIGCONT)
+        await client.stop()
+
+
+async def test_a_slow_answer_within_the_deadline_is_not_taken_for_a_hang(tmp_path: Path) -> None:
+    node = json.loads(nodefile.resolve("h200").read_text())
+    node["timing"] = {"status_call_s": 0.3, "pcie_sample_s": 0.3}
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(node))
+    client = await WorkerClient.spawn(simulate=str(path), call_deadline_s=2.0)
+    try:
+        for _ in range(3):
+            assert len(await client.read_statuses()) == 1
+        assert not client.closed.is_set()
+    finally:
+        await client.stop()

@@ -1,0 +1,123 @@
+"""A hung GPU worker (SIGSTOP: a hung NVML call looks the same from the daemon) against the
+real daemon: status and health answer the documented 503 (/metrics its "released" gauge)
+within the call deadline (3 s) instead of hanging, one line is logged at once, the worker is killed and a new one
+serves (docs/node-life.md, "A hung GPU worker")."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.gpu.worker_client import CALL_DEADLINE_S
+from tests.support.node_life import Agent, NodeFile, start_agent
+from tests.support.services import wait_until
+
+pytestmark = pytest.mark.e2e
+
+RESTARTING = b"GPU worker restarting\n"
+# /metrics stays 200 (the target stays up) and says why the GPU families are absent.
+RELEASED = b'nvidia_docker_gpus_released{reason="GPU worker restarting"} 1.0'
+
+
+def worker_pid(agent: Agent) -> int:
+    children = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/children").read_text().split()
+    (pid,) = map(int, children)
+    return pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    node = NodeFile(tmp_path / "node.json", "hgx-h200-8")
+    with start_agent(tmp_path, node, extra=["--cdi-spec-dir", ""]) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("route", ["/gpu/status/json", "/gpu/status", "/metrics"])
+def test_requests_waiting_on_a_hung_worker_get_the_503_within_the_deadline(
+    agent: Agent, route: str
+) -> None:
+    old = worker_pid(agent)
+    assert agent.get(route)[0] == 200
+    with stopped(old):
+        started = time.monotonic()
+        status, body = agent.get(route, timeout_s=60)
+        waited = time.monotonic() - started
+    if route == "/metrics":
+        assert status == 200
+        assert RELEASED in body
+        assert b"DCGM_FI_DEV_GPU_TEMP" not in body
+    else:
+        assert (status, body) == (503, RESTARTING)
+    assert waited < CALL_DEADLINE_S + 3, f"{waited:.1f} s"  # it was 30 s
+    wait_until(lambda: not alive(old), what="the hung worker killed", timeout_s=10)
+    wait_until(
+        lambda: agent.get("/gpu/status/json")[0] == 200, what="a new worker serving", timeout_s=30
+    )
+    assert worker_pid(agent) != old
+    wait_until(lambda: "GPU worker restarted" in agent.log(), what="the restart's log line")
+    log = agent.log()
+    (line,) = [line for line in log.splitlines() if "did not answer" in line]
+    # the call that found it: this request's, or the PCIe sampler's or the ping's (each second)
+    assert f"within {CALL_DEADLINE_S:g} s (a hung NVML call, or a stopped process)" in line
+    assert "and was killed: restarting it" in line
+    assert log.index(line) < log.index("GPU worker restarted")
+    assert "Traceback" not in log
+
+
+def test_with_no_request_the_ping_finds_a_hung_worker_and_health_is_not_stale(
+    agent: Agent,
+) -> None:
+    old = worker_pid(agent)
+    answers: list[tuple[float, int, bytes]] = []
+    done = threading.Event()
+
+    def poll_health() -> None:
+        while not done.is_set():
+            status, body = agent.get("/gpu/health/json", timeout_s=60)
+            answers.append((time.monotonic(), status, body))
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll_health, daemon=True)
+    with stopped(old):
+        started = time.monotonic()
+        poller.start()
+        wait_until(lambda: not alive(old), what="the hung worker killed", timeout_s=20)
+        killed_after = time.monotonic() - started
+        wait_until(
+            lambda: alive(worker_pid(agent)) and agent.get("/gpu/status/json")[0] == 200,
+            what="a new worker serving",
+            timeout_s=30,
+        )
+    done.set()
+    poller.join(timeout=60)
+    # the ping of the next look (each second) misses its deadline: it was 41 s
+    assert killed_after < 1 + CALL_DEADLINE_S + 3, f"{killed_after:.1f} s"
+    assert (503, RESTARTING) in {(status, body) for _, status, body in answers}
+    assert answers[-1][1] == 200
+    (line,) = [line for line in agent.log().splitlines() if "did not answer" in line]
+    assert "did not answer a ping" in line or "did not answer a PCIe sample" in line
