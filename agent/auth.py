@@ -4,9 +4,19 @@ The token file holds one token per line (``#`` comments and blank lines are skip
 token can be rotated with two valid at once: add the new one, SIGHUP, move the clients, remove
 the old one, SIGHUP. Clients send ``Authorization: Bearer <token>``; anything else is
 answered ``401`` with ``WWW-Authenticate: Bearer`` and one line saying what was wrong (no
-token, or a token that is not in the file), and nothing of the node. Every presented token is
-compared with every valid one in constant time (``hmac.compare_digest``), so the answer's
-timing says nothing about how much of a token was right.
+token, or a token that is not in the file), and nothing of the node.
+
+Bounds: the file is read through ``agent.files.read_regular``, at most ``TOKEN_FILE_LIMIT``
+bytes; it holds at most ``MAX_TOKENS`` tokens of ``MIN_TOKEN_CHARS`` to ``MAX_TOKEN_CHARS``
+printable ASCII characters each. A file beyond them is refused with one line (at start the
+start fails; at reload the previous tokens stay). The file is read again on SIGHUP in a
+worker thread, so the event loop keeps serving.
+
+What is kept is the SHA-256 digest of each token, in a set, not the tokens: a presented
+token is hashed once and looked up, so a wrong token costs what a missing one does (one
+hash), whatever the number of tokens, and the answer's timing says nothing usable about the
+tokens (it depends on the digest of what was presented, which nobody can steer towards a
+valid token's digest).
 
 With ``--plain-loopback`` (the default), plain connections made on the node to a loopback
 address need no token (``agent.loopback``); TLS connections always do.
@@ -17,36 +27,56 @@ scanner cannot fill the journal.
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+import hashlib
 import logging
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.files import UnusableFile, read_regular
 from agent.loopback import is_plain_loopback
 
 log = logging.getLogger("nvidia-docker-plugin")
 
 MIN_TOKEN_CHARS = 16
+MAX_TOKEN_CHARS = 1024
+MAX_TOKENS = 4096
+TOKEN_FILE_LIMIT = 1 << 20  # 1 MiB
 REFUSAL_LOG_INTERVAL_S = 10.0
 REALM = 'Bearer realm="nvidia-docker-plugin"'
 _SCHEME = "bearer "
+_MAKE_ONE = "make one with: openssl rand -hex 32"
 
 
 class TokenFileError(Exception):
     """The token file cannot be used; the message names the file (and line) and what to do."""
 
 
-def read_tokens(path: Path) -> tuple[bytes, ...]:
-    """The tokens of ``path``, one per line; raises ``TokenFileError``."""
+def _read_bounded(path: Path) -> bytes:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TokenFileError(f"--token-file {path}: cannot read it: {err.strerror}") from None
+        return read_regular(path, limit=TOKEN_FILE_LIMIT, what="--token-file")
+    except UnusableFile as err:
+        try:
+            path.stat()
+        except OSError as missing:  # the plainest words for a file that is not there
+            raise TokenFileError(
+                f"--token-file {path}: cannot read it: {missing.strerror}"
+            ) from None
+        raise TokenFileError(
+            f"{err}: a token file holds at most {MAX_TOKENS} tokens, one per line"
+        ) from None
+
+
+def read_tokens(path: Path) -> tuple[bytes, ...]:
+    """The tokens of ``path``, one per line, within the bounds of the module docstring;
+    raises ``TokenFileError``."""
+    try:
+        text = _read_bounded(path).decode("utf-8")
     except UnicodeDecodeError:
         raise TokenFileError(f"--token-file {path}: not UTF-8 text") from None
     tokens: list[bytes] = []
@@ -61,53 +91,77 @@ def read_tokens(path: Path) -> tuple[bytes, ...]:
         if len(token) < MIN_TOKEN_CHARS:
             raise TokenFileError(
                 f"--token-file {path}, line {number}: the token is shorter than "
-                f"{MIN_TOKEN_CHARS} characters; make one with: openssl rand -hex 32"
+                f"{MIN_TOKEN_CHARS} characters; {_MAKE_ONE}"
+            )
+        if len(token) > MAX_TOKEN_CHARS:
+            raise TokenFileError(
+                f"--token-file {path}, line {number}: the token is {len(token)} characters, "
+                f"more than the {MAX_TOKEN_CHARS} a token may be; {_MAKE_ONE}"
+            )
+        if len(tokens) == MAX_TOKENS:
+            raise TokenFileError(
+                f"--token-file {path}, line {number}: more than {MAX_TOKENS} tokens, the most "
+                "the agent takes: retire the ones no client uses"
             )
         tokens.append(token.encode("ascii"))
     if not tokens:
-        raise TokenFileError(
-            f"--token-file {path}: no token in it (one per line; openssl rand -hex 32 makes one)"
-        )
+        raise TokenFileError(f"--token-file {path}: no token in it (one per line; {_MAKE_ONE})")
     return tuple(tokens)
 
 
+def token_digests(tokens: Iterable[bytes]) -> frozenset[bytes]:
+    """The SHA-256 digests of ``tokens``: what ``TokenStore`` keeps and looks up."""
+    return frozenset(hashlib.sha256(token).digest() for token in tokens)
+
+
+def _others_read_warning(path: Path) -> str | None:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IROTH:
+        return None
+    return (
+        f"Warning: the token file {path} is readable by every user "
+        f"(mode {stat.S_IMODE(mode):04o}): chmod 0600 or 0640"
+    )
+
+
+def _load(path: Path) -> tuple[frozenset[bytes], str | None]:
+    """The digests of the tokens of ``path``, and the warning about its mode if any."""
+    return token_digests(read_tokens(path)), _others_read_warning(path)
+
+
 class TokenStore:
-    """The valid tokens, read from the file at start and again on ``reload()``."""
+    """The valid tokens (their digests), read from the file at start and again on
+    ``reload()``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._tokens = read_tokens(path)
-        self._warn_if_others_read()
+        self._digests, warning = _load(path)
+        if warning is not None:
+            log.warning("%s", warning)
 
     @property
     def count(self) -> int:
-        return len(self._tokens)
+        """How many different tokens are valid."""
+        return len(self._digests)
 
     def accepts(self, presented: bytes) -> bool:
-        """Whether ``presented`` is one of the tokens (every one compared, constant time)."""
-        found = False
-        for token in self._tokens:
-            found |= hmac.compare_digest(presented, token)
-        return found
+        """Whether ``presented`` is one of the tokens: one hash and one set lookup (anything
+        longer than a token may be is refused unhashed)."""
+        if len(presented) > MAX_TOKEN_CHARS:
+            return False
+        return hashlib.sha256(presented).digest() in self._digests
 
     async def reload(self) -> None:
-        """Read the file again; raises ``TokenFileError`` (the previous tokens stay valid)."""
-        self._tokens = read_tokens(self.path)
-        self._warn_if_others_read()
-        log.info("Reload: %d token(s) read again from %s", len(self._tokens), self.path)
-
-    def _warn_if_others_read(self) -> None:
-        try:
-            mode = self.path.stat().st_mode
-        except OSError:
-            return
-        if mode & stat.S_IROTH:
-            log.warning(
-                "Warning: the token file %s is readable by every user (mode %04o): "
-                "chmod 0600 or 0640",
-                self.path,
-                stat.S_IMODE(mode),
-            )
+        """Read the file again (in a thread); raises ``TokenFileError`` (the previous tokens
+        stay valid)."""
+        digests, warning = await asyncio.to_thread(_load, self.path)
+        if warning is not None:
+            log.warning("%s", warning)
+        self._digests = digests
+        log.info("Reload: %d token(s) read again from %s", len(digests), self.path)
 
 
 class _RefusalLog:

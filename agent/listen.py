@@ -30,9 +30,13 @@ async def listen(
     plain_loopback: bool = False,
 ) -> list[tuple[str, int]]:
     """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
-    ``ssl_context`` is given (and, with ``plain_loopback`` and a ``guard``, plain HTTP too for
-    connections to a loopback address); ``guard`` sees (and limits) the connections of all
-    of them together. Returns the (host, port) of every socket bound."""
+    ``ssl_context`` is given (and, with ``plain_loopback``, plain HTTP too for connections to
+    a loopback address); ``guard`` sees (and limits) the connections of all of them
+    together. TLS needs a ``guard``: its sites accept through ``agent.tls_or_plain``, which
+    hands each connection the newest context (reloads reach new connections, and end the
+    resumption of older sessions). Returns the (host, port) of every socket bound."""
+    if ssl_context is not None and guard is None:
+        raise ValueError("listen: TLS is served through a ConnectionGuard's sites (give guard)")
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -50,7 +54,7 @@ async def listen(
     for address in addresses:
         site: web.BaseSite
         if guard is None:
-            site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
+            site = web.TCPSite(runner, address, port, reuse_address=True)
         else:
             site = GuardedSite(
                 runner,

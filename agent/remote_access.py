@@ -4,7 +4,8 @@
 (``agent.tls``) and ``--token-file`` (``agent.auth``) at start, before anything is served;
 a file that cannot be used stops the start with one line. The daemon then gives its TCP sites
 ``ssl_context``, its application ``middlewares``, and its SIGHUP ``reloaders`` (certificates
-and tokens read again, each keeping the previous one when the new file is broken).
+and tokens read again, each keeping the previous one when the new file is broken), and
+``/metrics`` the served certificate's expiry (``certificate_expiry``).
 
 ``warn_if_exposed(addresses)`` logs one warning per start when a listener is not on loopback
 and lacks TLS or client authentication, naming what to add. Old deployments listening on
@@ -59,6 +60,11 @@ class RemoteAccess:
     @property
     def ssl_context(self) -> ssl.SSLContext | None:
         return None if self.tls is None else self.tls.listening
+
+    def certificate_expiry(self) -> float | None:
+        """When the served TLS certificate expires (Unix time); None without TLS, or when
+        its date cannot be read."""
+        return None if self.tls is None else self.tls.not_after
 
     @property
     def middlewares(self) -> list[Middleware]:

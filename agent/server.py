@@ -160,6 +160,7 @@ class Agent:
         self.status.start_sampler()
         self.node = NodeState(NodeFacts(node, control_devices()))
         counters = AgentMetrics()
+        counters.follow_certificate(access.certificate_expiry)  # TLS: its notAfter
         self.status.add_sweep_listener(counters.observe_sweep)
         store.build_listeners.append(counters.observe_volume_build)
         self.metrics = MetricsService(

@@ -2,12 +2,28 @@
 
 ``ServerTls(files)`` reads the certificate chain, its key and the client CA once at start
 (any mistake is a ``TlsConfigError`` naming the file and what to do) and hands the TCP sites
-one ``SSLContext`` (``listening``) that never changes. Every handshake then picks the context
-built from the files as they were last read: ``reload()`` (SIGHUP) builds a new one and swaps
-it in through the listening context's ``sni_callback``, which OpenSSL calls for every
-ClientHello (with or without a server name). Connections already open keep the session they
-negotiated, so a rotation drops no request in flight; a reload that fails (a half-copied key)
-keeps the previous context.
+one listening context, a ``ReloadableContext`` (``agent.tls_or_plain``): each new
+connection gets the context built from the files as last read (``newest``). ``reload()``
+(SIGHUP) reads the files again in a worker thread, so the event loop keeps serving. When
+they differ from what is served, a new context is built and new connections get it: it has
+its own session cache and ticket keys, so no session made under the previous certificate or
+client CA is resumed (a client of a retired CA cannot skip the new CA's check by resuming).
+When every byte is the same, the context in use stays and sessions resume as before.
+Connections already open keep the session they negotiated, so a rotation drops no request
+in flight; a reload that fails (a half-copied key) keeps the previous context.
+
+Every file is read once, through ``agent.files.read_regular`` (a regular file of at most
+``TLS_FILE_LIMIT`` bytes), and what was read is what is loaded: the client CA from memory
+(``cadata``), the certificate chain and key through ``memfd_create`` files that only this
+process can reach, by their ``/proc/self/fd`` name (``load_cert_chain`` takes names only).
+The key is never written to disk. OpenSSL is never allowed to ask for a passphrase: an
+encrypted key would have it prompt on the terminal and block every listener, so it is
+refused with one line instead.
+
+Expiry: a certificate (the server's, or one of the client CA file) that has expired or
+expires within ``agent.certificates.EXPIRY_WARNING_DAYS`` days is logged at start and at
+every reload, one line per file; ``not_after`` is the served certificate's expiry, for
+``/metrics``.
 
 Why the handshake failure is sent as an alert: asyncio closes a server connection whose
 handshake failed without sending the TLS alert OpenSSL wrote (``sslproto`` aborts the
@@ -24,14 +40,31 @@ Versions: TLS 1.2 and 1.3 only (Python's defaults for ciphers).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import logging
 import os
 import ssl
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from agent.certificates import (
+    CertificateFormatError,
+    earliest_expiry,
+    expiry_warning,
+    not_after,
+    pem_certificates,
+)
+from agent.files import UnusableFile, read_regular
+from agent.tls_or_plain import ReloadableContext
+
 log = logging.getLogger("nvidia-docker-plugin")
+
+TLS_FILE_LIMIT = 1 << 20  # 1 MiB for each of the certificate chain, the key, the client CA
 
 
 class TlsConfigError(Exception):
@@ -73,7 +106,12 @@ def _refuses_client_certificate(err: ssl.SSLError) -> bool:
     )
 
 
-def _readable(path: Path, what: str, option: str) -> None:
+# --- reading ---------------------------------------------------------------------------------
+
+
+def _explain(path: Path, what: str, option: str) -> None:
+    """Raise the plainest message for a file that cannot be opened (missing, not a file, not
+    readable by this user); return if it can be."""
     try:
         mode = path.stat().st_mode
     except OSError as err:
@@ -87,35 +125,118 @@ def _readable(path: Path, what: str, option: str) -> None:
         )
 
 
-def build_context(files: TlsFiles) -> ssl.SSLContext:
-    """A server context from ``files``, as they are now; raises ``TlsConfigError``."""
-    _readable(files.cert, "certificate", "--tls-cert")
-    _readable(files.key, "private key", "--tls-key")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+def _read(path: Path, what: str, option: str) -> bytes:
     try:
-        context.load_cert_chain(files.cert, files.key)
+        return read_regular(path, limit=TLS_FILE_LIMIT, what=option)
+    except UnusableFile as err:
+        _explain(path, what, option)
+        raise TlsConfigError(f"{err}: give the PEM {what}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """The bytes of the files, as read once."""
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None
+
+    @property
+    def digest(self) -> bytes:
+        """Equal for two reads of byte-identical files (and only for those)."""
+        digest = hashlib.sha256()
+        for part in (self.cert, self.key, self.client_ca):
+            if part is None:
+                digest.update(b"-")
+            else:
+                digest.update(len(part).to_bytes(8, "big") + part)
+        return digest.digest()
+
+
+def _read_files(files: TlsFiles) -> _Read:
+    cert = _read(files.cert, "certificate", "--tls-cert")
+    key = _read(files.key, "private key", "--tls-key")
+    client_ca = None
+    if files.client_ca is not None:
+        client_ca = _read(files.client_ca, "client CA", "--tls-client-ca")
+    return _Read(cert, key, client_ca)
+
+
+# --- building --------------------------------------------------------------------------------
+
+
+class _PassphraseAsked(Exception):
+    """OpenSSL asked for the key's passphrase: the key is encrypted."""
+
+
+def _refuse_passphrase() -> bytes:
+    """OpenSSL's passphrase callback: never a prompt, never a guess."""
+    raise _PassphraseAsked
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes, name: str) -> Iterator[str]:
+    """A name OpenSSL can open for ``data``: an anonymous memory file of this process."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _build(files: TlsFiles, read: _Read) -> ReloadableContext:
+    context = ReloadableContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.sslobject_class = _AlertingSSLObject
+    pair = f"--tls-cert {files.cert} / --tls-key {files.key}"
+    try:
+        with (
+            _in_memory(read.cert, "tls-cert") as cert,
+            _in_memory(read.key, "tls-key") as key,
+        ):
+            context.load_cert_chain(cert, key, password=_refuse_passphrase)
+    except _PassphraseAsked:
+        raise TlsConfigError(
+            f"--tls-key {files.key}: the private key is encrypted (passphrase-protected) and "
+            "the agent never asks for a passphrase: give it the key decrypted "
+            "(openssl pkey -in KEY -out PLAIN.key), mode 0600"
+        ) from None
     except ssl.SSLError as err:
         raise TlsConfigError(
-            f"--tls-cert {files.cert} / --tls-key {files.key}: {_ssl_reason(err)}: give a PEM "
-            "certificate (chain) and the PEM private key that belongs to it"
+            f"{pair}: {_ssl_reason(err)}: give a PEM certificate (chain) and the PEM private "
+            "key that belongs to it"
         ) from None
-    except OSError as err:
+    except OSError as err:  # memfd_create, or the /proc/self/fd name OpenSSL opens
         raise TlsConfigError(
-            f"--tls-cert {files.cert} / --tls-key {files.key}: {err.strerror or err}"
+            f"{pair}: cannot load them from memory ({err.strerror or err}): the agent needs "
+            "memfd_create (Linux 3.17+) and /proc mounted"
         ) from None
-    if files.client_ca is not None:
-        _readable(files.client_ca, "client CA", "--tls-client-ca")
+    if files.client_ca is not None and read.client_ca is not None:
+        hint = "give the PEM certificate(s) of the CA that signs the clients' certificates"
         try:
-            context.load_verify_locations(cafile=files.client_ca)
-        except (ssl.SSLError, OSError) as err:
-            why = _ssl_reason(err) if isinstance(err, ssl.SSLError) else err.strerror
+            authorities = pem_certificates(read.client_ca)
+        except CertificateFormatError as err:
+            raise TlsConfigError(f"--tls-client-ca {files.client_ca}: {err}: {hint}") from None
+        if not authorities:
             raise TlsConfigError(
-                f"--tls-client-ca {files.client_ca}: {why}: give the PEM certificate(s) of the "
-                "CA that signs the clients' certificates"
+                f"--tls-client-ca {files.client_ca}: no PEM certificate in it: {hint}"
+            )
+        try:
+            context.load_verify_locations(cadata=b"".join(authorities))
+        except ssl.SSLError as err:
+            raise TlsConfigError(
+                f"--tls-client-ca {files.client_ca}: {_ssl_reason(err)}: {hint}"
             ) from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def build_context(files: TlsFiles) -> ReloadableContext:
+    """A server context from ``files``, as they are now; raises ``TlsConfigError``."""
+    return _build(files, _read_files(files))
 
 
 def _ssl_reason(err: ssl.SSLError) -> str:
@@ -123,37 +244,88 @@ def _ssl_reason(err: ssl.SSLError) -> str:
     return str(reason).replace("_", " ").lower() if reason else str(err)
 
 
-def _warn_if_others_read(path: Path, what: str) -> None:
+# --- what to warn about ----------------------------------------------------------------------
+
+
+def _served_expiry(files: TlsFiles, read: _Read) -> tuple[datetime | None, list[str]]:
+    """The served certificate's expiry (the first of the chain), and the warnings about the
+    files as read: expired or expiring certificates, a key every user can read."""
+    warnings: list[str] = []
+    served: datetime | None = None
+    now = datetime.now(UTC)
     try:
-        mode = path.stat().st_mode
+        chain = pem_certificates(read.cert)
+        if chain:
+            served = not_after(chain[0])
+    except CertificateFormatError as err:
+        warnings.append(f"Warning: --tls-cert {files.cert}: cannot read its expiry date: {err}")
+    if served is not None:
+        earliest = earliest_expiry(chain)
+        warning = expiry_warning("--tls-cert", files.cert, earliest or served, now)
+        if warning is not None:
+            warnings.append(warning)
+    if files.client_ca is not None and read.client_ca is not None:
+        with contextlib.suppress(CertificateFormatError):  # refused by _build already
+            earliest = earliest_expiry(pem_certificates(read.client_ca))
+            if earliest is not None:
+                warning = expiry_warning("--tls-client-ca", files.client_ca, earliest, now)
+                if warning is not None:
+                    warnings.append(warning)
+    try:
+        mode = files.key.stat().st_mode
     except OSError:
-        return
+        mode = 0
     if mode & stat.S_IROTH:
-        log.warning(
-            "Warning: the %s %s is readable by every user (mode %04o): chmod 0600 or 0640",
-            what,
-            path,
-            stat.S_IMODE(mode),
+        warnings.append(
+            f"Warning: the TLS private key (--tls-key) {files.key} is readable by every user "
+            f"(mode {stat.S_IMODE(mode):04o}): chmod 0600 or 0640"
         )
+    return served, warnings
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """One read of the files: the context built from them (None: the same bytes as what is
+    served, nothing was built), the served certificate's expiry, what to warn about."""
+
+    read: _Read
+    context: ReloadableContext | None
+    not_after: datetime | None
+    warnings: list[str]
+
+
+def _load(files: TlsFiles, serving: bytes | None) -> _Loaded:
+    """Read ``files`` and build their context unless their digest is ``serving``."""
+    read = _read_files(files)
+    context = None if read.digest == serving else _build(files, read)
+    served, warnings = _served_expiry(files, read)
+    return _Loaded(read, context, served, warnings)
 
 
 class ServerTls:
-    """The REST API's TLS: a fixed listening context whose handshakes use the latest files."""
+    """The REST API's TLS: a listening context whose new connections use the latest files."""
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
-        self._current = build_context(files)
+        loaded = _load(files, None)
+        assert loaded.context is not None
         # What the TCP sites hold; never replaced. Its verify mode (client certificates or
-        # not) is fixed for the life of the process, like the options that decide it.
-        self.listening = build_context(files)
-        self.listening.sslobject_class = _AlertingSSLObject
-        self.listening.sni_callback = self._choose
-        _warn_if_others_read(files.key, "TLS private key (--tls-key)")
+        # not) is that of every context after it, like the options that decide it.
+        self.listening: ReloadableContext = loaded.context
+        self._loaded = loaded
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
 
-    def _choose(
-        self, ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext
-    ) -> None:
-        ssl_object.context = self._current
+    @property
+    def current(self) -> ssl.SSLContext:
+        """The context new connections get now."""
+        return self.listening.newest
+
+    @property
+    def not_after(self) -> float | None:
+        """When the served certificate expires (Unix time), None if it cannot be read."""
+        expires = self._loaded.not_after
+        return None if expires is None else expires.timestamp()
 
     @property
     def mutual(self) -> bool:
@@ -166,8 +338,24 @@ class ServerTls:
         return text + ")"
 
     async def reload(self) -> None:
-        """Read the files again; new handshakes use them. Raises ``TlsConfigError`` (the
-        previous context stays in use)."""
-        self._current = build_context(self.files)
-        _warn_if_others_read(self.files.key, "TLS private key (--tls-key)")
-        log.info("Reload: TLS certificate and keys read again from %s", self.files.cert)
+        """Read the files again (in a thread); new connections use them, and sessions of the
+        previous ones are not resumed (unless every byte is the same). Raises
+        ``TlsConfigError``: the previous context stays in use."""
+        loaded = await asyncio.to_thread(_load, self.files, self._loaded.read.digest)
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
+        if loaded.context is None:
+            self._loaded = loaded
+            log.info(
+                "Reload: TLS certificate and keys read again from %s: unchanged, TLS sessions "
+                "resume as before",
+                self.files.cert,
+            )
+            return
+        self.listening.supersede(loaded.context)
+        self._loaded = loaded
+        log.info(
+            "Reload: TLS certificate and keys read again from %s: new connections use them, "
+            "and no earlier TLS session is resumed",
+            self.files.cert,
+        )

@@ -20,6 +20,12 @@ first byte before one in its handshake), so that clients that open connections a
 before or inside the handshake cannot take the descriptors the plugin socket needs. Once
 handed over, a connection is the event loop's and the protocol's, as with
 ``loop.create_server``.
+
+Which TLS context a connection gets is decided when its handshake starts: the context given,
+or, for a ``ReloadableContext`` (``agent.tls``: the files read again on SIGHUP), the newest
+one built from them. A new context brings its own session cache and ticket keys, so
+sessions (TLS 1.3 tickets, TLS 1.2 session IDs) made under an older certificate or client CA
+are not resumed: their clients make a full handshake, and the new client CA checks them.
 """
 
 from __future__ import annotations
@@ -41,6 +47,24 @@ TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record: a ClientHell
 ACCEPT_BATCH = 64  # connections accepted per wake-up, so that one port cannot starve the loop
 OUT_OF_FDS_PAUSE_S = 1.0
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class ReloadableContext(ssl.SSLContext):
+    """A server context whose files may be read again: ``TlsOrPlainServer`` hands each new
+    connection ``newest``, this context until ``supersede`` names a newer one. What a
+    superseded context served keeps it (connections open, requests in flight); nothing new
+    reaches it, its sessions included."""
+
+    _newer: ssl.SSLContext | None = None
+
+    @property
+    def newest(self) -> ssl.SSLContext:
+        """The context new connections get."""
+        return self if self._newer is None else self._newer
+
+    def supersede(self, newer: ssl.SSLContext) -> None:
+        """From now on, new connections get ``newer``."""
+        self._newer = None if newer is self else newer
 
 
 def bind(host: str | None, port: int, *, backlog: int = 128) -> list[socket.socket]:
@@ -66,7 +90,8 @@ def bind(host: str | None, port: int, *, backlog: int = 128) -> list[socket.sock
 
 
 class TlsOrPlainServer:
-    """Serves ``factory`` on ``sockets``: TLS for every connection, and plain HTTP too for
+    """Serves ``factory`` on ``sockets``: TLS for every connection (with
+    ``ssl_context``, or its ``newest`` for a ``ReloadableContext``), and plain HTTP too for
     connections to an address that ``plain_allowed`` accepts (loopback ones)."""
 
     def __init__(
@@ -227,11 +252,14 @@ class TlsOrPlainServer:
 
     async def _connect(self, conn: socket.socket, tls: bool) -> None:
         assert self._loop is not None
+        context = self._tls
+        if isinstance(context, ReloadableContext):
+            context = context.newest
         try:
             await self._loop.connect_accepted_socket(
                 self._factory,
                 conn,
-                ssl=self._tls if tls else None,
+                ssl=context if tls else None,
                 ssl_handshake_timeout=self._timeout_s if tls else None,
             )
         except OSError as err:  # ssl.SSLError and TimeoutError among them

@@ -8,6 +8,8 @@ metric types status sweeps and their duration (``observe_sweep``, a ``StatusServ
 driver volume builds (``observe_volume_build``, a ``VolumeStore`` listener, called from
 the plugin's threads: prometheus_client's metrics are thread-safe). The process's own
 CPU, memory and open files come from prometheus_client's process collector (``process_*``).
+With TLS, ``nvidia_docker_tls_certificate_expiry_timestamp_seconds`` is read at scrape time
+from the certificate served then (``follow_certificate``), so that it follows reloads.
 
 Routes are labelled by their template (``/gpu/status/json``), never by the raw path, and
 every path the router does not know is ``unmatched``: a scanner cannot grow the series.
@@ -29,7 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from plugin.volume_build import BuildReport
@@ -55,6 +57,26 @@ class RequestCounts(Collector):
         for (route, code), count in sorted(self.counts.items()):
             family.add_metric([route, code], count)
         yield family
+
+
+class CertificateExpiry(Collector):
+    """``nvidia_docker_tls_certificate_expiry_timestamp_seconds``: the served certificate's
+    ``notAfter`` (Unix time), read from ``source`` at scrape time; absent while ``source``
+    gives None (no TLS, or a date that cannot be read)."""
+
+    def __init__(self, source: Callable[[], float | None]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        expires = self.source()
+        if expires is None:
+            return
+        yield GaugeMetricFamily(
+            "nvidia_docker_tls_certificate_expiry_timestamp_seconds",
+            "When the REST API's TLS certificate (the one served now) expires: its notAfter, "
+            "in seconds since the epoch.",
+            value=expires,
+        )
 
 
 class AgentMetrics:
@@ -110,6 +132,11 @@ class AgentMetrics:
             raise
         counts[template, str(response.status)] += 1
         return response
+
+    def follow_certificate(self, source: Callable[[], float | None]) -> None:
+        """Serve the TLS certificate's expiry, as ``source`` gives it at each scrape
+        (``ServerTls.not_after``)."""
+        self.registry.register(CertificateExpiry(source))
 
     def observe_sweep(self, duration_s: float) -> None:
         self.sweeps.observe(duration_s)

@@ -1,7 +1,7 @@
 """A hung GPU worker (SIGSTOP: a hung NVML call looks the same from the daemon) against the
 real daemon: status and health answer the documented 503 (/metrics its "released" gauge)
-within the call deadline (3 s) instead of hanging, one line is logged at once, the worker is killed and a new one
-serves (docs/node-life.md, "A hung GPU worker")."""
+within the call deadline (3 s) instead of hanging, one line is logged at once, the worker
+is killed and a new one serves (docs/node-life.md, "A hung GPU worker")."""
 
 from __future__ import annotations
 

@@ -213,15 +213,18 @@ async def test_reload_keeps_the_previous_context_when_the_new_files_are_broken(
     cert = tmp_path / "server.pem"
     cert.write_bytes(pki.pem("server").read_bytes())
     tls = ServerTls(TlsFiles(cert, pki.key("server")))
-    before = tls._current
+    before = tls.current
     cert.write_text("garbage\n")
     with pytest.raises(TlsConfigError):
         await tls.reload()
-    assert tls._current is before
+    assert tls.current is before
     cert.write_bytes(pki.pem("server").read_bytes())
+    await tls.reload()  # the same bytes as served: the same context, sessions resume
+    assert tls.current is before
+    cert.write_bytes(pki.pem("server").read_bytes() + b"\n")  # a byte more: a new context
     await tls.reload()
-    assert tls._current is not before
-    assert tls.listening.sni_callback is not None  # the listening context never changes
+    assert tls.current is not before
+    assert tls.listening is before  # what the sites hold never changes
 
 
 def test_from_config_errors_are_startup_errors(pki: Pki, tmp_path: Path) -> None:
