@@ -41,6 +41,7 @@ import pytest
 
 from agent.auth import MAX_TOKEN_CHARS, MAX_TOKENS, TOKEN_FILE_LIMIT
 from tests.support.certs import Pki, dated_server, encrypt_key, make_pki, not_after
+from tests.support.memory_cgroup import memory_cgroup
 from tests.support.services import free_port, stop_process, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -539,3 +540,65 @@ def test_a_flood_of_wrong_tokens_costs_what_a_flood_without_one_does(
         assert wrong <= 1.6 * missing + 0.002, report
         assert wrong_cpu <= 1.35 * missing_cpu + 0.0001, report
         assert _tls_get(agent.port, _client(pki, None), token=TOKEN)[1] == "HTTP/1.1 200 OK"
+
+
+# --- token files and certificates that are not what they say, under 256 MB -----------------
+
+
+def _hostile(path: Path, kind: str) -> None:
+    """Make ``path`` a file of ``kind``."""
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: a blocking read would wait for ever
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")  # endless: an unbounded read takes every byte of memory
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with path.open("wb") as out:
+            out.truncate(20 * 1000**3)  # 20 GB, sparse
+
+
+# What the one line says of such a file: not a regular file (click's own check of a
+# directory given to --token-file included), or larger than its bound.
+REFUSALS = ("not a file", "not a regular file", "is a directory", "more than the 1.0 MiB")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "sparse-20-GB"])
+@pytest.mark.parametrize("option", ["--token-file", "--tls-cert", "--tls-key", "--tls-client-ca"])
+def test_a_hostile_file_is_refused_in_one_line_under_256_mb(
+    pki: Pki, tmp_path: Path, option: str, kind: str
+) -> None:
+    files = {
+        "--tls-cert": pki.pem("server"),
+        "--tls-key": pki.key("server"),
+        "--tls-client-ca": pki.pem("ca"),
+    }
+    hostile = tmp_path / "hostile"
+    _hostile(hostile, kind)
+    if option == "--token-file":
+        args = ["--token-file", str(hostile)]
+    else:
+        files[option] = hostile
+        args = [arg for name, path in files.items() for arg in (name, str(path))]
+    log = tmp_path / "agent.log"
+    with memory_cgroup(256 * 1024 * 1024) as group, log.open("ab") as out:
+        proc = subprocess.Popen(
+            _command(tmp_path, free_port(), *args),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=group.enter,  # noqa: PLW1509 - it only moves the child into a cgroup
+        )
+        try:
+            code = proc.wait(timeout=60)  # a read that blocks or never ends fails this wait
+        finally:
+            stop_process(proc)
+        assert group.oom_kills == 0, f"killed for memory under {group.layout}"
+    output = log.read_text(errors="replace")
+    assert code in (1, 2), output  # a start failure; 2: click's usage error (a directory)
+    (error,) = _error_lines(output)
+    assert option in error
+    assert str(hostile) in error
+    assert any(refusal in error for refusal in REFUSALS), error
+    assert "Traceback" not in output
