@@ -10,6 +10,7 @@ import pytest
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.fake_driver import FakeDriver, build_fake_driver, remove_fake_driver
 from tests.support.plugin_agent import PluginAgent, running_plugin_agent
+from tests.support.podman import describe as podman_layout
 from tests.support.prerequisites import in_ci, require_command, require_root
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
@@ -27,6 +28,11 @@ os.environ.setdefault("NVIDIA_DOCKER_PLUGIN_EVENT_LOOP", "asyncio")
 # machine can take longer than the suite's default time limit for one test.
 SLOW_TO_START = frozenset({"docker_engine", "plugin_agent", "fake_driver", "sshd_server"})
 SERVICE_TEST_TIMEOUT_S = 300
+
+
+def pytest_report_header() -> str:
+    """Which cgroup layout the machine booted and which runtime the Podman tests use."""
+    return podman_layout()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,6 +11,12 @@ default limits). Images come from ``podman import`` of a root filesystem tarball
 
 Podman 4.3 reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only (no option moves
 them), so a test that runs CDI devices writes its spec there, under ``CDI_LOCK``.
+
+The OCI runtime is chosen for the machine's cgroup layout (``cgroup_layout``): crun, Debian's
+default where it is installed, refuses a hybrid layout (v1 controllers plus a cgroup2
+``/sys/fs/cgroup/unified``: "cgroups in hybrid mode not supported"), so there every call
+passes ``--runtime runc``; on v1 and v2 machines Podman's own choice stays. ``describe``
+says which layout and runtime a run used (the test session's header prints it).
 """
 
 from __future__ import annotations
@@ -31,6 +37,36 @@ LOCK = "podman"  # machine_lock names: one podman test run at a time on the mach
 CDI_LOCK = "cdi"  # and one writer of the machine-wide CDI directories
 MACHINE_PATHS = (Path("/var/lib/containers"), Path("/run/containers"))
 RUN_LIMITS = ("--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _is_cgroup2(path: Path) -> bool:
+    """Whether ``path`` is a cgroup2 mount (cgroup.controllers exists only there)."""
+    return (path / "cgroup.controllers").is_file()
+
+
+def cgroup_layout(root: Path = CGROUP_ROOT) -> str:
+    """``v2`` (unified), ``hybrid`` (v1 controllers and a cgroup2 ``unified``) or ``v1``."""
+    if _is_cgroup2(root):
+        return "v2"
+    if _is_cgroup2(root / "unified"):
+        return "hybrid"
+    return "v1"
+
+
+def runtime_for(layout: str) -> str | None:
+    """The OCI runtime to ask for on ``layout``; None: Podman's default."""
+    return "runc" if layout == "hybrid" else None
+
+
+def describe() -> str:
+    """``cgroup layout hybrid: podman --runtime runc``: for the test session's header."""
+    layout = cgroup_layout()
+    runtime = runtime_for(layout)
+    chosen = f"--runtime {runtime}" if runtime else "its default runtime"
+    return f"cgroup layout {layout}: podman with {chosen}"
+
+
 APPLETS = ("sh", "ls", "cat", "echo", "find", "stat", "test", "sort", "grep", "sleep")
 
 
@@ -49,6 +85,7 @@ class Podman:
             "--network-config-dir", str(self.base / "networks"),
             "--events-backend", "file",
             "--cgroup-manager", "cgroupfs",
+            *_runtime_args(),
         ]  # fmt: skip
 
     def __call__(
@@ -89,6 +126,18 @@ class Podman:
             tarball = Path(tmp) / "rootfs.tar"
             subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
             return self.import_tarball(tarball, tag, labels)
+
+
+def _runtime_args() -> list[str]:
+    runtime = runtime_for(cgroup_layout())
+    if runtime is None:
+        return []
+    if shutil.which(runtime) is None:
+        unavailable(
+            f"this machine's cgroups are hybrid, where crun refuses to run: Podman needs "
+            f"{runtime} (apt-get install {runtime}; scripts/test-all does)"
+        )
+    return ["--runtime", runtime]
 
 
 @contextlib.contextmanager
