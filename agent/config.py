@@ -46,7 +46,7 @@ class Config:
     reserved_fds: int = DEFAULT_RESERVED_FDS
     cdi_spec_dir: Path | None = None  # None: no CDI spec (the command line's default is set)
     cdi_dev_root: Path = Path("/")  # where the device nodes the CDI spec names are
-    # The REST API's TLS and tokens (agent.remote_access); None: not asked for.
+    # The REST API's TLS and tokens (agent.edge.access); None: not asked for.
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None

@@ -19,34 +19,34 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from agent import render_text
+from agent.api import render_text
+from agent.api.docker_cli import control_devices
+from agent.api.routes import create_app
 from agent.attribution.docker_engine import DockerEngine
 from agent.attribution.owners import Attributor
-from agent.cdi_writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
+from agent.cdi_spec.writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
 from agent.config import SOCKET_NAME, Config
-from agent.connection_guard import ConnectionGuard, ConnectionLimits
-from agent.descriptors import descriptor_budget
-from agent.docker_cli import control_devices
-from agent.error_log import HttpErrorLog, loop_exception_handler
+from agent.edge.access import RemoteAccess
+from agent.edge.connections import ConnectionGuard, ConnectionLimits
+from agent.edge.descriptors import descriptor_budget
+from agent.edge.error_log import HttpErrorLog, loop_exception_handler
+from agent.edge.listen import listen
+from agent.edge.plugin_socket import prepare_volumes, start_plugin_site
+from agent.edge.readiness import NotAnswering, check_plugin, check_rest
 from agent.errors import StartupError
 from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.worker_client import WorkerClient
-from agent.listen import listen
 from agent.memory import release_startup_memory
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.health_hook import GpuHealth
 from agent.metrics.service import MetricsService
-from agent.node_facts import NodeFacts
-from agent.node_life import NodeLife
-from agent.node_state import NodeState
-from agent.plugin_site import prepare_volumes, start_plugin_site
-from agent.readiness import NotAnswering, check_plugin, check_rest
-from agent.remote_access import RemoteAccess
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.life import NodeLife
+from agent.node.state import NodeState
+from agent.node.status import StatusService
+from agent.node.uvm import UvmError, ensure_uvm_device
 from agent.systemd_notify import notify
-from agent.uvm import UvmError, ensure_uvm_device
 
 log = logging.getLogger("nvidia-docker-plugin")
 
@@ -189,7 +189,7 @@ class Agent:
 
         if cfg.cdi_spec_dir is not None:  # only once this agent owns its socket directory
             settings = CdiSettings(cfg.cdi_spec_dir, cfg.cdi_dev_root, find_linker_cache_hook())
-            # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node_life)
+            # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node.life)
             cdi = self.cdi = CdiSpecWriter(
                 settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy
             )

@@ -2,7 +2,7 @@
 
 The packaged unit is ``Type=notify``: systemd starts what is ordered after the agent
 (``docker.service``, the Mesos agents) only once the agent sends ``READY=1``, which it does
-when its plugin socket and REST API answer (``agent.readiness``). The protocol is one
+when its plugin socket and REST API answer (``agent.edge.readiness``). The protocol is one
 datagram to the unix socket named by ``$NOTIFY_SOCKET`` (a path, or an abstract name
 starting with ``@``), as sd_notify(3) describes; no library is needed for that. Without
 ``$NOTIFY_SOCKET`` (not started by systemd) every call does nothing.

@@ -40,7 +40,7 @@ from agent.attribution.docker_engine import (
     DockerEngineError,
 )
 from agent.display import shown
-from agent.rate_limit import RateLimiter
+from agent.edge.rate_limit import RateLimiter
 
 log = logging.getLogger("nvidia-docker-plugin.attribution")
 

@@ -65,7 +65,7 @@ class BatchGpuBackend(GpuBackend, Protocol):
     """A backend that reads every device in one call, as coroutines of the event loop.
 
     The GPU worker's client is one: a status sweep is then one round trip to the worker,
-    instead of one thread per device. ``agent.status_service`` uses these when present.
+    instead of one thread per device. ``agent.node.status`` uses these when present.
     """
 
     async def read_statuses(self) -> tuple[DeviceStatus, ...]:

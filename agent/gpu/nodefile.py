@@ -5,7 +5,7 @@ The schema is documented in ``docs/node-file.md``. Field names are those of the 
 a node file reads like the model it describes and a new model field needs no change here.
 
 The file is whatever is at its path when it is read, and a node file is read by the GPU
-worker and by the daemon (its ``driver_version``, ``agent.driver_versions``), at start and
+worker and by the daemon (its ``driver_version``, ``agent.node.drivers``), at start and
 at every new version. So ``read_json`` reads it within bounds, each failure one line naming
 the file (``NodeFileError``):
 

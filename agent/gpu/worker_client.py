@@ -17,7 +17,7 @@ of a socket pair and waits for its hello (the node's static facts). Then:
   that does not answer in time (a hung NVML call, a stopped process) is killed at once, and
   every call waiting on it, that one included, raises ``WorkerGone`` with the reason, so
   that no request waits on a hung worker longer than the deadline; ``closed`` is set, and
-  the daemon (``agent.node_life``) starts another worker.
+  the daemon (``agent.node.life``) starts another worker.
 
 ``attach(sock)`` is the same client on a socket whose other end is served some other way
 (the unit tests serve a ``Worker`` in a thread, over the fake pynvml).

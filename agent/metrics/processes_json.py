@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.api.render_json import encode
 from agent.attribution.owners import ProcessOwner
 from agent.gpu.model import DeviceInfo, DeviceStatus
-from agent.render_json import encode
 
 
 def processes_body(

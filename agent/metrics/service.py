@@ -31,8 +31,8 @@ from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.gpu_families import gpu_families
 from agent.metrics.health_hook import HealthSource
 from agent.metrics.processes_json import processes_body
-from agent.node_state import NodeState
-from agent.status_service import StatusService, StatusUnavailable, Sweep
+from agent.node.state import NodeState
+from agent.node.status import StatusService, StatusUnavailable, Sweep
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format generate_latest writes
 

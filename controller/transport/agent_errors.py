@@ -14,7 +14,7 @@ from urllib.parse import unquote
 from controller.errors import Failure, NodeError
 from controller.transport.endpoint import Endpoint
 
-# Headers of the agent's 400 answers (agent.rest): which query parameter, which entry.
+# Headers of the agent's 400 answers (agent.api.routes): which query parameter, which entry.
 INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
 INVALID_VALUE_HEADER = "X-Invalid-Value"
 

@@ -255,10 +255,10 @@ def _quiet_agent_logs() -> None:
 def _facts_from_nvml(
     volumes: str, devices: str, cuda_needed: str | None, cdi: bool = False
 ) -> GpuFacts:
-    from agent.cdi_cli import cdi_cli  # noqa: PLC0415
-    from agent.docker_cli import control_devices, docker_cli_for  # noqa: PLC0415
+    from agent.api.cdi_cli import cdi_cli  # noqa: PLC0415
+    from agent.api.docker_cli import control_devices, docker_cli_for  # noqa: PLC0415
     from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
-    from agent.selection import InvalidParameter, select_targets, select_volumes  # noqa: PLC0415
+    from agent.node.selection import InvalidParameter, select_targets, select_volumes  # noqa: PLC0415
 
     _quiet_agent_logs()
     try:

@@ -3,7 +3,7 @@
     python -m tests.benchmarks.bench_limits [--bursts 20] [--burst 0.25]
 
 Two REST servers in this process, on the simulated ``hgx-h200-8`` node, the same
-``agent.rest`` routes: one as the daemon serves them (``ConnectionGuard`` with its
+``agent.api.routes`` routes: one as the daemon serves them (``ConnectionGuard`` with its
 middleware and ``GuardedSite``, the query checks, ``HttpErrorLog``), one without any of it
 (the routes on a plain ``web.TCPSite``). A closed-loop client in the same process loads
 them in alternating short bursts, so that whatever else the machine runs weighs on both
@@ -28,14 +28,14 @@ from functools import partial
 
 from aiohttp import web
 
-from agent import rest
-from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.docker_cli import control_devices
-from agent.error_log import HttpErrorLog
+from agent.api import routes as rest
+from agent.api.docker_cli import control_devices
+from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.edge.error_log import HttpErrorLog
 from agent.gpu.simulated import SimulatedBackend
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.benchmarks.loadgen import read_answer
 from tests.support.services import free_port
 

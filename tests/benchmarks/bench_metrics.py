@@ -48,7 +48,7 @@ def rss_kib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
-import aiohttp.web, agent.status_service, agent.node_state, agent.render_json  # noqa
+import aiohttp.web, agent.node.status, agent.node.state, agent.api.render_json  # noqa
 import agent.attribution.owners  # noqa
 before = rss_kib()
 import prometheus_client, agent.metrics.service  # noqa

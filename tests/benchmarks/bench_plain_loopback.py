@@ -3,10 +3,10 @@
     python -m tests.benchmarks.bench_plain_loopback [--bursts 10] [--burst 0.3]
 
 Three REST servers in this process, as the daemon serves them (``ConnectionGuard``,
-``GuardedSite``, the ``agent.rest`` routes of the simulated ``hgx-h200-8`` node), with
+``GuardedSite``, the ``agent.api.routes`` routes of the simulated ``hgx-h200-8`` node), with
 certificates made by ``openssl``: plain HTTP only, TLS only by the event loop's own server
 (``loop.create_server`` with TLS, as aiohttp serves it: what the agent did before), and TLS
-or plain (``agent.tls_or_plain``, what the agent does with TLS now: its own accept loop, the
+or plain (``agent.edge.tls_or_plain``, what the agent does with TLS now: its own accept loop, the
 bound on pending connections, and a peek at the first byte of each connection to a loopback
 address). Plain rows compare the plain-only port with the shared one, TLS rows the
 event loop's TLS port with the shared one, in alternating short bursts from a client in the
@@ -29,12 +29,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent import rest
-from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.error_log import HttpErrorLog
-from agent.node_state import NodeState
-from agent.status_service import StatusService
-from agent.tls import ServerTls, TlsFiles
+from agent.api import routes as rest
+from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.edge.error_log import HttpErrorLog
+from agent.edge.tls import ServerTls, TlsFiles
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.benchmarks.bench_limits import (
     HOST,
     alternate_bursts,

@@ -30,7 +30,7 @@ from unittest import mock
 
 import aiohttp
 
-from agent.plugin_site import start_plugin_site
+from agent.edge.plugin_socket import start_plugin_site
 from plugin.discovery import DriverFiles, find_driver_files
 from plugin.volumes import VolumeStore
 

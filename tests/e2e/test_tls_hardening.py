@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.auth import MAX_TOKEN_CHARS, MAX_TOKENS, TOKEN_FILE_LIMIT
+from agent.edge.tokens import MAX_TOKEN_CHARS, MAX_TOKENS, TOKEN_FILE_LIMIT
 from tests.support.certs import Pki, dated_server, encrypt_key, make_pki, not_after
 from tests.support.memory_cgroup import memory_cgroup
 from tests.support.services import free_port, stop_process, wait_until

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from agent import render_json, render_text
-from agent.cdi_writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
-from agent.docker_cli import control_devices
+from agent.api import render_json, render_text
+from agent.api.docker_cli import control_devices
+from agent.cdi_spec.writer import CdiSettings, CdiSpecWriter, find_linker_cache_hook, volume_builder
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.model import NodeInfo
 from agent.gpu.nvml_backend import NvmlBackend
-from agent.node_facts import NodeFacts
+from agent.node.facts import NodeFacts
 from plugin.discovery import find_driver_files
 from plugin.volumes import VolumeStore
 from tests.support.cdi_schema import schema_errors

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.driver_versions import InstalledDriver, LoadedModule
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.nvml_backend import NvmlBackend
 from agent.gpu.nvml_health import EVENT_DOUBLE_BIT_ECC, EVENT_XID_CRITICAL
+from agent.node.drivers import InstalledDriver, LoadedModule
 from tests.support.node_life import StatusLoad
 from tests.support.services import free_port, stop_process, wait_until
 

@@ -4,7 +4,7 @@
 
     python -m tests.support.agent_farm --count 1000 --simulate h200 --ports-file F
 
-serves ``--count`` agents built with the real ``agent.rest.create_app`` on the simulated
+serves ``--count`` agents built with the real ``agent.api.routes.create_app`` on the simulated
 backend. Each node has its own listening socket (the kernel picks a free port; binding port 0
 cannot race another test run). When every socket listens, the farm writes ``F`` (atomically:
 one ``PORT KIND`` line per node) and prints ``ready N`` on stdout.
@@ -43,12 +43,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.docker_cli import control_devices
+from agent.api.docker_cli import control_devices
+from agent.api.routes import create_app
 from agent.gpu.simulated import SimulatedBackend
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.support.services import stop_process, wait_until
 
 LISTEN_HOST = "127.0.0.1"

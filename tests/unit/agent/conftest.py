@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import pytest
 from aiohttp import web
 
+from agent.api.routes import create_app
 from agent.gpu import nodefile
 from agent.gpu.model import DeviceStatus, PcieThroughput
 from agent.gpu.simulated import SimulatedBackend
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")
 

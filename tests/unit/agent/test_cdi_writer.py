@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 
-from agent import cdi_writer
-from agent.cdi_writer import CdiSettings, CdiSpecWriter, volume_builder
+from agent.api.routes import create_app
+from agent.cdi_spec import writer as cdi_writer
+from agent.cdi_spec.writer import CdiSettings, CdiSpecWriter, volume_builder
 from agent.gpu import nodefile
 from agent.gpu.model import NodeInfo
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from cdi.spec import LinkerCacheHook
 from plugin.discovery import find_driver_files
 from plugin.volumes import VolumeStore

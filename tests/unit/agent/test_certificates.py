@@ -1,4 +1,4 @@
-"""Certificates' notAfter read from their DER (``agent.certificates``): real certificates made
+"""Certificates' notAfter read from their DER (``agent.edge.certificates``): real certificates made
 by ``openssl`` checked against what openssl prints, and hand-made DER for every form and
 every way it can be broken."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.certificates import (
+from agent.edge.certificates import (
     EXPIRY_WARNING_DAYS,
     CertificateFormatError,
     earliest_expiry,

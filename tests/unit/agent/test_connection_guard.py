@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.error_log import HttpErrorLog
+from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.edge.error_log import HttpErrorLog
 from tests.support.services import free_port
 
 Serve = Callable[[ConnectionLimits], Awaitable[tuple[ConnectionGuard, int]]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.descriptors import DescriptorBudget, descriptor_budget, soft_limit
+from agent.edge.descriptors import DescriptorBudget, descriptor_budget, soft_limit
 from agent.errors import StartupError
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.driver_versions import InstalledDriver, LoadedModule, SimulatedModule
+from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule
 from tests.support.fake_driver import (
     NEW_VERSION,
     VERSION,

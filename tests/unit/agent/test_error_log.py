@@ -8,8 +8,8 @@ import logging
 import pytest
 from aiohttp.http_exceptions import BadStatusLine, LineTooLong
 
-from agent.error_log import HttpErrorLog, loop_exception_handler
-from agent.rate_limit import RateLimiter
+from agent.edge.error_log import HttpErrorLog, loop_exception_handler
+from agent.edge.rate_limit import RateLimiter
 
 
 class Clock:

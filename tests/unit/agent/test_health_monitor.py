@@ -13,7 +13,7 @@ from agent.gpu import worker_protocol as wp
 from agent.gpu.health import DeviceCheck, HealthEvent
 from agent.gpu.model import NodeInfo
 from agent.gpu.worker_client import WorkerClient
-from agent.health_monitor import HealthMonitor
+from agent.health.monitor import HealthMonitor
 
 
 class StubWorker:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from agent.edge.listen import listen
 from agent.errors import StartupError
-from agent.listen import listen
 from tests.support.services import free_port, port_open
 
 UNASSIGNED = "192.0.2.1"  # TEST-NET-1: never an address of this machine, so never bindable

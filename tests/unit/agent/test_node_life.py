@@ -21,10 +21,10 @@ import pytest
 from agent.gpu import nodefile, worker
 from agent.gpu.simulated import SimulatedBackend
 from agent.gpu.worker_client import WorkerClient, WorkerFailed
-from agent.node_facts import NodeFacts
-from agent.node_life import UPGRADE_IN_PROGRESS, WORKER_RESTARTING, NodeLife
-from agent.node_state import NodeState
-from agent.status_service import StatusService, StatusUnavailable
+from agent.node.facts import NodeFacts
+from agent.node.life import UPGRADE_IN_PROGRESS, WORKER_RESTARTING, NodeLife
+from agent.node.state import NodeState
+from agent.node.status import StatusService, StatusUnavailable
 from plugin.discovery import DriverFiles
 from plugin.volumes import VolumeStore
 from tests.support.fake_driver import FakeDriver

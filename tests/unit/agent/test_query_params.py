@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.api.query import MAX_ENTRIES, MAX_VALUE_CHARS, check_list
 from agent.display import shown
-from agent.query_params import MAX_ENTRIES, MAX_VALUE_CHARS, check_list
-from agent.selection import InvalidParameter, select_devices
+from agent.node.selection import InvalidParameter, select_devices
 from tests.unit.agent.conftest import CountingBackend
 
 if TYPE_CHECKING:

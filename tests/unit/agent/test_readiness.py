@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.readiness import NotAnswering, check_plugin, check_rest
+from agent.edge.readiness import NotAnswering, check_plugin, check_rest
 from tests.support.services import free_port, serve_on_loopback
 
 

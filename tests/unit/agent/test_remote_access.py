@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.auth import TokenFileError, TokenStore, read_tokens, token_middleware
 from agent.config import Config
+from agent.edge.access import RemoteAccess
+from agent.edge.loopback import is_loopback
+from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles, build_context
+from agent.edge.tokens import TokenFileError, TokenStore, read_tokens, token_middleware
 from agent.errors import StartupError
-from agent.loopback import is_loopback
-from agent.remote_access import RemoteAccess
-from agent.tls import ServerTls, TlsConfigError, TlsFiles, build_context
 from tests.support.certs import Pki, make_pki
 from tests.support.services import serve_on_loopback
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from agent import render_json, render_text
-from agent.docker_cli import docker_cli
+from agent.api import render_json, render_text
+from agent.api.docker_cli import docker_cli
 from agent.gpu.model import (
     Clocks,
     DeviceInfo,

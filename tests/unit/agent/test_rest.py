@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agent.node_facts import NodeFacts
+from agent.node.facts import NodeFacts
 from tests.unit.agent.conftest import CountingBackend
 
 if TYPE_CHECKING:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from agent.api.routes import create_app
 from agent.gpu.health import HEALTHY, DeviceHealth
-from agent.node_facts import NodeFacts
-from agent.node_life import UPGRADE_IN_PROGRESS
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.life import UPGRADE_IN_PROGRESS
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.unit.agent.conftest import CONTROL, CountingBackend
 
 if TYPE_CHECKING:

@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from agent.gpu.simulated import SimulatedBackend
-from agent.selection import InvalidParameter, Target, select_devices, select_targets, select_volumes
+from agent.node.selection import (
+    InvalidParameter,
+    Target,
+    select_devices,
+    select_targets,
+    select_volumes,
+)
 
 NODE = SimulatedBackend.from_file("hgx-h200-8").node_info()
 

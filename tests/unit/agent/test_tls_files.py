@@ -1,5 +1,5 @@
-"""The REST API's TLS files (``agent.tls``): read once within bounds, loaded from what was read,
-never a passphrase prompt, reloads in a thread, a new context (and no resumption of older
+"""The REST API's TLS files (``agent.edge.tls``): read once within bounds, loaded from what was
+read, never a passphrase prompt, reloads in a thread, a new context (and no resumption of older
 sessions) when the files change, expiry warnings and the expiry metric."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 from aiohttp import web
 
 from agent.config import Config
+from agent.edge.access import RemoteAccess
+from agent.edge.listen import listen
+from agent.edge.tls import TLS_FILE_LIMIT, ServerTls, TlsConfigError, TlsFiles, build_context
+from agent.edge.tls_or_plain import ReloadableContext, TlsOrPlainServer, bind
 from agent.files import read_regular
-from agent.listen import listen
 from agent.metrics.agent_metrics import AgentMetrics
-from agent.remote_access import RemoteAccess
-from agent.tls import TLS_FILE_LIMIT, ServerTls, TlsConfigError, TlsFiles, build_context
-from agent.tls_or_plain import ReloadableContext, TlsOrPlainServer, bind
 from tests.support.certs import Pki, dated_server, encrypt_key, make_pki, not_after
 
 REQUEST = b"GET /gpu/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -106,7 +106,7 @@ def test_what_was_read_is_what_is_loaded(
     for path in good:
         assert path is not None
         path.write_text("swapped after the check\n")
-    monkeypatch.setattr("agent.tls.read_regular", checked_read)
+    monkeypatch.setattr("agent.edge.tls.read_regular", checked_read)
     context = build_context(files)
     assert reads == [files.cert, files.key, files.client_ca]
     assert context.verify_mode == ssl.CERT_REQUIRED
@@ -148,7 +148,7 @@ async def test_reload_reads_in_a_thread_and_builds_only_for_new_bytes(
         threads.append(threading.get_ident())
         return real_read(path, limit=limit, what=what, follow=follow)
 
-    monkeypatch.setattr("agent.tls.read_regular", recording_read)
+    monkeypatch.setattr("agent.edge.tls.read_regular", recording_read)
     await tls.reload()  # the same bytes: the same context, sessions resume
     assert tls.current is first
     assert threads

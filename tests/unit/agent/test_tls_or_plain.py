@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.auth import TokenStore, token_middleware
-from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.loopback import is_loopback
-from agent.tls import ServerTls, TlsFiles
-from agent.tls_or_plain import TlsOrPlainServer, bind
+from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.edge.loopback import is_loopback
+from agent.edge.tls import ServerTls, TlsFiles
+from agent.edge.tls_or_plain import TlsOrPlainServer, bind
+from agent.edge.tokens import TokenStore, token_middleware
 from tests.support.certs import Pki, make_pki
 
 TOKEN = "k" * 24

@@ -1,5 +1,5 @@
-"""The token file's bounds and the digest lookup (``agent.auth``): what is refused, with which
-line, and that only digests are kept and looked up."""
+"""The token file's bounds and the digest lookup (``agent.edge.tokens``): what is refused, with
+which line, and that only digests are kept and looked up."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.auth import (
+from agent.edge.tokens import (
     MAX_TOKEN_CHARS,
     MAX_TOKENS,
     TOKEN_FILE_LIMIT,
@@ -120,7 +120,7 @@ async def test_reload_reads_in_a_thread_and_keeps_the_tokens_when_refused(
         threads.append(threading.get_ident())
         return real(path, limit=limit, what=what, follow=follow)
 
-    monkeypatch.setattr("agent.auth.read_regular", recording)
+    monkeypatch.setattr("agent.edge.tokens.read_regular", recording)
     path.write_text(f"{GOOD}\n{NEXT}\n")
     with caplog.at_level(logging.INFO):
         await store.reload()

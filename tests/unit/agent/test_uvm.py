@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.uvm import UvmError, ensure_uvm_device
+from agent.node.uvm import UvmError, ensure_uvm_device
 
 
 def _modprobe(bin_dir: Path, body: str) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 from aiohttp import web
 
-from agent.docker_cli import control_devices
+from agent.api.docker_cli import control_devices
 from tests.support.services import free_port, port_open
 from tests.unit.gpu.fake_nvml import load_capture
 

@@ -1,6 +1,6 @@
 """The wrapper and GPU health: an unhealthy GPU is left out by default and refused by name.
 
-The node is the real agent application (``agent.rest``) on a loopback port, over the
+The node is the real agent application (``agent.api.routes``) on a loopback port, over the
 simulated backend, with one GPU made unhealthy the way the health monitor makes it.
 """
 
@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from agent.api.routes import create_app
 from agent.gpu.health import HEALTHY, DeviceHealth
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.support.services import serve_on_loopback
 from tests.unit.agent.conftest import CONTROL, CountingBackend
 from tests.unit.controller.test_wrapper import GPU_LABELS, Docker, docker, nvidia_docker

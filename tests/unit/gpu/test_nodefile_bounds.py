@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from agent.driver_versions import SimulatedModule
 from agent.gpu import nodefile, worker
 from agent.gpu import worker_protocol as wp
 from agent.gpu.health import DOUBLE_BIT_ECC, XID, HealthEvent
 from agent.gpu.simulated import SimulatedBackend
 from agent.gpu.worker_client import WorkerClient
+from agent.node.drivers import SimulatedModule
 from tests.support.prerequisites import require_root
 
 DEEP = 100_000

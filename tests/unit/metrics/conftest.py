@@ -11,14 +11,14 @@ from aiohttp import web
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.api.routes import create_app
 from agent.attribution.owners import Attributor
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.health_hook import HealthSource
 from agent.metrics.service import MetricsService
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.rest import create_app
-from agent.status_service import StatusService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.unit.agent.conftest import CONTROL, CountingBackend
 
 if TYPE_CHECKING:  # types only: generic from aiohttp 3.11 / pytest-aiohttp 1.1 (above the floors)

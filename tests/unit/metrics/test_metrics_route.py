@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import __version__, render_json
+from agent import __version__
+from agent.api import render_json
 from agent.attribution.cgroup import OwnerKind
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import UNKNOWN_TELEMETRY

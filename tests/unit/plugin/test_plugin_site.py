@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.plugin_site import (
+from agent.edge.plugin_socket import (
     PluginSiteError,
     prepare_volumes,
     spec_file_needed,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from agent import render_json, render_text
+from agent.api import render_json, render_text
 from agent.gpu.backend import BackendGone, BatchGpuBackend, GpuBackend
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,

@@ -35,8 +35,8 @@ from pathlib import Path
 from aiohttp import web
 
 from agent.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, SOCKET_NAME
-from agent.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from agent.error_log import HttpErrorLog
+from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from agent.edge.error_log import HttpErrorLog
 from plugin.discovery import DriverFiles, find_driver_files
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
@@ -106,7 +106,7 @@ async def start_plugin_site(
     """Serve the plugin on ``<socket_dir>/nvidia-docker.sock``; cleanup removes the socket
     (and ``spec_file``, when one was asked for). ``limits`` are the header and idle
     timeouts (the socket has no connection bound: its only client is dockerd, and the
-    descriptors it needs are kept from the REST API, agent.descriptors)."""
+    descriptors it needs are kept from the REST API, agent.edge.descriptors)."""
     path = socket_dir / SOCKET_NAME
     lock_fd = claim_socket(path)
     try:

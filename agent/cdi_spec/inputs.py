@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.gpu.model import DeviceInfo, NodeInfo
-from agent.selection import Target
+from agent.node.selection import Target
 from cdi import spec
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")

@@ -1,10 +1,11 @@
 """Who may use the REST API from afar: TLS, client certificates, bearer tokens, one warning.
 
 ``RemoteAccess.from_config(config)`` reads ``--tls-cert``/``--tls-key``/``--tls-client-ca``
-(``agent.tls``) and ``--token-file`` (``agent.auth``) at start, before anything is served;
-a file that cannot be used stops the start with one line. The daemon then gives its TCP sites
-``ssl_context``, its application ``middlewares``, and its SIGHUP ``reloaders`` (certificates
-and tokens read again, each keeping the previous one when the new file is broken), and
+(``agent.edge.tls``) and ``--token-file`` (``agent.edge.tokens``) at start, before anything
+is served; a file that cannot be used stops the start with one line. The daemon then gives
+its TCP sites ``ssl_context``, its application ``middlewares``, and its SIGHUP
+``reloaders`` (certificates and tokens read again, each keeping the previous one when the
+new file is broken), and
 ``/metrics`` the served certificate's expiry (``certificate_expiry``).
 
 ``warn_if_exposed(addresses)`` logs one warning per start when a listener is not on loopback
@@ -24,11 +25,11 @@ from dataclasses import dataclass
 
 from aiohttp.typedefs import Middleware
 
-from agent.auth import TokenFileError, TokenStore, token_middleware
 from agent.config import Config
+from agent.edge.loopback import is_loopback
+from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles
+from agent.edge.tokens import TokenFileError, TokenStore, token_middleware
 from agent.errors import StartupError
-from agent.loopback import is_loopback
-from agent.tls import ServerTls, TlsConfigError, TlsFiles
 
 log = logging.getLogger("nvidia-docker-plugin")
 
@@ -41,7 +42,7 @@ class RemoteAccess:
 
     tls: ServerTls | None = None
     tokens: TokenStore | None = None
-    # Plain connections to a loopback address need neither (agent.loopback).
+    # Plain connections to a loopback address need neither (agent.edge.loopback).
     plain_loopback: bool = True
 
     @classmethod

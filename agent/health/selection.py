@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from agent.gpu.health import DeviceHealth, utc_text
 from agent.gpu.model import DeviceInfo
-from agent.selection import Target, means_all, select_targets
+from agent.node.selection import Target, means_all, select_targets
 
 
 class UnhealthyDevice(Exception):

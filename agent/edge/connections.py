@@ -36,9 +36,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.display import shown
-from agent.loopback import is_loopback
-from agent.rate_limit import RateLimiter
-from agent.tls_or_plain import TlsOrPlainServer, bind
+from agent.edge.loopback import is_loopback
+from agent.edge.rate_limit import RateLimiter
+from agent.edge.tls_or_plain import TlsOrPlainServer, bind
 
 log = logging.getLogger("nvidia-docker-plugin.connections")
 
@@ -268,7 +268,7 @@ class _GuardedProtocol(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """An aiohttp site (a TCP address, or a listening socket) whose connections ``guard``
     sees; otherwise what ``web.TCPSite`` and ``web.SockSite`` are. With ``ssl_context``
-    (TCP only) ``agent.tls_or_plain`` accepts the connections."""
+    (TCP only) ``agent.edge.tls_or_plain`` accepts the connections."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ can reach a port could fill the log. Both servers are given an ``HttpErrorLog`` 
 
 - a malformed request (aiohttp's ``HttpProcessingError``) becomes one WARNING line naming
   the source address, the server and the parser's reason, at most one per source and
-  interval (``agent.rate_limit``); the client still gets aiohttp's 400;
+  interval (``agent.edge.rate_limit``); the client still gets aiohttp's 400;
 - any other error aiohttp reports (a handler that raised: a bug) is one ERROR line with
   the exception's type and message.
 
@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp.http import HttpProcessingError
 
 from agent.display import shown
+from agent.edge.rate_limit import RateLimiter
 from agent.logs import debug_enabled
-from agent.rate_limit import RateLimiter
 
 LOG_INTERVAL_S = 60.0
 _REASON_CHARS = 60

@@ -1,6 +1,6 @@
 """The REST API's query parameters bounded at the edge, before any handler reads them.
 
-``dev`` and ``vol`` mean the same on every route (agent.selection): space or comma
+``dev`` and ``vol`` mean the same on every route (agent.node.selection): space or comma
 separated lists, whose entries the handlers match in order (the first entry that names no
 GPU or volume is refused). Before that, every value of them is checked here for size:
 
@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.selection import InvalidParameter
+from agent.node.selection import InvalidParameter
 
 MAX_VALUE_CHARS = 4096
 MAX_ENTRIES = 128  # 8 GPUs with 7 MIG instances each, and room for repeats

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent import render_json
-from agent.cdi_inputs import cdi_names
-from agent.selection import Target
+from agent.api import render_json
+from agent.cdi_spec.inputs import cdi_names
+from agent.node.selection import Target
 from cdi.spec import KIND
 
 

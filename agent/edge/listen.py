@@ -10,7 +10,7 @@ import ssl
 
 from aiohttp import web
 
-from agent.connection_guard import ConnectionGuard, GuardedSite
+from agent.edge.connections import ConnectionGuard, GuardedSite
 from agent.errors import StartupError
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -32,7 +32,7 @@ async def listen(
     """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
     ``ssl_context`` is given (and, with ``plain_loopback``, plain HTTP too for connections to
     a loopback address); ``guard`` sees (and limits) the connections of all of them
-    together. TLS needs a ``guard``: its sites accept through ``agent.tls_or_plain``, which
+    together. TLS needs a ``guard``: its sites accept through ``agent.edge.tls_or_plain``, which
     hands each connection the newest context (reloads reach new connections, and end the
     resumption of older sessions). Returns the (host, port) of every socket bound."""
     if ssl_context is not None and guard is None:

@@ -2,7 +2,7 @@
 
 ``ServerTls(files)`` reads the certificate chain, its key and the client CA once at start
 (any mistake is a ``TlsConfigError`` naming the file and what to do) and hands the TCP sites
-one listening context, a ``ReloadableContext`` (``agent.tls_or_plain``): each new
+one listening context, a ``ReloadableContext`` (``agent.edge.tls_or_plain``): each new
 connection gets the context built from the files as last read (``newest``). ``reload()``
 (SIGHUP) reads the files again in a worker thread, so the event loop keeps serving. When
 they differ from what is served, a new context is built and new connections get it: it has
@@ -21,7 +21,7 @@ encrypted key would have it prompt on the terminal and block every listener, so 
 refused with one line instead.
 
 Expiry: a certificate (the server's, or one of the client CA file) that has expired or
-expires within ``agent.certificates.EXPIRY_WARNING_DAYS`` days is logged at start and at
+expires within ``agent.edge.certificates.EXPIRY_WARNING_DAYS`` days is logged at start and at
 every reload, one line per file; ``not_after`` is the served certificate's expiry, for
 ``/metrics``.
 
@@ -52,15 +52,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.certificates import (
+from agent.edge.certificates import (
     CertificateFormatError,
     earliest_expiry,
     expiry_warning,
     not_after,
     pem_certificates,
 )
+from agent.edge.tls_or_plain import ReloadableContext
 from agent.files import UnusableFile, read_regular
-from agent.tls_or_plain import ReloadableContext
 
 log = logging.getLogger("nvidia-docker-plugin")
 

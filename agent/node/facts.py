@@ -2,21 +2,21 @@
 ``/mesos/cli`` serve as cached bytes until the node changes.
 
 The GPUs' health is part of the facts: ``/docker/cli`` (both forms) and ``/mesos/cli`` hand
-out only healthy GPUs and MIG devices (``agent.health_selection``), so a health change
+out only healthy GPUs and MIG devices (``agent.health.selection``), so a health change
 builds new facts."""
 
 from __future__ import annotations
 
 import functools
 
-from agent import render_json, render_text
-from agent.cdi_cli import cdi_cli
-from agent.docker_cli import docker_cli_for
+from agent.api import render_json, render_text
+from agent.api.cdi_cli import cdi_cli
+from agent.api.docker_cli import docker_cli_for
+from agent.api.mesos_cli import MesosCli
 from agent.gpu.health import HEALTHY, DeviceHealth
 from agent.gpu.model import DeviceInfo, NodeInfo
-from agent.health_selection import select_usable
-from agent.mesos_cli import MesosCli
-from agent.selection import Target, select_devices, select_volumes
+from agent.health.selection import select_usable
+from agent.node.selection import Target, select_devices, select_volumes
 
 
 class NodeFacts:

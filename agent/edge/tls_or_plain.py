@@ -14,7 +14,7 @@ with ``plain_allowed`` false for every address):
 
 A connection is *pending* until it reaches the server's protocol: while it waits for its
 first byte, and while its TLS handshake runs (at most ``first_byte_timeout_s`` too). The
-connection guard (``agent.connection_guard``) sees connections only from then on, so pending
+connection guard (``agent.edge.connections``) sees connections only from then on, so pending
 ones are bounded here: beyond ``max_pending`` the oldest is closed (one still waiting for its
 first byte before one in its handshake), so that clients that open connections and stall
 before or inside the handshake cannot take the descriptors the plugin socket needs. Once
@@ -22,7 +22,7 @@ handed over, a connection is the event loop's and the protocol's, as with
 ``loop.create_server``.
 
 Which TLS context a connection gets is decided when its handshake starts: the context given,
-or, for a ``ReloadableContext`` (``agent.tls``: the files read again on SIGHUP), the newest
+or, for a ``ReloadableContext`` (``agent.edge.tls``: the files read again on SIGHUP), the newest
 one built from them. A new context brings its own session cache and ticket keys, so
 sessions (TLS 1.3 tickets, TLS 1.2 session IDs) made under an older certificate or client CA
 are not resumed: their clients make a full handshake, and the new client CA checks them.
@@ -38,8 +38,8 @@ import ssl
 from collections import OrderedDict
 from collections.abc import Callable
 
-from agent.loopback import is_loopback
-from agent.rate_limit import RateLimiter
+from agent.edge.loopback import is_loopback
+from agent.edge.rate_limit import RateLimiter
 
 log = logging.getLogger("nvidia-docker-plugin.connections")
 

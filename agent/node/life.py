@@ -2,7 +2,7 @@
 
 Once a second (and at ``SIGHUP``, and at once when NVML says the driver went away) the
 daemon looks at the installed driver (the linker cache) and the loaded one (the kernel
-module; the node file with ``--simulate``), ``agent.driver_versions``:
+module; the node file with ``--simulate``), ``agent.node.drivers``:
 
 - **release**: the installed files no longer match the library the worker loaded (a
   package upgrade), or another module is loaded, or NVML reports the driver gone. The daemon
@@ -34,19 +34,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from agent.docker_cli import control_devices
-from agent.driver_versions import InstalledDriver, LoadedModule, SimulatedModule
+from agent.api.docker_cli import control_devices
+from agent.edge.plugin_socket import refresh_volumes
 from agent.gpu import nodefile
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.model import NodeInfo
 from agent.gpu.worker_client import WorkerClient, WorkerFailed
-from agent.health_monitor import HealthMonitor
-from agent.node_facts import NodeFacts
-from agent.node_state import NodeState
-from agent.plugin_site import refresh_volumes
-from agent.status_service import BACKEND_GONE, StatusService
+from agent.health.monitor import HealthMonitor
+from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import BACKEND_GONE, StatusService
+from agent.node.uvm import UvmError, ensure_uvm_device
 from agent.systemd_notify import status as tell_systemd
-from agent.uvm import UvmError, ensure_uvm_device
 from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent import render_json
+from agent.api import render_json
 from agent.gpu.health import DeviceHealth, utc_text
 from agent.gpu.model import DeviceInfo
 

@@ -4,7 +4,7 @@
 (Mesos's own GPU support). ``dev`` selects GPUs as for ``/docker/cli``. The blob is
 always the node's whole ``/gpu/info/json`` body. The encoding is the pure ``mesos``
 library's; this module only selects and caches. Unhealthy GPUs are not offered
-(``agent.health_selection``); they stay in the blob, which describes the node, and each one
+(``agent.health.selection``); they stay in the blob, which describes the node, and each one
 left out is named like the MIG devices below.
 
 MIG (docs/mesos.md): the legacy ``gpus`` set is the framework's to hand out through
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from agent.gpu.health import DeviceHealth
 from agent.gpu.model import NodeInfo
-from agent.health_selection import select_usable
-from agent.selection import InvalidParameter, Target, entries_of, means_all, select_targets
+from agent.health.selection import select_usable
+from agent.node.selection import InvalidParameter, Target, entries_of, means_all, select_targets
 from mesos import flags
 
 log = logging.getLogger("nvidia-docker-plugin.mesos")

@@ -12,9 +12,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent import render_json
+from agent.api import render_json
 from agent.gpu.model import DeviceInfo
-from agent.selection import Target
+from agent.node.selection import Target
 from plugin.volume_specs import VOLUME_DRIVER, VolumeSpec
 
 UVM_TOOLS = "/dev/nvidia-uvm-tools"

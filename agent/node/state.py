@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from agent.node_facts import NodeFacts
+from agent.node.facts import NodeFacts
 
 log = logging.getLogger("nvidia-docker-plugin.node")
 

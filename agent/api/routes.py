@@ -16,16 +16,17 @@ from urllib.parse import quote
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent import health_routes, render_json, render_text
-from agent.cdi_writer import CdiSpecWriter
+from agent.api import render_json, render_text
+from agent.api.query import query_checks
+from agent.cdi_spec.writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
-from agent.health_selection import UnhealthyDevice
+from agent.health import render as health_routes
+from agent.health.selection import UnhealthyDevice
 from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent.metrics.service import MetricsService
-from agent.node_state import NodeState
-from agent.query_params import query_checks
-from agent.selection import InvalidParameter
-from agent.status_service import StatusService, StatusUnavailable
+from agent.node.selection import InvalidParameter
+from agent.node.state import NodeState
+from agent.node.status import StatusService, StatusUnavailable
 
 log = logging.getLogger("nvidia-docker-plugin.rest")
 
@@ -282,7 +283,7 @@ def create_app(
     for); the handlers themselves stay one coroutine each on the hot path. ``metrics``
     serves ``/metrics`` and ``/gpu/processes/json`` (the daemon's has the Docker engine
     and its counters; without one, a plain one over ``node`` and ``status``). The query
-    checks (agent.query_params) are always the innermost: a handler never sees a bad ``dev``.
+    checks (agent.api.query) are always the innermost: a handler never sees a bad ``dev``.
     """
     app = web.Application(middlewares=[*middlewares, query_checks(_bad_request)])
     app[NODE] = node

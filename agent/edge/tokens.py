@@ -19,7 +19,7 @@ tokens (it depends on the digest of what was presented, which nobody can steer t
 valid token's digest).
 
 With ``--plain-loopback`` (the default), plain connections made on the node to a loopback
-address need no token (``agent.loopback``); TLS connections always do.
+address need no token (``agent.edge.loopback``); TLS connections always do.
 
 Refusals are logged at most once per ``REFUSAL_LOG_INTERVAL_S`` with their count, so that a
 scanner cannot fill the journal.
@@ -38,8 +38,8 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.edge.loopback import is_plain_loopback
 from agent.files import UnusableFile, read_regular
-from agent.loopback import is_plain_loopback
 
 log = logging.getLogger("nvidia-docker-plugin")
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import files
-from agent.cdi_inputs import ROOT, spec_inputs
-from agent.node_facts import NodeFacts
+from agent.cdi_spec.inputs import ROOT, spec_inputs
+from agent.node.facts import NodeFacts
 from cdi import spec
 from plugin.volume_specs import VOLUMES
 from plugin.volumes import VolumeStore

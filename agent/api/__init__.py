@@ -1,0 +1,1 @@
+"""The REST API: its routes, the query at the edge, and the renderers of every answer."""
