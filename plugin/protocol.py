@@ -8,7 +8,7 @@ HTTP 200 with ``{"Err": "<reason>: <volume name>"}``; a request that is not the 
 Bodies are bounded (``MAX_BODY_BYTES``, ``json_body.MAX_DEPTH`` levels, ``Name`` at most
 ``MAX_NAME_CHARS`` printable characters) and must arrive within ``BODY_TIMEOUT_S``.
 
-Serve this app on a unix socket only (``agent.plugin_site``): it changes files on disk and
+Serve this app on a unix socket only (``agent.edge.plugin_socket``): it changes files on disk and
 has no authentication. Volume builds run in a worker thread; concurrent Creates of one volume
 share one build.
 """
