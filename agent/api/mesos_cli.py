@@ -22,8 +22,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.gpu.health import DeviceHealth
 from agent.gpu.model import NodeInfo
+from agent.health.rule import DeviceHealth
 from agent.health.selection import select_usable
 from agent.node.selection import InvalidParameter, Target, entries_of, means_all, select_targets
 from mesos import flags

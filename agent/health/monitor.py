@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.gpu import worker_protocol as wp
-from agent.gpu.health import DeviceHealth, HealthTracker
 from agent.gpu.worker_client import WorkerClient
+from agent.health.rule import DeviceHealth, HealthTracker
 
 log = logging.getLogger("nvidia-docker-plugin.health")
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.api import render_json
-from agent.gpu.health import DeviceHealth, utc_text
 from agent.gpu.model import DeviceInfo
+from agent.health.rule import DeviceHealth, utc_text
 
 
 def _entry(device: DeviceInfo, health: DeviceHealth) -> dict[str, Any]:

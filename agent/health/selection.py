@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.gpu.health import DeviceHealth, utc_text
 from agent.gpu.model import DeviceInfo
+from agent.health.rule import DeviceHealth, utc_text
 from agent.node.selection import Target, means_all, select_targets
 
 

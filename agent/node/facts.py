@@ -13,8 +13,8 @@ from agent.api import render_json, render_text
 from agent.api.cdi_cli import cdi_cli
 from agent.api.docker_cli import docker_cli_for
 from agent.api.mesos_cli import MesosCli
-from agent.gpu.health import HEALTHY, DeviceHealth
 from agent.gpu.model import DeviceInfo, NodeInfo
+from agent.health.rule import HEALTHY, DeviceHealth
 from agent.health.selection import select_usable
 from agent.node.selection import Target, select_devices, select_volumes
 

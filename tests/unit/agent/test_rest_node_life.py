@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent.api.routes import create_app
-from agent.gpu.health import HEALTHY, DeviceHealth
+from agent.health.rule import HEALTHY, DeviceHealth
 from agent.node.facts import NodeFacts
 from agent.node.life import UPGRADE_IN_PROGRESS
 from agent.node.state import NodeState

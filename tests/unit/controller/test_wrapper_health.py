@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent.api.routes import create_app
-from agent.gpu.health import HEALTHY, DeviceHealth
+from agent.health.rule import HEALTHY, DeviceHealth
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService

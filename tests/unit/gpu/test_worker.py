@@ -28,6 +28,7 @@ from agent.gpu.health import DOUBLE_BIT_ECC, XID
 from agent.gpu.nvml_backend import NvmlBackend
 from agent.gpu.simulated import SimulatedBackend
 from agent.gpu.worker_client import WorkerClient, WorkerFailed, WorkerGone
+from agent.health.rule import check_problem
 from tests.unit.gpu.conftest import MakeFake
 from tests.unit.gpu.fake_nvml import (
     DRIVER_NOT_LOADED,
@@ -201,7 +202,7 @@ async def test_health_checks_are_pushed_when_they_change(
     await until(lambda: len(checks) == 1, "the first sweep")
     first = [wp.decode_check(c) for c in checks[0]]
     assert [c.answering for c in first] == [True, True]
-    assert [c.problem() for c in first] == [None, None]
+    assert [check_problem(c) for c in first] == [None, None]
 
     fake.remapped_rows[1] = (0, 0, 1, 0)  # a remap pending
     fake.lose(0)
@@ -213,7 +214,7 @@ async def test_health_checks_are_pushed_when_they_change(
     fake.recover(0)
     fake.remapped_rows[1] = (0, 0, 0, 0)
     await until(lambda: len(checks) == 3, "the GPUs well again")
-    assert [wp.decode_check(c).problem() for c in checks[2]] == [None, None]
+    assert [check_problem(wp.decode_check(c)) for c in checks[2]] == [None, None]
 
 
 async def test_a_bad_request_is_answered_and_the_worker_goes_on(

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpu.health import (
-    APPLICATION_XIDS,
-    DOUBLE_BIT_ECC,
-    HEALTHY,
-    XID,
-    DeviceCheck,
-    DeviceHealth,
-    HealthEvent,
-    HealthTracker,
-    xid_text,
-)
+from agent.gpu.health import DOUBLE_BIT_ECC, XID, DeviceCheck, HealthEvent
+from agent.health.rule import APPLICATION_XIDS, HEALTHY, DeviceHealth, HealthTracker, xid_text
 
 OK = DeviceCheck()
 LOST = DeviceCheck(answering=False)
