@@ -36,11 +36,10 @@ from agent.config import (
     ListenAddressError,
     parse_listen,
 )
-from agent.errors import StartupError
-from agent.event_loop import CHOICES as EVENT_LOOPS
-from agent.event_loop import loop_factory
-from agent.exit_codes import EXIT_OK, EXIT_STARTUP_FAILED
+from agent.errors import EXIT_OK, EXIT_STARTUP_FAILED, StartupError
 from agent.logs import PROG, debug_enabled, setup_logging
+from agent.process import CHOICES as EVENT_LOOPS
+from agent.process import loop_factory
 
 log = logging.getLogger(PROG)
 
@@ -315,8 +314,6 @@ def command(
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
     setup_logging()
     if dump_target is not None:
-        from agent.dump_command import dump_node  # noqa: PLC0415 - only for this command
-
         sys.exit(dump_node(simulate, dump_target))
     host, port = listen
     _check_tls_options(tls_cert, tls_key, tls_client_ca)
@@ -373,3 +370,15 @@ def main() -> None:
             traceback.print_exc()
         print(f"{PROG} | Error: {err}", file=sys.stderr)
         sys.exit(EXIT_STARTUP_FAILED)
+
+
+def dump_node(simulate: str | None, target: str) -> int:
+    """``--dump-node FILE``: read the node (NVML, or ``simulate``), write it as a node file
+    to ``target`` (``-``: stdout); the exit code (docs/agent.md), with one log line for an
+    error or for what was written."""
+    from agent.gpu.dump import dump_to  # noqa: PLC0415 - only for this command
+
+    def report(line: str) -> None:
+        (log.error if line.startswith("Error") else log.info)("%s", line)
+
+    return dump_to(simulate, target, report)

@@ -33,11 +33,15 @@ from agent.edge.error_log import HttpErrorLog, loop_exception_handler
 from agent.edge.listen import listen
 from agent.edge.plugin_socket import prepare_volumes, start_plugin_site
 from agent.edge.readiness import NotAnswering, check_plugin, check_rest
-from agent.errors import StartupError
-from agent.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_SERVER_STOPPED, EXIT_STARTUP_FAILED
+from agent.errors import (
+    EXIT_FORCED,
+    EXIT_OK,
+    EXIT_SERVER_STOPPED,
+    EXIT_STARTUP_FAILED,
+    StartupError,
+)
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.worker_client import WorkerClient
-from agent.memory import release_startup_memory
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.health_hook import GpuHealth
 from agent.metrics.service import MetricsService
@@ -46,7 +50,7 @@ from agent.node.life import NodeLife
 from agent.node.state import NodeState
 from agent.node.status import StatusService
 from agent.node.uvm import UvmError, ensure_uvm_device
-from agent.systemd_notify import notify
+from agent.process import notify, release_startup_memory
 
 log = logging.getLogger("nvidia-docker-plugin")
 

@@ -1,6 +1,6 @@
 """Before the agent says it is ready: do its plugin socket and its REST API answer?
 
-``docker.service`` starts once the agent is ready (``agent.systemd_notify``), and restarts
+``docker.service`` starts once the agent is ready (``agent.process``), and restarts
 containers that name the driver volume: the plugin must answer by then. So the agent asks
 itself, as its clients will: ``POST /Plugin.Activate`` on the unix socket, and
 ``GET /gpu/info/json`` on the first address the REST API listens on (over TLS: that it

@@ -46,7 +46,7 @@ from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import BACKEND_GONE, StatusService
 from agent.node.uvm import UvmError, ensure_uvm_device
-from agent.systemd_notify import status as tell_systemd
+from agent.process import notify_status as tell_systemd
 from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from agent.exit_codes import EXIT_STARTUP_FAILED
+from agent.errors import EXIT_STARTUP_FAILED
 from agent.gpu import nodefile
 from tests.support.memory_cgroup import MemoryCgroup, memory_cgroup
 from tests.support.node_life import NodeFile

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import systemd_notify
-from agent.systemd_notify import notify
+from agent import process
+from agent.process import notify
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_without_systemd_nothing_is_sent() -> None:
 def test_a_socket_that_cannot_be_reached_is_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(systemd_notify, "_failed_logged", set())
+    monkeypatch.setattr(process, "_failed_logged", set())
     env = {"NOTIFY_SOCKET": str(tmp_path / "nobody")}
     assert notify("READY=1", env) is False
     assert notify("STOPPING=1", env) is False
