@@ -1,27 +1,25 @@
-"""What one run of the daemon serves, as one frozen value built by the command line (``cli``).
+"""What one run of the daemon serves: every setting declared once, as a field of ``Config``.
 
-Defaults are those of nvidia-docker-plugin 1.0 (docs/agent.md, "Flags").
+Each field carries its default and, in its metadata, an ``Option``: the flags, the help, the
+kind of value and how text becomes it. ``agent.cli`` builds the command line from these
+declarations (every option also reads ``NVIDIA_DOCKER_PLUGIN_<LONG FLAG>`` from the
+environment; the flag wins), so a setting's name, default, help, type and field are written
+in one place. The defaults are those of nvidia-docker-plugin 1.0 where it had the setting
+(docs/agent.md, "Flags").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-DEFAULT_LISTEN = "localhost:3476"
-DEFAULT_VOLUMES = "/var/lib/nvidia-docker/volumes"
-DEFAULT_SOCKET_DIR = "/run/docker/plugins"
-DEFAULT_LDCACHE = "/etc/ld.so.cache"
-DEFAULT_PCIE_INTERVAL_S = 1.0
-DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"  # asked for GPU processes' container names
-DEFAULT_PODMAN_SOCKET = "/run/podman/podman.sock"  # Podman's API service (podman.socket)
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"  # one of the two directories every CDI reader scans
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
-# Connection limits of both servers (docs/agent.md, "Limits").
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_IDLE_TIMEOUT_S = 60.0
-DEFAULT_MAX_CONNECTIONS = 1024  # REST API; lowered to the descriptor limit minus the reserve
-DEFAULT_RESERVED_FDS = 256
+ENV_PREFIX = "NVIDIA_DOCKER_PLUGIN_"
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+# One of the two directories every CDI reader scans; also where an engine's spec lands.
+CDI_SPEC_DIR = "/var/run/cdi"
 
 
 class ListenAddressError(ValueError):
@@ -29,37 +27,236 @@ class ListenAddressError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Config:
-    listen_host: str | None  # None: every interface
-    listen_port: int
-    volume_dir: Path
-    socket_dir: Path
-    simulate: str | None
-    ldcache: Path
-    pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S
-    spec_file: Path | None = None
-    docker_socket: Path = Path(DEFAULT_DOCKER_SOCKET)
-    podman_socket: Path = Path(DEFAULT_PODMAN_SOCKET)
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    reserved_fds: int = DEFAULT_RESERVED_FDS
-    cdi_spec_dir: Path | None = None  # None: no CDI spec (the command line's default is set)
-    cdi_dev_root: Path = Path("/")  # where the device nodes the CDI spec names are
-    # The REST API's TLS and tokens (agent.edge.access); None: not asked for.
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    token_file: Path | None = None
-    # With TLS or tokens: plain connections to a loopback address need neither.
-    plain_loopback: bool = True
+class ListenAddress:
+    host: str | None  # None: every interface
+    port: int
+
+    def __str__(self) -> str:
+        host = self.host or "*"
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
-def parse_listen(value: str) -> tuple[str | None, int]:
+def parse_listen(value: str) -> ListenAddress:
     """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every interface)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ListenAddressError(f"{value!r}: expected HOST:PORT, e.g. localhost:3476")
+    if not 0 < int(port) < 65536:
+        raise ListenAddressError(f"{value!r}: port {int(port)} is out of range (1 to 65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return (host or None), int(port)
+    return ListenAddress(host or None, int(port))
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """How a ``Config`` field is given on the command line.
+
+    ``kind``: ``text``, ``dir`` or ``file`` (a path), ``float`` or ``int`` (at least
+    ``minimum``), ``choice`` (one of ``choices``), ``switch`` (``--x/--no-x``). ``parse``
+    turns the text into the field's value (a ``ValueError``'s message is the one line shown
+    for a bad value). ``empty_is_none``: an empty value, on the command line or in the
+    environment, turns the setting off (``None``).
+    """
+
+    flags: tuple[str, ...]
+    help: str
+    kind: str = "text"
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+    empty_is_none: bool = False
+
+    @property
+    def long_flag(self) -> str:
+        return next(f for f in self.flags if f.startswith("--")).partition("/")[0]
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.long_flag.removeprefix("--").upper().replace("-", "_")
+
+
+def _setting(default: Any, *flags: str, help: str, **option: Any) -> Any:
+    return field(default=default, metadata={"option": Option(flags, help, **option)})
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen: ListenAddress = _setting(
+        ListenAddress("localhost", 3476),
+        "-l",
+        "--listen",
+        help="Address of the REST API (HOST:PORT, [IPv6]:PORT, or :PORT for every interface).",
+        parse=parse_listen,
+    )
+    volume_dir: Path = _setting(
+        Path("/var/lib/nvidia-docker/volumes"),
+        "-d",
+        "--volumes",
+        help="Directory where the driver volumes are stored.",
+        kind="dir",
+    )
+    socket_dir: Path = _setting(
+        Path("/run/docker/plugins"),
+        "-s",
+        "--socket-dir",
+        help=f"Directory of the plugin socket {SOCKET_NAME}.",
+        kind="dir",
+    )
+    simulate: str | None = _setting(
+        None,
+        "--simulate",
+        help="Serve a simulated node from a node file (or a built-in: h200, h200x2, "
+        "hgx-h200-8, h200x2-mig) instead of the GPUs NVML finds. Never used unless given.",
+        metavar="FILE",
+    )
+    ldcache: Path = _setting(
+        Path("/etc/ld.so.cache"),
+        "--ldcache",
+        help="The dynamic linker cache that locates the driver's libraries.",
+        kind="file",
+    )
+    spec_file: Path | None = _setting(
+        None,
+        "--spec-file",
+        help="Write this Docker plugin spec file (unix://<socket>) while serving, for a socket "
+        "outside /run/docker/plugins; e.g. /etc/docker/plugins/nvidia-docker.spec.",
+        kind="file",
+    )
+    cdi_spec_dir: Path | None = _setting(
+        Path(CDI_SPEC_DIR),
+        "--cdi-spec-dir",
+        help="Write the CDI spec of kind nvidia.com/gpu (nvidia-docker.json) into this "
+        "directory and keep it current, for Podman and Docker 25+; empty: no spec.",
+        parse=Path,
+        empty_is_none=True,
+    )
+    cdi_dev_root: Path = _setting(
+        Path("/"),
+        "--cdi-dev-root",
+        help="Where the device nodes the CDI spec names are on this host (a driver container "
+        "that makes them under its own root, e.g. /run/nvidia/driver).",
+        kind="dir",
+    )
+    pcie_interval_s: float = _setting(
+        1.0,
+        "--pcie-interval",
+        help="Seconds between two samples of the slow counters (PCIe throughput, BAR1 usage).",
+        kind="float",
+        minimum=0.05,
+    )
+    docker_socket: Path = _setting(
+        Path("/var/run/docker.sock"),
+        "--docker-socket",
+        help="The Docker engine's API socket, asked for the name and image of containers "
+        "using GPUs (/metrics, /gpu/processes/json). If it does not answer, containers are "
+        "shown by id.",
+        kind="file",
+    )
+    podman_socket: Path = _setting(
+        Path("/run/podman/podman.sock"),
+        "--podman-socket",
+        help="Podman's API socket (podman system service, the podman.socket unit), asked the "
+        "same for Podman containers using GPUs. Without it, they are shown by id.",
+        kind="file",
+    )
+    event_loop: str = _setting(
+        "auto",
+        "--event-loop",
+        help="auto: uvloop when it is installed (faster), else asyncio's own.",
+        kind="choice",
+        choices=EVENT_LOOPS,
+    )
+    header_timeout_s: float = _setting(
+        10.0,
+        "--header-timeout",
+        help="Seconds a client has to send a request's header (both servers), from the "
+        "connection's opening or the first byte of its next request.",
+        kind="float",
+        minimum=0.1,
+    )
+    idle_timeout_s: float = _setting(
+        60.0,
+        "--idle-timeout",
+        help="Seconds a kept-alive connection may wait for its next request (both servers).",
+        kind="float",
+        minimum=0.1,
+    )
+    max_connections: int = _setting(
+        1024,
+        "--max-connections",
+        help="Most REST connections open at once (at most the descriptor limit minus "
+        "--reserved-fds); beyond it, the one longest without a request is dropped.",
+        kind="int",
+        minimum=1,
+    )
+    reserved_fds: int = _setting(
+        256,
+        "--reserved-fds",
+        help="File descriptors kept from REST connections, for the plugin socket, volume "
+        "builds and the daemon itself.",
+        kind="int",
+        minimum=0,
+    )
+    tls_cert: Path | None = _setting(
+        None,
+        "--tls-cert",
+        help="Serve the REST API over TLS with this PEM certificate (chain); needs "
+        "--tls-key. Re-read on SIGHUP.",
+        kind="file",
+        metavar="FILE",
+    )
+    tls_key: Path | None = _setting(
+        None,
+        "--tls-key",
+        help="The PEM private key of --tls-cert (mode 0600 or 0640, without a passphrase).",
+        kind="file",
+        metavar="FILE",
+    )
+    tls_client_ca: Path | None = _setting(
+        None,
+        "--tls-client-ca",
+        help="Mutual TLS: only clients with a certificate signed by this CA (PEM) get an "
+        "answer.",
+        kind="file",
+        metavar="FILE",
+    )
+    token_file: Path | None = _setting(
+        None,
+        "--token-file",
+        help="Bearer tokens, one per line (two during a rotation): every request must send "
+        "one (Authorization: Bearer TOKEN). Re-read on SIGHUP.",
+        kind="file",
+        metavar="FILE",
+    )
+    plain_loopback: bool = _setting(
+        True,
+        "--plain-loopback/--no-plain-loopback",
+        help="With TLS or tokens on: connections to a loopback address (curl localhost:3476 "
+        "on the node, SSH tunnels) may still use plain HTTP without a token, on the same "
+        "port.",
+        kind="switch",
+    )
+
+    @property
+    def listen_host(self) -> str | None:
+        return self.listen.host
+
+    @property
+    def listen_port(self) -> int:
+        return self.listen.port
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / SOCKET_NAME
+
+
+def options() -> list[tuple[str, Option, Any]]:
+    """Every setting: (field name, how it is given, its default), in declaration order."""
+    return [(f.name, f.metadata["option"], f.default) for f in fields(Config)]
+
+
+def default(name: str) -> Any:
+    """The default of setting ``name`` (for parts that may run outside the daemon)."""
+    return next(f.default for f in fields(Config) if f.name == name)

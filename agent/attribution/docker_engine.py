@@ -43,10 +43,10 @@ from itertools import accumulate
 from pathlib import Path
 from urllib.parse import quote
 
-from agent.config import DEFAULT_DOCKER_SOCKET as _DEFAULT_SOCKET
+from agent.config import default
 from agent.display import shown
 
-DEFAULT_DOCKER_SOCKET = Path(_DEFAULT_SOCKET)
+DEFAULT_DOCKER_SOCKET: Path = default("docker_socket")
 
 KIB = 1024
 MIB = 1024 * KIB

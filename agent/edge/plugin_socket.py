@@ -34,7 +34,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, SOCKET_NAME
+from agent.config import SOCKET_NAME, default
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
 from plugin.discovery import DriverFiles, find_driver_files
@@ -93,7 +93,7 @@ def _driver_files(driver_version: str, ldcache: Path, search_path: str | None) -
     return files
 
 
-PLUGIN_LIMITS = ConnectionLimits(DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S)
+PLUGIN_LIMITS = ConnectionLimits(default("header_timeout_s"), default("idle_timeout_s"))
 
 
 async def start_plugin_site(

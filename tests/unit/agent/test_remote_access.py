@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.config import Config
+from agent.config import Config, ListenAddress
 from agent.edge.access import RemoteAccess
 from agent.edge.loopback import is_loopback
 from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles, build_context
@@ -26,8 +26,7 @@ NEXT = "n" * 24
 
 def _config(tmp_path: Path, **fields: object) -> Config:
     return Config(
-        listen_host="127.0.0.1",
-        listen_port=3476,
+        listen=ListenAddress("127.0.0.1", 3476),
         volume_dir=tmp_path / "v",
         socket_dir=tmp_path / "s",
         simulate="h200",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.config import Config
+from agent.config import Config, ListenAddress
 from agent.edge.access import RemoteAccess
 from agent.edge.listen import listen
 from agent.edge.tls import TLS_FILE_LIMIT, ServerTls, TlsConfigError, TlsFiles, build_context
@@ -336,8 +336,7 @@ def test_a_client_ca_near_expiry_warns(
 
 def _config(tmp_path: Path, **fields: object) -> Config:
     return Config(
-        listen_host="127.0.0.1",
-        listen_port=3476,
+        listen=ListenAddress("127.0.0.1", 3476),
         volume_dir=tmp_path / "v",
         socket_dir=tmp_path / "s",
         simulate="h200",
