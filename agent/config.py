@@ -217,8 +217,7 @@ class Config:
     tls_client_ca: Path | None = _setting(
         None,
         "--tls-client-ca",
-        help="Mutual TLS: only clients with a certificate signed by this CA (PEM) get an "
-        "answer.",
+        help="Mutual TLS: only clients with a certificate signed by this CA (PEM) get an answer.",
         kind="file",
         metavar="FILE",
     )

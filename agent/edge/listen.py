@@ -1,4 +1,14 @@
-"""Binding the REST API's TCP address: every address a listen name resolves to."""
+"""The REST API's TCP address: bound first of all, listened on once the API is ready.
+
+``bind(host, port)`` binds every address a listen name resolves to (the daemon does this
+before anything else, so that an address in use is the first thing it says, before it has
+built a volume or written a spec). A bound socket does not listen yet: until ``serve``, a
+client's connection is refused, as when no agent runs, rather than left waiting in a
+backlog. ``serve(runner, sockets, ...)`` then listens and serves the REST API on those
+sockets; ``listen`` does both at once. An address of the name this node cannot bind
+(``::1`` where IPv6 is disabled) is skipped as long as one of the name's addresses works;
+an address in use never is.
+"""
 
 from __future__ import annotations
 
@@ -15,28 +25,13 @@ from agent.errors import StartupError
 
 log = logging.getLogger("nvidia-docker-plugin")
 
-# A name such as localhost can resolve to an address this node cannot bind (::1 where IPv6
-# is disabled): such addresses are skipped as long as one of the name's addresses works.
 _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+BACKLOG = 128
 
 
-async def listen(
-    runner: web.AppRunner,
-    host: str | None,
-    port: int,
-    *,
-    guard: ConnectionGuard | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    plain_loopback: bool = False,
-) -> list[tuple[str, int]]:
-    """Serve ``runner`` on every address of ``host`` (all interfaces for None), over TLS when
-    ``ssl_context`` is given (and, with ``plain_loopback``, plain HTTP too for connections to
-    a loopback address); ``guard`` sees (and limits) the connections of all of them
-    together. TLS needs a ``guard``: its sites accept through ``agent.edge.tls_or_plain``, which
-    hands each connection the newest context (reloads reach new connections, and end the
-    resumption of older sessions). Returns the (host, port) of every socket bound."""
-    if ssl_context is not None and guard is None:
-        raise ValueError("listen: TLS is served through a ConnectionGuard's sites (give guard)")
+async def bind(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets on every address of ``host`` (all interfaces for None) at ``port``;
+    ``StartupError`` (one line, with what to do) when none can be bound or one is in use."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]
@@ -49,35 +44,100 @@ async def listen(
         except OSError as err:
             raise StartupError(f"cannot listen on {where}: {err} (check -l)") from None
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    started = 0
-    bound: list[tuple[str, int]] = []
+    sockets: list[socket.socket] = []
     for address in addresses:
-        site: web.BaseSite
-        if guard is None:
-            site = web.TCPSite(runner, address, port, reuse_address=True)
-        else:
-            site = GuardedSite(
-                runner,
-                guard,
-                host=address,
-                port=port,
-                reuse_address=True,
-                ssl_context=ssl_context,
-                plain_loopback=plain_loopback,
-            )
         try:
-            await site.start()
+            sockets += _bind(address, port)
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
                 continue
+            for sock in sockets:
+                sock.close()
             raise StartupError(
                 f"cannot listen on {where}: {err.strerror or err} (is another agent running? "
                 "choose another address with -l)"
             ) from None
-        if isinstance(site, GuardedSite):
-            bound += site.bound
-        started += 1
-    if not started:
+    if not sockets:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")
-    return bound or [tuple(address[:2]) for address in runner.addresses]
+    return sockets
+
+
+def _bind(host: str | None, port: int) -> list[socket.socket]:
+    """Sockets bound (not listening) on every address of ``host`` at ``port``, as
+    ``loop.create_server`` binds them; ``OSError``, with none left open, otherwise."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def serve(
+    runner: web.AppRunner,
+    sockets: list[socket.socket],
+    *,
+    guard: ConnectionGuard | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    plain_loopback: bool = False,
+) -> list[tuple[str, int]]:
+    """Serve ``runner`` on ``sockets`` (``bind``'s), over TLS when ``ssl_context`` is given
+    (and, with ``plain_loopback``, plain HTTP too for connections to a loopback address);
+    ``guard`` sees (and limits) the connections of all of them together. TLS needs a
+    ``guard``: its sites accept through ``agent.edge.tls_or_plain``, which hands each
+    connection the newest context (reloads reach new connections, and end the resumption of
+    older sessions). Returns the (host, port) of every socket served."""
+    if ssl_context is not None and guard is None:
+        raise ValueError("listen: TLS is served through a ConnectionGuard's sites (give guard)")
+    for sock in sockets:
+        try:
+            sock.listen(BACKLOG)  # another agent that bound the port too may have listened first
+        except OSError as err:
+            host, port = sock.getsockname()[:2]
+            raise StartupError(
+                f"cannot listen on {host}:{port}: {err.strerror or err} (is another agent "
+                "running? choose another address with -l)"
+            ) from None
+        sock.setblocking(False)
+        site: web.BaseSite
+        if guard is None:
+            site = web.SockSite(runner, sock)
+        else:
+            site = GuardedSite(
+                runner, guard, sock=sock, ssl_context=ssl_context, plain_loopback=plain_loopback
+            )
+        await site.start()
+    return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in sockets]
+
+
+async def listen(
+    runner: web.AppRunner,
+    host: str | None,
+    port: int,
+    *,
+    guard: ConnectionGuard | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    plain_loopback: bool = False,
+) -> list[tuple[str, int]]:
+    """``bind`` then ``serve``, in one call (the sockets are closed if serving fails)."""
+    if ssl_context is not None and guard is None:
+        raise ValueError("listen: TLS is served through a ConnectionGuard's sites (give guard)")
+    sockets = await bind(host, port)
+    try:
+        return await serve(
+            runner, sockets, guard=guard, ssl_context=ssl_context, plain_loopback=plain_loopback
+        )
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise

@@ -1,4 +1,4 @@
-"""The daemon's two calls into the volume plugin: find the driver files, serve the socket.
+"""The plugin socket: Docker's volume plugin served on ``<socket dir>/nvidia-docker.sock``.
 
 The plugin app is served on ``<socket dir>/nvidia-docker.sock`` only, never on TCP: it builds
 and deletes files as root and has no authentication. The socket is bound under a temporary
@@ -37,7 +37,6 @@ from aiohttp import web
 from agent.config import SOCKET_NAME, default
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
-from plugin.discovery import DriverFiles, find_driver_files
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
 
@@ -54,43 +53,6 @@ class PluginSiteError(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
-
-
-def prepare_volumes(
-    volume_dir: Path,
-    driver_version: str,
-    *,
-    ldcache: Path = Path("/etc/ld.so.cache"),
-    search_path: str | None = None,
-) -> VolumeStore:
-    """Find the driver files and open the volume directory. Blocking: run in a thread."""
-    store = VolumeStore(volume_dir, _driver_files(driver_version, ldcache, search_path))
-    store.clean_stale()
-    return store
-
-
-def refresh_volumes(
-    store: VolumeStore,
-    driver_version: str,
-    *,
-    ldcache: Path = Path("/etc/ld.so.cache"),
-    search_path: str | None = None,
-) -> None:
-    """After a driver upgrade: find the new driver's files and serve them from now on (the
-    new volume can be created; old names mount it). Blocking: run in a thread."""
-    store.use_files(_driver_files(driver_version, ldcache, search_path))
-
-
-def _driver_files(driver_version: str, ldcache: Path, search_path: str | None) -> DriverFiles:
-    files = find_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
-    log.info("Driver files found: %s", files.summary())
-    if not any(f.component == "libcuda" for f in files.libraries_64):
-        log.warning(
-            "No libcuda.so.%s in %s: the volume will lack CUDA (run ldconfig?)",
-            driver_version,
-            ldcache,
-        )
-    return files
 
 
 PLUGIN_LIMITS = ConnectionLimits(default("header_timeout_s"), default("idle_timeout_s"))

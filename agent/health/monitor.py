@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from agent.gpu import worker_protocol as wp
 from agent.gpu.worker_client import WorkerClient
 from agent.health.rule import DeviceHealth, HealthTracker
 
 log = logging.getLogger("nvidia-docker-plugin.health")
+
+
+class HealthView(Protocol):
+    """Each GPU's health and last XID now, as ``/metrics`` reads them (``HealthMonitor``)."""
+
+    @property
+    def health(self) -> tuple[DeviceHealth, ...]: ...
+
+    @property
+    def last_xids(self) -> tuple[int, ...]: ...
 
 
 class HealthMonitor:

@@ -24,7 +24,7 @@ from prometheus_client.core import Metric
 
 from agent.attribution.owners import ProcessOwner
 from agent.gpu.model import DeviceInfo, DeviceStatus, PcieThroughput
-from agent.metrics.health_hook import GpuHealth
+from agent.health.rule import DeviceHealth
 
 GAUGE = "gauge"
 UNTYPED = "unknown"  # prometheus_client's name for the text format's "untyped"
@@ -175,7 +175,8 @@ def gpu_families(
     *,
     driver_version: str,
     hostname: str,
-    health: Mapping[int, GpuHealth] | None = None,
+    health: Sequence[DeviceHealth] | None = None,
+    last_xids: Sequence[int] | None = None,
 ) -> list[Metric]:
     """Every GPU family of one sweep: dcgm-exporter's, then health, then the processes'."""
     families = {m.name: Metric(m.name, m.help, m.kind) for m in GPU_METRICS}
@@ -193,11 +194,10 @@ def gpu_families(
             value = spec.read(status, tput)
             if value is not None:
                 families[spec.name].add_sample(spec.name, labels, value)
-        state = (health or {}).get(device.index)
-        if state is not None and state.last_xid is not None:
-            xid.add_sample(XID_ERRORS, labels, state.last_xid)
-        if state is not None and state.healthy is not None:
-            healthy.add_sample(GPU_HEALTHY, labels, int(state.healthy))
+        if last_xids is not None and device.index < len(last_xids):
+            xid.add_sample(XID_ERRORS, labels, last_xids[device.index])
+        if health is not None and device.index < len(health):
+            healthy.add_sample(GPU_HEALTHY, labels, int(health[device.index].healthy))
         for sample_labels, used_mib in _process_samples(status, owners, base):
             info.add_sample(PROCESS_INFO, sample_labels, 1)
             if used_mib is not None:

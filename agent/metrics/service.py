@@ -27,9 +27,9 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import DeviceInfo
+from agent.health.monitor import HealthView
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.gpu_families import gpu_families
-from agent.metrics.health_hook import HealthSource
 from agent.metrics.processes_json import processes_body
 from agent.node.state import NodeState
 from agent.node.status import StatusService, StatusUnavailable, Sweep
@@ -75,7 +75,7 @@ class MetricsService:
         attributor: Attributor | None = None,
         agent: AgentMetrics | None = None,
         hostname: str | None = None,
-        health: HealthSource | None = None,
+        health: HealthView | None = None,
     ) -> None:
         self.node = node
         self.status = status
@@ -106,7 +106,8 @@ class MetricsService:
                 owners,
                 driver_version=self.node.facts.node.driver_version,
                 hostname=self.hostname,
-                health=self.health() if self.health is not None else None,
+                health=self.health.health if self.health is not None else None,
+                last_xids=self.health.last_xids if self.health is not None else None,
             )
             view.gpu_text = render(families)
         return view.gpu_text + self.agent.render() + render(self._live(sweep))

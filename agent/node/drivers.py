@@ -13,6 +13,10 @@
 
 Every look is blocking file I/O: run it in a thread. None of these raise: a file that cannot
 be read means "not known" (``None``).
+
+And the driver's files, which make up its volume: ``prepare_volumes`` finds them at start and
+opens the volume directory, ``refresh_volumes`` finds a new driver's after an upgrade (the
+plugin serves them from then on).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import re
 from pathlib import Path
 
 from agent.gpu import nodefile
+from plugin.discovery import DriverFiles, find_driver_files
 from plugin.ldcache import LdCacheError, WordSize, read_ldcache
+from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin.driver")
 
@@ -125,3 +131,40 @@ class SimulatedModule:
             version = data.get("driver_version") if isinstance(data, dict) else None
             self._version = version if isinstance(version, str) and version else None
         return self._version
+
+
+def prepare_volumes(
+    volume_dir: Path,
+    driver_version: str,
+    *,
+    ldcache: Path = Path("/etc/ld.so.cache"),
+    search_path: str | None = None,
+) -> VolumeStore:
+    """Find the driver files and open the volume directory. Blocking: run in a thread."""
+    store = VolumeStore(volume_dir, _driver_files(driver_version, ldcache, search_path))
+    store.clean_stale()
+    return store
+
+
+def refresh_volumes(
+    store: VolumeStore,
+    driver_version: str,
+    *,
+    ldcache: Path = Path("/etc/ld.so.cache"),
+    search_path: str | None = None,
+) -> None:
+    """After a driver upgrade: find the new driver's files and serve them from now on (the
+    new volume can be created; old names mount it). Blocking: run in a thread."""
+    store.use_files(_driver_files(driver_version, ldcache, search_path))
+
+
+def _driver_files(driver_version: str, ldcache: Path, search_path: str | None) -> DriverFiles:
+    files = find_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
+    log.info("Driver files found: %s", files.summary())
+    if not any(f.component == "libcuda" for f in files.libraries_64):
+        log.warning(
+            "No libcuda.so.%s in %s: the volume will lack CUDA (run ldconfig?)",
+            driver_version,
+            ldcache,
+        )
+    return files

@@ -31,17 +31,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from agent.api.docker_cli import control_devices
-from agent.edge.plugin_socket import refresh_volumes
 from agent.gpu import nodefile
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.model import NodeInfo
 from agent.gpu.worker_client import WorkerClient, WorkerFailed
 from agent.health.monitor import HealthMonitor
-from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule
+from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule, refresh_volumes
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import BACKEND_GONE, StatusService
@@ -64,46 +64,21 @@ class VersionSource(Protocol):
     def version(self, *, force: bool = False) -> str | None: ...
 
 
-class NodeLife:
-    """Owns the GPU worker of a running daemon and replaces it when the driver changes."""
+@dataclass(frozen=True, slots=True)
+class DriverWatch:
+    """How the daemon looks at the driver and starts GPU workers."""
 
-    def __init__(
-        self,
-        *,
-        spawn: Spawn,
-        installed: VersionSource,
-        loaded: VersionSource,
-        ldcache: Path,
-        simulated: bool,
-        poll_interval_s: float = POLL_INTERVAL_S,
-    ) -> None:
-        self._spawn = spawn
-        self._installed = installed
-        self._loaded = loaded
-        self._ldcache = ldcache
-        self._simulated = simulated
-        self._poll_interval_s = poll_interval_s
-        self.worker: WorkerClient | None = None
-        self.node: NodeInfo | None = None
-        self._tracked = False  # the installed files matched the running driver
-        self._module_known = False  # the loaded module's version can be read here
-        self._released_at: float | None = None
-        self._why_released: str | None = None
-        self._driver_error: int | None = None
-        self._waiting: str | None = None  # the last "waiting because" logged
-        self._status: StatusService | None = None
-        self._node_state: NodeState | None = None
-        self._store: VolumeStore | None = None
-        self.health: HealthMonitor | None = None
-        self._lock = asyncio.Lock()
-        self._poke = asyncio.Event()
-        self._watch: asyncio.Task[None] | None = None
-        self._closing = False
+    spawn: Spawn  # a new GPU worker; ``GpuBackendError`` (one line) when it cannot start
+    installed: VersionSource  # the driver the linker cache names
+    loaded: VersionSource  # the loaded kernel module (the node file with --simulate)
+    ldcache: Path
+    simulated: bool
+    poll_interval_s: float = POLL_INTERVAL_S
 
     @classmethod
     def for_daemon(
         cls, *, simulate: str | None, ldcache: Path, health_interval_s: float = 1.0
-    ) -> NodeLife:
+    ) -> DriverWatch:
         """The daemon's: real module and linker cache, or the node file with ``--simulate``."""
 
         async def spawn() -> WorkerClient:
@@ -112,13 +87,41 @@ class NodeLife:
         loaded: VersionSource = LoadedModule()
         if simulate is not None:
             loaded = SimulatedModule(nodefile.resolve(simulate))
-        return cls(
-            spawn=spawn,
-            installed=InstalledDriver(ldcache),
-            loaded=loaded,
-            ldcache=ldcache,
-            simulated=simulate is not None,
+        return cls(spawn, InstalledDriver(ldcache), loaded, ldcache, simulate is not None)
+
+
+class NodeLife:
+    """Follows the node from its first GPU worker on: health into ``state``, the driver's
+    changes into ``status``, ``state`` and ``store``; replaces the worker when it must go."""
+
+    def __init__(
+        self,
+        watch: DriverWatch,
+        worker: WorkerClient,
+        *,
+        status: StatusService,
+        state: NodeState,
+        store: VolumeStore,
+    ) -> None:
+        self._watch = watch
+        self.worker: WorkerClient | None = worker  # None while the GPUs are released
+        self.node: NodeInfo = worker.node_info()  # the last driver's facts, kept when released
+        self._status, self._state, self._store = status, state, store
+        self._tracked = False  # the installed files matched the running driver
+        self._module_known = False  # the loaded module's version can be read here
+        self._released_at: float | None = None
+        self._why_released: str | None = None
+        self._driver_error: int | None = None
+        self._waiting: str | None = None  # the last "waiting because" logged
+        self._lock = asyncio.Lock()
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.health = HealthMonitor(
+            len(self.node.devices), on_change=self._publish, on_driver_error=self._on_driver_error
         )
+        self.health.follow(worker)
+        self._watch_exit(worker)
 
     @property
     def released(self) -> bool:
@@ -126,41 +129,20 @@ class NodeLife:
 
     # -- start and stop --------------------------------------------------------------------
 
-    async def start(self) -> WorkerClient:
-        """The first worker; ``GpuBackendError`` (one line) when it cannot start."""
-        worker = await self._spawn()
-        self.worker, self.node = worker, worker.node_info()
+    async def start(self) -> None:
+        """Look at the driver once (what the first worker runs on), then once a second."""
         installed, loaded = await self._look(force=True)
         self._tracked = installed == self.node.driver_version
         self._module_known = loaded is not None
-        return worker
-
-    def serve(
-        self,
-        *,
-        status: StatusService,
-        node_state: NodeState,
-        store: VolumeStore,
-    ) -> None:
-        """Follow the node from now on: health into ``node_state``, the driver's changes
-        into all three. Call once the servers are up."""
-        assert self.worker is not None
-        assert self.node is not None
-        self._status, self._node_state, self._store = status, node_state, store
-        self.health = HealthMonitor(
-            len(self.node.devices), on_change=self._publish, on_driver_error=self._on_driver_error
-        )
-        self.health.follow(self.worker)
-        self._watch_exit(self.worker)
-        self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="driver")
+        self._task = asyncio.get_running_loop().create_task(self._watch_loop(), name="driver")
 
     async def close(self) -> None:
         self._closing = True  # a worker that ends from now on is not restarted
-        if self._watch is not None:
-            self._watch.cancel()
+        if self._task is not None:
+            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+                await self._task
+            self._task = None
         if self.worker is not None:
             await self.worker.stop()
             self.worker = None
@@ -170,10 +152,10 @@ class NodeLife:
         async with self._lock:
             before = self.node
             await self._poll(force=True)
-            node, store = self.node, self._store
-            if node is None or self.released or node is not before:
+            node = self.node
+            if self.released or node is not before:
                 return
-            if store is not None and store.driver_version != node.driver_version:
+            if self._store.driver_version != node.driver_version:
                 await self._refresh_volumes(node)  # they could not be found at the pick-up
             log.info("Reload: driver %s, unchanged", node.driver_version)
 
@@ -182,7 +164,7 @@ class NodeLife:
     async def _watch_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self._poll_interval_s)
+                await asyncio.wait_for(self._poke.wait(), self._watch.poll_interval_s)
             self._poke.clear()
             try:
                 async with self._lock:
@@ -195,7 +177,7 @@ class NodeLife:
         """When ``worker`` ends unasked, status says so at once and the next look is now."""
 
         def ended(_: object) -> None:
-            if worker is self.worker and self._status is not None and not self._closing:
+            if worker is self.worker and not self._closing:
                 self._status.suspend(WORKER_RESTARTING)
                 self._poke.set()
 
@@ -207,7 +189,9 @@ class NodeLife:
 
     async def _look(self, *, force: bool) -> tuple[str | None, str | None]:
         def look() -> tuple[str | None, str | None]:
-            return self._installed.version(force=force), self._loaded.version(force=force)
+            return self._watch.installed.version(force=force), self._watch.loaded.version(
+                force=force
+            )
 
         return await asyncio.to_thread(look)
 
@@ -224,7 +208,6 @@ class NodeLife:
         self, worker: WorkerClient, installed: str | None, loaded: str | None
     ) -> tuple[str, str] | None:
         """(log line, 503 text) when the worker must go; None when all is well."""
-        assert self.node is not None
         version = self.node.driver_version
         if worker.closed.is_set():
             return (f"{worker.exit_reason}: restarting it", WORKER_RESTARTING)
@@ -250,9 +233,7 @@ class NodeLife:
 
     async def _release(self, why: str, answer: str) -> None:
         worker = self.worker
-        assert worker is not None
-        assert self._status is not None
-        assert self.health is not None
+        assert worker is not None, "only a running worker is released"
         self._status.suspend(answer)
         self.health.forget()
         self.worker = None
@@ -276,7 +257,7 @@ class NodeLife:
             self._wait(not_yet)
             return
         try:
-            worker = await self._spawn()
+            worker = await self._watch.spawn()
         except WorkerFailed as err:
             ready = "NVML is not ready" if err.nvml_code in NOT_YET_CODES else "NVML failed"
             self._wait(f"{ready} ({err})")
@@ -288,7 +269,7 @@ class NodeLife:
 
     def _not_yet(self, installed: str | None, loaded: str | None) -> str | None:
         """Why a new worker would not start yet, as far as the files tell; None: try it."""
-        if not (self._module_known or self._simulated):
+        if not (self._module_known or self._watch.simulated):
             return None  # no module version here: NVML itself says when
         if loaded is None:
             return "no NVIDIA kernel module is loaded"
@@ -300,19 +281,18 @@ class NodeLife:
         if why != self._waiting:
             self._waiting = why
             log.info(
-                "Waiting for the driver: %s; looking again every %.0f s", why, self._poll_interval_s
+                "Waiting for the driver: %s; looking again every %.0f s",
+                why,
+                self._watch.poll_interval_s,
             )
 
     async def _picked_up(self, worker: WorkerClient, installed: str | None) -> None:
-        assert self._status is not None
-        assert self._store is not None
-        assert self.health is not None
-        old = self.node.driver_version if self.node is not None else None
+        old = self.node.driver_version
         node = worker.node_info()
         changed = node.driver_version != old
         if changed:
             await self._refresh_volumes(node)
-            if not self._simulated:
+            if not self._watch.simulated:
                 await asyncio.to_thread(self._check_uvm)
         self.worker, self.node = worker, node
         self._tracked = installed == node.driver_version
@@ -338,10 +318,9 @@ class NodeLife:
         tell_systemd(f"serving {len(node.devices)} GPU(s), driver {node.driver_version}")
 
     async def _refresh_volumes(self, node: NodeInfo) -> None:
-        assert self._store is not None
         try:
             await asyncio.to_thread(
-                refresh_volumes, self._store, node.driver_version, ldcache=self._ldcache
+                refresh_volumes, self._store, node.driver_version, ldcache=self._watch.ldcache
             )
         except (OSError, ValueError) as err:  # NVML works: serve it, say what is missing
             log.error(
@@ -361,6 +340,4 @@ class NodeLife:
 
     def _publish(self) -> None:
         """Serve the current node and health (a driver change or a health change)."""
-        if self._node_state is None or self.node is None or self.health is None:
-            return
-        self._node_state.replace(NodeFacts(self.node, control_devices(), self.health.health))
+        self._state.replace(NodeFacts(self.node, control_devices(), self.health.health))

@@ -222,6 +222,24 @@ def test_address_in_use_is_one_line(daemon: Daemon, tmp_path: Path) -> None:
     assert daemon.get("/gpu/info/json")[0] == 200
 
 
+def test_an_address_in_use_is_said_before_anything_is_built_or_served(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """The bound port is the first thing to know: no volume built, no CDI spec written, no
+    "Serving ..." line before the error (it was said after all three)."""
+    result = _run(
+        "-l", f"127.0.0.1:{daemon.port}", "--simulate", "h200",
+        "-s", str(tmp_path / "other"), "-d", str(tmp_path / "v2"),
+        "--cdi-spec-dir", str(tmp_path / "cdi"),
+    )  # fmt: skip
+    assert result.returncode == 1
+    before_error = result.stderr.partition("Error: cannot listen")[0]
+    assert "Serving" not in before_error
+    assert "GPU backend" not in before_error  # not even the GPU worker was started
+    assert not (tmp_path / "cdi").exists()
+    assert not (tmp_path / "v2").exists()  # no volume directory opened either
+
+
 def test_bad_listen_address_is_a_usage_error() -> None:
     result = _run("-l", "localhost", "--simulate", "h200")
     assert result.returncode == 2

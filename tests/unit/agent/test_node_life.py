@@ -22,7 +22,7 @@ from agent.gpu import nodefile, worker
 from agent.gpu.simulated import SimulatedBackend
 from agent.gpu.worker_client import WorkerClient, WorkerFailed
 from agent.node.facts import NodeFacts
-from agent.node.life import UPGRADE_IN_PROGRESS, WORKER_RESTARTING, NodeLife
+from agent.node.life import UPGRADE_IN_PROGRESS, WORKER_RESTARTING, DriverWatch, NodeLife
 from agent.node.state import NodeState
 from agent.node.status import StatusService, StatusUnavailable
 from plugin.discovery import DriverFiles
@@ -86,7 +86,7 @@ class Node:
 async def node(tmp_path: Path, fake_driver: FakeDriver) -> AsyncIterator[Node]:
     installed, loaded = Version(OLD), Version(OLD)
     workers = ThreadWorkers(loaded)
-    life = NodeLife(
+    watch = DriverWatch(
         spawn=workers.spawn,
         installed=installed,
         loaded=loaded,
@@ -94,11 +94,12 @@ async def node(tmp_path: Path, fake_driver: FakeDriver) -> AsyncIterator[Node]:
         simulated=True,
         poll_interval_s=3600,  # the test looks with reread()
     )
-    first = await life.start()
+    first = await watch.spawn()
     status = StatusService(first, first.node_info(), pcie_interval_s=3600)
     state = NodeState(NodeFacts(first.node_info(), ("/dev/nvidiactl",)))
     store = VolumeStore(tmp_path / "volumes", DriverFiles(driver_version=OLD))
-    life.serve(status=status, node_state=state, store=store)
+    life = NodeLife(watch, first, status=status, state=state, store=store)
+    await life.start()
     yield Node(life, installed, loaded, workers, status, state, store)
     await life.close()
     await status.close()

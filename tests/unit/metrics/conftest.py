@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.routes import create_app
 from agent.attribution.owners import Attributor
+from agent.health.monitor import HealthView
 from agent.metrics.agent_metrics import AgentMetrics
-from agent.metrics.health_hook import HealthSource
 from agent.metrics.service import MetricsService
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
@@ -78,7 +78,7 @@ async def make_agent(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeAgent]:
         backend: CountingBackend,
         *,
         attributor: Attributor | None = None,
-        health: HealthSource | None = None,
+        health: HealthView | None = None,
     ) -> Agent:
         node = backend.node_info()
         status = StatusService(backend, node, pcie_interval_s=60)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from agent.api import render_json
 from agent.attribution.cgroup import OwnerKind
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import UNKNOWN_TELEMETRY
-from agent.metrics.health_hook import GpuHealth
+from agent.health.rule import HEALTHY, DeviceHealth
 from tests.support.node_files import with_processes
 from tests.unit.agent.conftest import CountingBackend
 from tests.unit.metrics.conftest import MakeAgent, samples, values
@@ -162,16 +163,32 @@ async def test_build_info_pcie_age_and_process_metrics(make_agent: MakeAgent) ->
     assert rss > 10 * MIB
 
 
-async def test_health_source_gives_xid_and_health(make_agent: MakeAgent) -> None:
-    def health() -> dict[int, GpuHealth]:
-        return {0: GpuHealth(healthy=True, last_xid=0), 1: GpuHealth(healthy=False, last_xid=79)}
+@dataclass(frozen=True)
+class Health:
+    """What the health monitor shows /metrics (HealthView)."""
 
+    health: tuple[DeviceHealth, ...]
+    last_xids: tuple[int, ...]
+
+
+async def test_health_source_gives_xid_and_health(make_agent: MakeAgent) -> None:
+    sick = DeviceHealth(False, "XID 79 (GPU has fallen off the bus)", 79, 1.0)
+    health = Health((HEALTHY, sick) + (HEALTHY,) * 6, (0, 79, 13) + (0,) * 5)
     text = await (await make_agent(CountingBackend("hgx-h200-8"), health=health)).scrape()
     assert values(text, "DCGM_FI_DEV_XID_ERRORS", gpu="0") == [0]
     assert values(text, "DCGM_FI_DEV_XID_ERRORS", gpu="1") == [79]
+    assert values(text, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == [13]  # an application's: healthy
     assert values(text, "nvidia_docker_gpu_healthy", gpu="1") == [0]
     assert values(text, "nvidia_docker_gpu_healthy", gpu="0") == [1]
-    assert values(text, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == []  # not judged: absent
+    assert values(text, "nvidia_docker_gpu_healthy", gpu="2") == [1]
+
+
+async def test_without_a_health_source_the_health_families_are_absent(
+    make_agent: MakeAgent,
+) -> None:
+    text = await (await make_agent(CountingBackend("h200"))).scrape()
+    assert values(text, "DCGM_FI_DEV_XID_ERRORS") == []
+    assert values(text, "nvidia_docker_gpu_healthy") == []
 
 
 async def test_processes_json_and_per_process_metrics(

@@ -10,12 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.edge.plugin_socket import (
-    PluginSiteError,
-    prepare_volumes,
-    spec_file_needed,
-    start_plugin_site,
-)
+from agent.edge.plugin_socket import PluginSiteError, spec_file_needed, start_plugin_site
+from agent.node.drivers import prepare_volumes
 from plugin.volumes import VolumeStore
 from tests.support.fake_driver import FakeDriver
 
