@@ -1,13 +1,14 @@
 """The interface every GPU backend offers to the agent.
 
-A backend's methods block (NVML calls, file reads) and are called from worker threads;
-they must be safe to call concurrently for different devices. A failing call for one
+The GPU worker (``agent.gpu.worker``) runs one; its methods block (NVML calls, file reads)
+and are called from the worker's threads, so they must be safe to call concurrently for
+different devices. A failing call for one
 device never raises: the affected values are ``None`` (see ``model.LOST_DEVICE_STATUS``).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from agent.gpu.model import DeviceStatus, NodeInfo, PcieThroughput
 
@@ -57,21 +58,4 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend (NVML shutdown). Idempotent."""
-        ...
-
-
-@runtime_checkable
-class BatchGpuBackend(GpuBackend, Protocol):
-    """A backend that reads every device in one call, as coroutines of the event loop.
-
-    The GPU worker's client is one: a status sweep is then one round trip to the worker,
-    instead of one thread per device. ``agent.node.status`` uses these when present.
-    """
-
-    async def read_statuses(self) -> tuple[DeviceStatus, ...]:
-        """Every device's ``device_status``, in index order."""
-        ...
-
-    async def read_throughputs(self) -> tuple[PcieThroughput, ...]:
-        """Every device's ``pcie_throughput``, in index order."""
         ...

@@ -115,14 +115,6 @@ class Worker:
             self._answer(ident, self._status_all)
         elif op == wp.PCIE_ALL:
             self._sampler.submit(self._answer, ident, self._pcie_all)
-        elif op == wp.STATUS:
-            index = request.get("index")
-            self._answer(ident, lambda: wp.encode_status(self._status(_index(index))))
-        elif op == wp.PCIE:
-            index = request.get("index")
-            self._sampler.submit(
-                self._answer, ident, lambda: wp.encode_throughput(self._pcie(_index(index)))
-            )
         elif op == wp.PING:
             self.send({"id": ident, "ok": True})
         elif op == wp.STOP:
@@ -244,12 +236,6 @@ def _one_line(err: BaseException) -> str:
     """``Type: message`` of an exception on one line, cut to 200 characters."""
     text = " ".join(f"{type(err).__name__}: {err}".split())
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _index(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"index must be an integer, not {value!r}")
-    return value
 
 
 def _health_source(backend: GpuBackend) -> HealthSource | None:

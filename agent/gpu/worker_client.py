@@ -1,4 +1,4 @@
-"""The daemon's side of the GPU worker: a ``GpuBackend`` whose NVML is in a child process.
+"""The daemon's side of the GPU worker: the child process that holds NVML, as the daemon sees it.
 
 ``await WorkerClient.spawn(simulate=...)`` starts ``python -m agent.gpu.worker`` on one end
 of a socket pair and waits for its hello (the node's static facts). Then:
@@ -6,8 +6,6 @@ of a socket pair and waits for its hello (the node's static facts). Then:
 - ``read_statuses()`` / ``read_throughputs()`` (coroutines, the daemon's hot path): every
   device in one round trip, read off the pipe by an asyncio protocol in the event loop, so
   no thread hop is added on the daemon's side;
-- ``device_status(i)`` / ``pcie_throughput(i)``: the blocking ``GpuBackend`` calls, for
-  threads other than the event loop's;
 - pushes (NVML events, health checks, driver errors) go to the handler given to
   ``set_push_handler``, in the event loop; pushes that arrive before it is set are kept;
 - ``await stop()`` asks the worker to shut NVML down and waits until the process is gone,
@@ -44,7 +42,6 @@ log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
 
 START_TIMEOUT_S = 120.0  # nvmlInit plus reading every GPU's facts (8 GPUs: about 1 s)
 STOP_TIMEOUT_S = 10.0
-CALL_TIMEOUT_S = 30.0  # the blocking calls only; the hot path's liveness is a ping
 # How long any answer of the worker may take. A status read of 8 GPUs takes a few ms and a
 # PCIe sample about 45 ms (the GPUs in parallel); past this the worker is taken for hung.
 CALL_DEADLINE_S = 3.0
@@ -61,7 +58,7 @@ class WorkerGone(BackendGone):
 
 
 class WorkerClient:
-    """One running GPU worker, seen from the event loop that started it."""
+    """One running GPU worker, seen from the event loop that started it (a ``GpuReader``)."""
 
     def __init__(
         self,
@@ -159,10 +156,11 @@ class WorkerClient:
             raise GpuBackendError(f"the GPU worker's node facts cannot be read ({err})") from None
         return client
 
-    # -- the GpuBackend protocol -----------------------------------------------------------
+    # -- the worker's facts ----------------------------------------------------------------
 
     @property
     def name(self) -> str:
+        """The worker's backend: ``NVML 13.580.159.04``, ``simulated (h200.json)``."""
         return self._name
 
     @property
@@ -170,24 +168,9 @@ class WorkerClient:
         return self.process.pid if self.process is not None else None
 
     def node_info(self) -> NodeInfo:
+        """The node's static facts, as the worker said them in its hello."""
         assert self._node is not None, "attach() sets it"
         return self._node
-
-    def device_status(self, index: int) -> DeviceStatus:
-        status: DeviceStatus = wp.decode_status(self._blocking(wp.STATUS, index=index))
-        return status
-
-    def pcie_throughput(self, index: int) -> PcieThroughput:
-        sample: PcieThroughput = wp.decode_throughput(self._blocking(wp.PCIE, index=index))
-        return sample
-
-    def close(self) -> None:
-        """Blocking close for threads; the daemon awaits ``stop()`` instead."""
-        if self._loop.is_running() and not _in_loop(self._loop):
-            asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(STOP_TIMEOUT_S * 2)
-        elif self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(STOP_TIMEOUT_S)
 
     # -- the daemon's side -----------------------------------------------------------------
 
@@ -240,13 +223,6 @@ class WorkerClient:
         )
         if self._transport is not None:
             self._transport.close()
-
-    def _blocking(self, op: str, **args: Any) -> Any:
-        if _in_loop(self._loop):
-            raise RuntimeError("a blocking GPU worker call from the event loop's own thread")
-        return asyncio.run_coroutine_threadsafe(self.call(op, **args), self._loop).result(
-            CALL_TIMEOUT_S
-        )
 
     async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Ask the worker to exit and wait until it has (killing it if it will not)."""
@@ -313,8 +289,6 @@ class WorkerClient:
 _WHAT = {
     wp.STATUS_ALL: "a status read",
     wp.PCIE_ALL: "a PCIe sample",
-    wp.STATUS: "a status read",
-    wp.PCIE: "a PCIe sample",
     wp.PING: "a ping",
     wp.STOP: "the request to stop",
 }
@@ -351,10 +325,3 @@ class _Pipe(asyncio.Protocol):
         elif exc is not None:
             why = f"the GPU worker's pipe broke ({exc})"
         self._client._lost(why)
-
-
-def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False

@@ -30,11 +30,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 STATUS_ALL = "status_all"  # every device's status, in index order: one round trip a sweep
 PCIE_ALL = "pcie_all"  # every device's PCIe throughput (the slow sample, ~40 ms a GPU)
-STATUS = "status"  # one device's status ("index")
-PCIE = "pcie"  # one device's PCIe throughput ("index")
 PING = "ping"  # is the worker's reader alive
 STOP = "stop"  # shut NVML down and exit (answered just before)
-OPS = (STATUS_ALL, PCIE_ALL, STATUS, PCIE, PING, STOP)
+OPS = (STATUS_ALL, PCIE_ALL, PING, STOP)
 
 PUSH_EVENT = "event"
 PUSH_CHECKS = "checks"

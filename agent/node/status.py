@@ -1,15 +1,18 @@
-"""Live GPU status, done right (ARCHITECTURE "Where the time goes").
+"""Live GPU status: single-flight sweeps and a background PCIe sampler (docs/agent.md, "How
+status stays fast").
 
-- A sweep reads every GPU's status in parallel, in worker threads, off the event loop.
+- A sweep is one round trip to the GPU worker (``GpuReader.read_statuses``; the worker reads
+  the GPUs in parallel), from the event loop: no thread hop on the daemon's side.
 - Concurrent requests share one sweep (single flight): a request that arrives while a
   sweep is running waits for that sweep instead of starting another.
 - The two PCIe throughput counters (about 20 ms each, as NVML samples them) are read by a
-  background sampler; requests are served its latest sample, whose age is known.
+  background sampler (``read_throughputs``); requests are served its latest sample, whose
+  age is known.
 - Rendered bodies are cached on the sweep, so N requests sharing a sweep render once.
-- A backend that reads every device at once (``BatchGpuBackend``: the GPU worker) is asked
-  once per sweep and once per sample, from the event loop, instead of once per device.
 - While the node's driver is being replaced, ``suspend(why)`` makes every sweep raise
-  ``StatusUnavailable(why)`` (the REST API answers 503) until ``resume(backend, node)``.
+  ``StatusUnavailable(why)`` (the REST API answers 503) until ``resume(reader, node)``; a
+  reader that is gone (``BackendGone``: the worker ended, or missed its deadline) is the
+  503 ``GPU worker restarting`` until the node's life replaces it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.api import render_json, render_text
-from agent.gpu.backend import BackendGone, BatchGpuBackend, GpuBackend
+from agent.gpu.backend import BackendGone
 from agent.gpu.model import (
     LOST_DEVICE_STATUS,
     UNKNOWN_THROUGHPUT,
@@ -37,6 +40,18 @@ log = logging.getLogger("nvidia-docker-plugin.status")
 
 
 BACKEND_GONE = "GPU worker restarting"  # the 503 while a backend that ended is replaced
+
+
+class GpuReader(Protocol):
+    """Every device's live facts at once: the GPU worker's client (``WorkerClient``)."""
+
+    async def read_statuses(self) -> tuple[DeviceStatus, ...]:
+        """Every device's status, in index order; ``BackendGone`` when it cannot answer."""
+        ...
+
+    async def read_throughputs(self) -> tuple[PcieThroughput, ...]:
+        """Every device's PCIe throughput (the slow sample), in index order."""
+        ...
 
 
 class StatusUnavailable(Exception):
@@ -90,24 +105,17 @@ class _Sample:
 class StatusService:
     """Single-flight status sweeps plus the background PCIe sampler of one node."""
 
-    def __init__(self, backend: GpuBackend, node: NodeInfo, pcie_interval_s: float = 1.0) -> None:
+    def __init__(self, reader: GpuReader, node: NodeInfo, pcie_interval_s: float = 1.0) -> None:
         self._pcie_interval_s = pcie_interval_s
         self._inflight: asyncio.Future[Sweep] | None = None
         self._sample: _Sample | None = None
         self._sampler: asyncio.Task[None] | None = None
-        self._failed: set[tuple[str, int]] = set()
+        self._failed: set[str] = set()
         self._unavailable: str | None = None
         self._sweep_listeners: list[Callable[[float], None]] = []
-        self._use(backend, node)
-
-    def _use(self, backend: GpuBackend, node: NodeInfo) -> None:
-        self._backend = backend
-        self._batch = backend if isinstance(backend, BatchGpuBackend) else None
+        self._reader = reader
         self._node = node
         self._count = len(node.devices)
-        workers = max(1, self._count)
-        self._sweep_pool = ThreadPoolExecutor(workers, thread_name_prefix="status")
-        self._sample_pool = ThreadPoolExecutor(workers, thread_name_prefix="pcie")
 
     # -- the driver's life -----------------------------------------------------------------
 
@@ -120,12 +128,9 @@ class StatusService:
         """Answer every sweep with ``StatusUnavailable(why)`` until ``resume``."""
         self._unavailable = why
 
-    async def resume(self, backend: GpuBackend, node: NodeInfo) -> None:
-        """Read from ``backend`` (a new driver's) from now on; samples its PCIe first."""
-        old = (self._sweep_pool, self._sample_pool)
-        self._use(backend, node)
-        for pool in old:
-            pool.shutdown(wait=False, cancel_futures=True)
+    async def resume(self, reader: GpuReader, node: NodeInfo) -> None:
+        """Read from ``reader`` (a new worker's) from now on; samples its PCIe first."""
+        self._reader, self._node, self._count = reader, node, len(node.devices)
         self._sample = None
         self._failed.clear()
         self._unavailable = None
@@ -171,81 +176,41 @@ class StatusService:
         return Sweep(self._node, statuses, sample.throughputs, time.monotonic() - sample.taken_at)
 
     async def _read_statuses(self) -> tuple[DeviceStatus, ...]:
-        """Every device's status: one round trip to a batching backend (the GPU worker),
-        else one call per device in the thread pool, all at once."""
-        if self._batch is not None:
-            return await self._read_batch()
-        loop = asyncio.get_running_loop()
-        if self._count == 1:
-            return (await loop.run_in_executor(self._sweep_pool, self._read_status, 0),)
-        return tuple(
-            await asyncio.gather(
-                *(
-                    loop.run_in_executor(self._sweep_pool, self._read_status, i)
-                    for i in range(self._count)
-                )
-            )
-        )
-
-    async def _read_batch(self) -> tuple[DeviceStatus, ...]:
-        assert self._batch is not None
-        batch, count = self._batch, self._count
+        """Every device's status, one round trip; null values (one warning) when the read
+        fails otherwise than by the reader's end."""
+        count = self._count
         try:
-            statuses = await batch.read_statuses()
+            statuses = await self._reader.read_statuses()
         except BackendGone:
             raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
         except Exception as err:
             if self._unavailable is not None:
                 raise StatusUnavailable(self._unavailable) from None
-            self._warn_once("status", -1, err)
+            self._warn_once("status", err)
             return (LOST_DEVICE_STATUS,) * count
         if len(statuses) != count:
-            self._warn_once("status", -2, ValueError(f"{len(statuses)} statuses, not {count}"))
+            self._warn_once("status", ValueError(f"{len(statuses)} statuses, not {count}"))
             return (statuses + (LOST_DEVICE_STATUS,) * count)[:count]
         return statuses
-
-    def _read_status(self, index: int) -> DeviceStatus:
-        try:
-            return self._backend.device_status(index)
-        except Exception as err:  # a backend must not raise; never let one GPU fail the node
-            self._warn_once("status", index, err)
-            return LOST_DEVICE_STATUS
 
     # -- PCIe sampler ----------------------------------------------------------------------
 
     async def sample_pcie(self) -> None:
-        """Read every device's PCIe throughput once (in parallel) and keep it."""
+        """Read every device's PCIe throughput once and keep it."""
         if self._unavailable is not None:
             raise StatusUnavailable(self._unavailable)
-        batch, count = self._batch, self._count
-        if batch is not None:
-            try:
-                sampled = await batch.read_throughputs()
-            except BackendGone:
-                raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
-            except Exception as err:
-                if self._unavailable is not None or batch is not self._batch:
-                    raise StatusUnavailable(self._unavailable or "the driver changed") from None
-                self._warn_once("pcie", -1, err)
-                sampled = (UNKNOWN_THROUGHPUT,) * count
-            if batch is self._batch and len(sampled) == count:
-                self._sample = _Sample(sampled, time.monotonic())
-            return
-        loop = asyncio.get_running_loop()
-        throughputs = await asyncio.gather(
-            *(
-                loop.run_in_executor(self._sample_pool, self._read_throughput, i)
-                for i in range(self._count)
-            )
-        )
-        self._sample = _Sample(tuple(throughputs), time.monotonic())
-
-    def _read_throughput(self, index: int) -> PcieThroughput:
+        reader, count = self._reader, self._count
         try:
-            return self._backend.pcie_throughput(index)
+            sampled = await reader.read_throughputs()
+        except BackendGone:
+            raise StatusUnavailable(self._unavailable or BACKEND_GONE) from None
         except Exception as err:
-            self._warn_once("pcie", index, err)
-            return UNKNOWN_THROUGHPUT
+            if self._unavailable is not None or reader is not self._reader:
+                raise StatusUnavailable(self._unavailable or "the driver changed") from None
+            self._warn_once("pcie", err)
+            sampled = (UNKNOWN_THROUGHPUT,) * count
+        if reader is self._reader and len(sampled) == count:
+            self._sample = _Sample(sampled, time.monotonic())
 
     async def _sample_forever(self) -> None:
         while True:
@@ -271,15 +236,8 @@ class StatusService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
-        self._sweep_pool.shutdown(wait=False, cancel_futures=True)
-        self._sample_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _warn_once(self, what: str, index: int, err: Exception) -> None:
-        if (what, index) not in self._failed:
-            self._failed.add((what, index))
-            if index < 0:  # a batch read of every GPU at once
-                log.warning("Reading the GPUs' %s failed (%s); showing null values", what, err)
-            else:
-                log.warning(
-                    "GPU %d: reading its %s failed (%s); showing null values", index, what, err
-                )
+    def _warn_once(self, what: str, err: Exception) -> None:
+        if what not in self._failed:
+            self._failed.add(what)
+            log.warning("Reading the GPUs' %s failed (%s); showing null values", what, err)

@@ -37,6 +37,7 @@ from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
 from tests.benchmarks.loadgen import read_answer
+from tests.support.readers import ThreadReader
 from tests.support.services import free_port
 
 HOST = "127.0.0.1"
@@ -130,7 +131,7 @@ async def simulated_rest_node() -> AsyncIterator[tuple[NodeState, StatusService]
     """The 8-GPU simulated node and its status service, as the REST routes need them."""
     backend = SimulatedBackend.from_file("hgx-h200-8")
     info = backend.node_info()
-    status = StatusService(backend, info)
+    status = StatusService(ThreadReader(backend), info)
     try:
         await status.sample_pcie()
         yield NodeState(NodeFacts(info, control_devices())), status

@@ -49,6 +49,7 @@ from agent.gpu.simulated import SimulatedBackend
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
+from tests.support.readers import ThreadReader
 from tests.support.services import stop_process, wait_until
 
 LISTEN_HOST = "127.0.0.1"
@@ -70,7 +71,7 @@ async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
     for kind in dict.fromkeys(kinds):
         backend = SimulatedBackend.from_file(kind)
         node = backend.node_info()
-        status = StatusService(backend, node)
+        status = StatusService(ThreadReader(backend), node)
         await status.sample_pcie()
         status.start_sampler()
         services.append(status)

@@ -15,6 +15,7 @@ from agent.gpu.simulated import SimulatedBackend
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
+from tests.support.readers import ThreadReader
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")
 
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 
 class CountingBackend(SimulatedBackend):
-    """The simulated backend, counting calls, with a settable status-call cost."""
+    """The simulated backend, counting calls, with a settable status-call cost; read as the
+    daemon reads its GPU worker (a ``GpuReader``: every device at once, in threads)."""
 
     def __init__(self, name: str, status_delay_s: float = 0.0) -> None:
         super().__init__(nodefile.load(name), name)
@@ -55,6 +57,12 @@ class CountingBackend(SimulatedBackend):
         if index in self.failing:
             raise RuntimeError("GPU is lost")
         return super().pcie_throughput(index)
+
+    async def read_statuses(self) -> tuple[DeviceStatus, ...]:
+        return await ThreadReader(self).read_statuses()
+
+    async def read_throughputs(self) -> tuple[PcieThroughput, ...]:
+        return await ThreadReader(self).read_throughputs()
 
 
 @pytest.fixture
