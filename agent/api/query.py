@@ -10,8 +10,8 @@ GPU or volume is refused). Before that, every value of them is checked here for 
 
 What an entry may be made of is the matcher's: a GPU index is ASCII digits only (Python's
 ``int()`` would take Unicode digits, and refuses strings of more than 4,300 digits), a
-UUID prefix starts ``GPU-`` (``MIG-`` and ``<gpu>:<mig>`` entries are refused the same way
-until MIG devices are served). So a client sees one kind of refusal for each parameter,
+UUID prefix starts ``GPU-``, a MIG device is ``MIG-<uuid prefix>`` or ``<gpu>:<mig>``
+(a GPU's index, then its MIG device's). So a client sees one kind of refusal for each parameter,
 ``invalid device: X`` or ``invalid volume: X``, with X shown bounded and without control
 characters (agent.display). ``format`` is the route's own (a fixed list of names, checked
 by membership), and other parameters are ignored, as the old tool did, their size bounded

@@ -3,11 +3,11 @@
 
 The GPUs' health is part of the facts: ``/docker/cli`` (both forms) and ``/mesos/cli`` hand
 out only healthy GPUs and MIG devices (``agent.health.selection``), so a health change
-builds new facts."""
+builds new facts (``agent.node.life``). Each ``NodeFacts`` keeps its own cache of the
+``/docker/cli`` answers it rendered (per query, at most ``CACHED_ANSWERS``), which goes with
+it when new facts replace it."""
 
 from __future__ import annotations
-
-import functools
 
 from agent.api import render_json, render_text
 from agent.api.cdi_cli import cdi_cli
@@ -17,6 +17,9 @@ from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health.rule import HEALTHY, DeviceHealth
 from agent.health.selection import select_usable
 from agent.node.selection import Target, select_devices, select_volumes
+
+CACHED_ANSWERS = 256  # distinct /docker/cli queries kept per node (clients ask a few)
+_AnswerKey = tuple[str, str | None, str | None, bool]
 
 
 class NodeFacts:
@@ -36,6 +39,7 @@ class NodeFacts:
         self.info_json = render_json.info(node)
         self.info_text = render_text.info(node).encode()
         self.mesos = MesosCli(node, self.info_json, health)
+        self._answers: dict[_AnswerKey, bytes] = {}
 
     def devices(self, dev: str | None) -> tuple[DeviceInfo, ...]:
         """The GPUs a ``dev`` parameter names; ``InvalidParameter`` for a bad entry."""
@@ -51,19 +55,33 @@ class NodeFacts:
         """Indices of the GPUs that are not handed out now."""
         return frozenset(i for i, health in enumerate(self.health) if not health.healthy)
 
-    @functools.lru_cache(maxsize=256)  # noqa: B019 - one instance per node, lives as long
     def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
-        cli = docker_cli_for(
-            self.node.driver_version,
-            self.control_devices,
-            self.usable(dev),
-            select_volumes(vol),
-        )
-        return cli.json() if as_json else cli.text().encode()
+        """The ``/docker/cli`` answer; ``InvalidParameter`` or ``UnhealthyDevice`` (not
+        cached: a refusal is rendered again)."""
+        key = ("volume", dev, vol, as_json)
+        body = self._answers.get(key)
+        if body is None:
+            cli = docker_cli_for(
+                self.node.driver_version,
+                self.control_devices,
+                self.usable(dev),
+                select_volumes(vol),
+            )
+            body = self._keep(key, cli.json() if as_json else cli.text().encode())
+        return body
 
-    @functools.lru_cache(maxsize=256)  # noqa: B019 - as docker_cli
     def docker_cli_cdi(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
         """The CDI form (``format=cdi``); ``vol`` is checked, the spec mounts the volume."""
-        select_volumes(vol)
-        cli = cdi_cli(self.usable(dev))
-        return cli.json() if as_json else cli.text().encode()
+        key = ("cdi", dev, vol, as_json)
+        body = self._answers.get(key)
+        if body is None:
+            select_volumes(vol)
+            cli = cdi_cli(self.usable(dev))
+            body = self._keep(key, cli.json() if as_json else cli.text().encode())
+        return body
+
+    def _keep(self, key: _AnswerKey, body: bytes) -> bytes:
+        if len(self._answers) >= CACHED_ANSWERS:
+            self._answers.pop(next(iter(self._answers)))  # the oldest query
+        self._answers[key] = body
+        return body
