@@ -175,3 +175,60 @@ def test_agent_files_imports_only_the_standard_library() -> None:
     ]
     assert bad == []
     assert any(imp.module == "agent.files" for imp in IMPORTS)
+
+
+def _agent_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ``agent`` it imports (a package's import: its __init__)."""
+    modules = {_module_name(p) for p in (ROOT / "agent").rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in IMPORTS:
+        if imp.module in graph and imp.target in modules:
+            graph[imp.module].add(imp.target)
+        elif imp.module in graph and imp.target.rpartition(".")[0] in modules:
+            graph[imp.module].add(imp.target.rpartition(".")[0])  # from package import name
+    return graph
+
+
+def test_the_agents_modules_import_each_other_without_a_cycle() -> None:
+    graph = _agent_graph()
+    assert sum(map(len, graph.values())) > 150  # the scan sees the agent's imports
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError(" -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+@pytest.mark.parametrize(
+    ("importer", "forbidden"),
+    [
+        # The HTTP edge knows HTTP, TLS, tokens and sockets, not the node it serves.
+        (
+            "agent.edge",
+            ("agent.api", "agent.node", "agent.health", "agent.metrics", "agent.cdi_spec"),
+        ),
+        # The health rule sees only what the worker reports.
+        ("agent.health.rule", ("agent.api", "agent.node", "agent.edge", "agent.metrics")),
+        # Nothing but the entry points knows how the daemon is put together.
+        (
+            "agent.api",
+            ("agent.server", "agent.cli", "agent.daemon"),
+        ),
+        ("agent.node", ("agent.server", "agent.cli", "agent.daemon", "agent.edge")),
+    ],
+)
+def test_the_agents_rooms(importer: str, forbidden: tuple[str, ...]) -> None:
+    assert _violations(importer, forbidden) == []
+
+
+def test_the_agents_top_level_holds_at_most_a_dozen_modules() -> None:
+    top = sorted(p.name for p in (ROOT / "agent").glob("*.py"))
+    assert len(top) <= 12, top
