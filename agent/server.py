@@ -107,13 +107,14 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     guard = ConnectionGuard(
         "REST API",
         ConnectionLimits(config.header_timeout_s, config.idle_timeout_s, budget.max_connections),
+        on_answer=counters.count,  # every answer, refusals included, is counted
     )
     app = create_app(
         state,
         status,
         # The guard's middleware first: every answer, refusals included, is progress; then
-        # the token check, then the counters (refusals are requests too).
-        middlewares=[guard.middleware, *access.middlewares, counters.middleware],
+        # the token check (where --token-file asks for one).
+        middlewares=[guard.middleware, *access.middlewares],
         metrics=metrics,
         cdi=cdi,
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from agent.node.selection import InvalidParameter
 
@@ -60,12 +59,12 @@ def check_query(request: web.Request) -> None:
                 check_list(parameter, value)
 
 
-def query_checks(bad_request: BadRequest) -> Middleware:
-    """The middleware that refuses a bad query before the handler runs; ``bad_request``
-    renders the 400 (the REST API's, with its ``X-Invalid-*`` headers)."""
+def query_checked(handler: Handler, bad_request: BadRequest) -> Handler:
+    """``handler``, refusing a bad query before it runs; ``bad_request`` renders the 400
+    (the REST API's, with its ``X-Invalid-*`` headers). A wrapper of each route rather than
+    a middleware: aiohttp builds every middleware's call anew for each request."""
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def checked(request: web.Request) -> web.StreamResponse:
         if request.query_string:
             try:
                 check_query(request)
@@ -73,4 +72,4 @@ def query_checks(bad_request: BadRequest) -> Middleware:
                 return bad_request(err)
         return await handler(request)
 
-    return middleware
+    return checked

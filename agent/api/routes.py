@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.api import render_json, render_text
-from agent.api.query import query_checks
+from agent.api.query import query_checked
 from agent.cdi_spec.writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health import render as health_routes
@@ -283,16 +283,17 @@ def create_app(
     for); the handlers themselves stay one coroutine each on the hot path. ``metrics``
     serves ``/metrics`` and ``/gpu/processes/json`` (the daemon's has the Docker engine
     and its counters; without one, a plain one over ``node`` and ``status``). The query
-    checks (agent.api.query) are always the innermost: a handler never sees a bad ``dev``.
+    checks (agent.api.query) wrap every handler: a handler never sees a bad ``dev``.
     """
-    app = web.Application(middlewares=[*middlewares, query_checks(_bad_request)])
+    app = web.Application(middlewares=list(middlewares))
     app[NODE] = node
     app[STATUS] = status
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
     if cdi is not None:
         app[CDI] = cdi
     for path, handler in ROUTES:
-        app.router.add_get(path, handler)
+        checked = query_checked(handler, _bad_request)
+        app.router.add_get(path, checked)
         for version in API_VERSIONS:
-            app.router.add_get(f"/{version}{path}", handler)
+            app.router.add_get(f"/{version}{path}", checked)
     return app

@@ -16,8 +16,10 @@ a server and closes it when:
 How it sees them: ``GuardedSite`` (an aiohttp site) serves ``guard.protocol_factory(...)``,
 which wraps each of aiohttp's protocol objects to learn of its bytes, its opening and its
 end, and ``guard.middleware`` marks when each request's handler starts and ends (a request
-being handled is never timed out). Everything is bookkeeping on the event loop: two
-dictionary operations per request, and a timer per connection that re-arms itself lazily.
+being handled is never timed out) and tells ``on_answer`` each request's status (the
+agent's request counters): one middleware for both, the hot path's only one. Everything
+is bookkeeping on the event loop: two dictionary operations per request, and a timer per
+connection that re-arms itself lazily.
 A connection is dropped with ``abort()``, which gives its descriptor back at once.
 """
 
@@ -60,6 +62,7 @@ def _never(_address: str) -> bool:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Answered = Callable[[web.Request, int], None]  # a request and the status it was answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +89,12 @@ class _Connection:
 class ConnectionGuard:
     """The connections of one server (``name`` is for the log) and their limits."""
 
-    def __init__(self, name: str, limits: ConnectionLimits) -> None:
+    def __init__(
+        self, name: str, limits: ConnectionLimits, *, on_answer: Answered | None = None
+    ) -> None:
         self.name = name
         self.limits = limits
+        self._on_answer = on_answer
         self.dropped = 0  # at the bound, since start
         self.timed_out = 0
         self._connections: OrderedDict[asyncio.BaseTransport, _Connection] = OrderedDict()
@@ -114,24 +120,34 @@ class ConnectionGuard:
         return factory
 
     def _progress_middleware(self) -> Middleware:
-        """``self.middleware``: marks each request's handling, which no timeout interrupts."""
+        """``self.middleware``: marks each request's handling, which no timeout interrupts,
+        and reports its status to ``on_answer`` (500 for a handler that raised)."""
+        answered = self._on_answer
 
         @web.middleware
         async def connection_progress(request: web.Request, handler: Handler) -> web.StreamResponse:
             transport = request.transport
             conn = self._connections.get(transport) if transport is not None else None
-            if conn is None:
-                return await handler(request)
-            conn.in_request += 1
-            conn.first_byte_at = None
-            self._connections.move_to_end(conn.transport)
+            if conn is not None:
+                conn.in_request += 1
+                conn.first_byte_at = None
+                self._connections.move_to_end(conn.transport)
+            status = 500
             try:
-                return await handler(request)
+                response = await handler(request)
+                status = response.status
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                raise
             finally:
-                conn.in_request -= 1
-                if conn.transport in self._connections:
-                    conn.waiting_since = self._now()
-                    self._connections.move_to_end(conn.transport)
+                if conn is not None:
+                    conn.in_request -= 1
+                    if conn.transport in self._connections:
+                        conn.waiting_since = self._now()
+                        self._connections.move_to_end(conn.transport)
+                if answered is not None:
+                    answered(request, status)
 
         return connection_progress
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -116,22 +115,12 @@ class AgentMetrics:
         )
         ProcessCollector(registry=self.registry)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Counts every request by route template and status code."""
+    def count(self, request: web.Request, status: int) -> None:
+        """Count ``request``, answered ``status``, by route template and status code (given
+        to the REST API's connection guard as its ``on_answer``)."""
         route = request.match_info.route.resource
         template = route.canonical if route is not None else UNMATCHED_ROUTE
-        counts = self.requests.counts
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            counts[template, str(exc.status)] += 1
-            raise
-        except Exception:
-            counts[template, "500"] += 1
-            raise
-        counts[template, str(response.status)] += 1
-        return response
+        self.requests.counts[template, str(status)] += 1
 
     def follow_certificate(self, source: Callable[[], float | None]) -> None:
         """Serve the TLS certificate's expiry, as ``source`` gives it at each scrape

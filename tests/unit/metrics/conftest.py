@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.routes import create_app
 from agent.attribution.owners import Attributor
+from agent.edge.connections import ConnectionGuard, ConnectionLimits
 from agent.health.monitor import HealthView
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.service import MetricsService
@@ -91,7 +92,8 @@ async def make_agent(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeAgent]:
             health=health,
         )  # fmt: skip
         made.append((status, service))
-        app = create_app(state, status, middlewares=[counters.middleware], metrics=service)
+        guard = ConnectionGuard("REST API", ConnectionLimits(10, 60), on_answer=counters.count)
+        app = create_app(state, status, middlewares=[guard.middleware], metrics=service)
         return Agent(await aiohttp_client(app), backend, service, counters)
 
     yield make
