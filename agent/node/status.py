@@ -7,7 +7,10 @@ status stays fast").
   sweep is running waits for that sweep instead of starting another.
 - The two PCIe throughput counters (about 20 ms each, as NVML samples them) are read by a
   background sampler (``read_throughputs``); requests are served its latest sample, whose
-  age is known.
+  age is known. The sampler runs while someone reads status (a request, a scrape) and
+  rests once nobody has for ``SAMPLER_REST_AFTER_S``, so an idle node costs no sampling;
+  the first read after a rest waits for a fresh sample (about 45 ms) rather than being
+  served an old one.
 - Rendered bodies are cached on the sweep, so N requests sharing a sweep render once.
 - While the node's driver is being replaced, ``suspend(why)`` makes every sweep raise
   ``StatusUnavailable(why)`` (the REST API answers 503) until ``resume(reader, node)``; a
@@ -40,6 +43,7 @@ log = logging.getLogger("nvidia-docker-plugin.status")
 
 
 BACKEND_GONE = "GPU worker restarting"  # the 503 while a backend that ended is replaced
+SAMPLER_REST_AFTER_S = 60.0  # no status read for this long: the PCIe sampler rests
 
 
 class GpuReader(Protocol):
@@ -105,8 +109,20 @@ class _Sample:
 class StatusService:
     """Single-flight status sweeps plus the background PCIe sampler of one node."""
 
-    def __init__(self, reader: GpuReader, node: NodeInfo, pcie_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        reader: GpuReader,
+        node: NodeInfo,
+        pcie_interval_s: float = 1.0,
+        *,
+        rest_after_s: float = SAMPLER_REST_AFTER_S,
+    ) -> None:
         self._pcie_interval_s = pcie_interval_s
+        self._rest_after_s = rest_after_s
+        self._last_read = time.monotonic()
+        self._wake = asyncio.Event()  # a read while the sampler rests
+        self._resting = False
+        self._sampling: asyncio.Future[None] | None = None
         self._inflight: asyncio.Future[Sweep] | None = None
         self._sample: _Sample | None = None
         self._sampler: asyncio.Task[None] | None = None
@@ -137,6 +153,11 @@ class StatusService:
         with contextlib.suppress(StatusUnavailable):
             await self.sample_pcie()
 
+    @property
+    def sampler_resting(self) -> bool:
+        """The PCIe sampler rests: nobody read status for ``rest_after_s``."""
+        return self._resting
+
     def add_sweep_listener(self, listener: Callable[[float], None]) -> None:
         """Call ``listener(seconds)`` after every sweep, with how long it took (metrics)."""
         self._sweep_listeners.append(listener)
@@ -161,6 +182,12 @@ class StatusService:
             self._inflight = None
 
     async def _sweep(self) -> Sweep:
+        self._last_read = time.monotonic()
+        if self._resting:  # the sampler rested: this read gets a fresh sample, not an old one
+            self._resting = False
+            self._wake.set()
+            with contextlib.suppress(StatusUnavailable):
+                await self.sample_pcie()
         started = time.perf_counter()
         statuses = await self._read_statuses()
         if self._sweep_listeners:
@@ -196,9 +223,15 @@ class StatusService:
     # -- PCIe sampler ----------------------------------------------------------------------
 
     async def sample_pcie(self) -> None:
-        """Read every device's PCIe throughput once and keep it."""
+        """Read every device's PCIe throughput once and keep it (a sample in flight is
+        joined, not repeated)."""
         if self._unavailable is not None:
             raise StatusUnavailable(self._unavailable)
+        if self._sampling is None or self._sampling.done():
+            self._sampling = asyncio.ensure_future(self._sample_once())
+        await asyncio.shield(self._sampling)
+
+    async def _sample_once(self) -> None:
         reader, count = self._reader, self._count
         try:
             sampled = await reader.read_throughputs()
@@ -214,6 +247,10 @@ class StatusService:
 
     async def _sample_forever(self) -> None:
         while True:
+            if time.monotonic() - self._last_read > self._rest_after_s:
+                self._resting = True  # nobody reads: rest until a read wakes us
+                self._wake.clear()
+                await self._wake.wait()
             started = time.monotonic()
             try:
                 await self.sample_pcie()

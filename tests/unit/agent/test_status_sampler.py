@@ -1,0 +1,49 @@
+"""The PCIe sampler runs while status is read and rests on an idle node."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from agent.node.status import StatusService
+from tests.unit.agent.conftest import CountingBackend
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within 10 s"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_sampler_rests_without_readers_and_a_read_gets_a_fresh_sample() -> None:
+    backend = CountingBackend("h200")
+    status = StatusService(backend, backend.node_info(), pcie_interval_s=0.02, rest_after_s=0.2)
+    status.start_sampler()
+    try:
+        await status.sweep()
+        await _until(lambda: backend.pcie_calls >= 3)  # sampling while read
+        await _until(lambda: status.sampler_resting)  # no read for 0.2 s: it rests
+        resting_calls = backend.pcie_calls
+        await asyncio.sleep(0.3)
+        assert backend.pcie_calls == resting_calls  # nothing sampled while resting
+        sweep = await status.sweep()  # the first read after the rest
+        assert backend.pcie_calls > resting_calls
+        assert sweep.throughput_age_s is not None
+        assert sweep.throughput_age_s < 0.2  # a fresh sample, not the one before the rest
+        await _until(lambda: backend.pcie_calls >= resting_calls + 3)  # sampling again
+    finally:
+        await status.close()
+
+
+async def test_reads_keep_the_sampler_going() -> None:
+    backend = CountingBackend("h200")
+    status = StatusService(backend, backend.node_info(), pcie_interval_s=0.02, rest_after_s=0.2)
+    status.start_sampler()
+    try:
+        for _ in range(10):
+            await status.sweep()
+            await asyncio.sleep(0.05)
+        assert not status.sampler_resting
+    finally:
+        await status.close()
