@@ -3,10 +3,11 @@ the CPU both use while idle, and which NVIDIA libraries the worker maps.
 
 Starts a real ``nvidia-docker-plugin`` (the real GPUs with ``--real``, a simulated node
 otherwise), waits until it is ready, lets it settle, measures ``--idle`` seconds of CPU
-(user + system of both processes, from ``/proc``) with no request at all, then loads
+(user + system of both processes, from ``/proc``) with no request at all (after
+``--settle`` seconds: start-up done, and the PCIe sampler at rest), then loads
 ``/gpu/status/json`` and ``/metrics`` for ``--load`` seconds and reads the memory again.
 
-    python -m tests.benchmarks.bench_footprint [--real] [--simulate h200] [--idle 20]
+    python -m tests.benchmarks.bench_footprint [--real] [--simulate h200] [--idle 20] [--settle 65]
         [--agent-dir DIR]
 """
 
@@ -54,6 +55,12 @@ def main() -> int:
     parser.add_argument("--real", action="store_true")
     parser.add_argument("--simulate", default="h200")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=65.0,
+        help="seconds after start before the idle measure (the PCIe sampler rests after 60)",
+    )
     parser.add_argument("--load", type=float, default=5.0, help="seconds of load before RSS")
     parser.add_argument("--agent-dir", type=Path, help="serve another checkout's agent")
     args = parser.parse_args()
@@ -77,7 +84,7 @@ def main() -> int:
         )  # fmt: skip
         try:
             wait_until(lambda: port_open(port), what="agent", timeout_s=120, proc=proc)
-            time.sleep(3.0)  # start-up done: the worker's first sweeps, the PCIe sampler
+            time.sleep(args.settle)  # past start-up, and past the PCIe sampler's rest (60 s)
             pids = [proc.pid, *_children(proc.pid)]
             idle_rss = [resident_memory(pid).rss_mb for pid in pids]
             before = [_cpu_s(pid) for pid in pids]

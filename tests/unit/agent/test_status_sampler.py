@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from agent.node.status import StatusService
+import pytest
+
+from agent.node.status import StatusService, StatusUnavailable
 from tests.unit.agent.conftest import CountingBackend
 
 
@@ -45,5 +47,34 @@ async def test_reads_keep_the_sampler_going() -> None:
             await status.sweep()
             await asyncio.sleep(0.05)
         assert not status.sampler_resting
+    finally:
+        await status.close()
+
+
+async def test_a_sweep_answers_the_requests_right_after_it_and_no_later() -> None:
+    backend = CountingBackend("h200")
+    status = StatusService(backend, backend.node_info(), shared_s=0.05)
+    try:
+        first = await status.sweep()
+        assert await status.sweep() is first  # within the window: the same sweep
+        calls = backend.status_calls
+        await asyncio.sleep(0.06)
+        later = await status.sweep()
+        assert later is not first
+        assert backend.status_calls == calls + 1
+        status.suspend("driver upgrade in progress")  # a suspension is never hidden by it
+        with pytest.raises(StatusUnavailable):
+            await status.sweep()
+    finally:
+        await status.close()
+
+
+async def test_by_default_the_window_is_two_milliseconds() -> None:
+    backend = CountingBackend("h200")
+    status = StatusService(backend, backend.node_info())
+    try:
+        first = await status.sweep()
+        await asyncio.sleep(0.01)
+        assert await status.sweep() is not first
     finally:
         await status.close()
