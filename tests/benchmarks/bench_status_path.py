@@ -6,7 +6,8 @@
   before the GPU worker, per sweep);
 - ``backend read``: the status read of every GPU, in this process (NVML with ``--real``,
   the simulated node otherwise: its node file's ``timing`` is dropped, so that only our
-  code is measured);
+  code is measured), after one PCIe sample, as in the agent (the sampler reads the slow
+  counters, a status read serves them);
 - ``worker round trip``: ``WorkerClient.read_statuses`` against a real worker process;
 - ``codec``: encoding, framing, parsing and decoding the statuses, in this process.
 
@@ -97,6 +98,8 @@ async def main() -> None:
         backend = open_backend(simulate)
         count = len(backend.node_info().devices)
         loop = asyncio.get_running_loop()
+        for index in range(count):  # the sampler's part, as in the agent
+            backend.pcie_throughput(index)
 
         async def read_in_process() -> object:
             return [backend.device_status(i) for i in range(count)]
@@ -119,6 +122,7 @@ async def main() -> None:
             codec, args.calls
         )
         worker = await WorkerClient.spawn(simulate=simulate)
+        await worker.read_throughputs()
         try:
             rows["worker round trip (read_statuses)"] = await _timed(
                 worker.read_statuses, args.calls
