@@ -112,9 +112,9 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     app = create_app(
         state,
         status,
-        # The guard's middleware first: every answer, refusals included, is progress; then
-        # the token check (where --token-file asks for one).
-        middlewares=[guard.middleware, *access.middlewares],
+        # The guard first: every answer, refusals included, is progress and is counted;
+        # then the token check (where --token-file asks for one).
+        around=[guard.wrap, *access.wrappers],
         metrics=metrics,
         cdi=cdi,
     )

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import quote
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from agent.api import render_json, render_text
 from agent.api.query import query_checked
@@ -269,31 +268,62 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
 )
 
 
+Wrapper = Callable[[Handler], Handler]
+UNMATCHED = "unmatched"  # the name of the route of every path the API does not serve
+_METHODS = ("GET", "HEAD")
+
+
+async def _not_found(_request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound
+
+
+def _methods_checked(handler: Handler) -> Handler:
+    """GET and HEAD only, answered as aiohttp answers a route's other methods (405)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        if request.method not in _METHODS:
+            raise web.HTTPMethodNotAllowed(request.method, _METHODS)
+        return await handler(request)
+
+    return checked
+
+
 def create_app(
     node: NodeState,
     status: StatusService,
     *,
-    middlewares: Sequence[Middleware] = (),
+    around: Sequence[Wrapper] = (),
     metrics: MetricsService | None = None,
     cdi: CdiSpecWriter | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
-    ``middlewares`` wrap every route, outermost first (the daemon adds what its options ask
-    for); the handlers themselves stay one coroutine each on the hot path. ``metrics``
-    serves ``/metrics`` and ``/gpu/processes/json`` (the daemon's has the Docker engine
-    and its counters; without one, a plain one over ``node`` and ``status``). The query
-    checks (agent.api.query) wrap every handler: a handler never sees a bad ``dev``.
+    ``around`` wrap every route's handler, outermost first (the daemon's connection guard,
+    then its token check where it has tokens): wrappers rather than middlewares, because
+    aiohttp builds every middleware's call anew for each request. Every path the API does
+    not serve has a route of its own (``unmatched``: 404, counted under that one name) and
+    every route takes every method (405 but for GET and HEAD), so that what wraps the
+    routes sees every request, as a middleware would. ``metrics`` serves ``/metrics`` and
+    ``/gpu/processes/json`` (the daemon's has the Docker engine and its counters; without
+    one, a plain one over ``node`` and ``status``). The query checks (agent.api.query) are
+    the innermost: a handler never sees a bad ``dev``.
     """
-    app = web.Application(middlewares=list(middlewares))
+    app = web.Application()
     app[NODE] = node
     app[STATUS] = status
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
     if cdi is not None:
         app[CDI] = cdi
+
+    def wrapped(handler: Handler) -> Handler:
+        for wrap in reversed(around):
+            handler = wrap(handler)
+        return handler
+
     for path, handler in ROUTES:
-        checked = query_checked(handler, _bad_request)
-        app.router.add_get(path, checked)
+        served = wrapped(_methods_checked(query_checked(handler, _bad_request)))
+        app.router.add_route("*", path, served)
         for version in API_VERSIONS:
-            app.router.add_get(f"/{version}{path}", checked)
+            app.router.add_route("*", f"/{version}{path}", served)
+    app.router.add_route("*", "/{path:.*}", wrapped(_not_found), name=UNMATCHED)
     return app

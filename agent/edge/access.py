@@ -3,7 +3,7 @@
 ``RemoteAccess.from_config(config)`` reads ``--tls-cert``/``--tls-key``/``--tls-client-ca``
 (``agent.edge.tls``) and ``--token-file`` (``agent.edge.tokens``) at start, before anything
 is served; a file that cannot be used stops the start with one line. The daemon then gives
-its TCP sites ``ssl_context``, its application ``middlewares``, and its SIGHUP
+its TCP sites ``ssl_context``, its routes' ``wrappers``, and its SIGHUP
 ``reloaders`` (certificates and tokens read again, each keeping the previous one when the
 new file is broken), and
 ``/metrics`` the served certificate's expiry (``certificate_expiry``).
@@ -23,12 +23,10 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from aiohttp.typedefs import Middleware
-
 from agent.config import Config
 from agent.edge.loopback import is_loopback
 from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles
-from agent.edge.tokens import TokenFileError, TokenStore, token_middleware
+from agent.edge.tokens import TokenFileError, TokenStore, Wrapper, require_token
 from agent.errors import StartupError
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -68,10 +66,11 @@ class RemoteAccess:
         return None if self.tls is None else self.tls.not_after
 
     @property
-    def middlewares(self) -> list[Middleware]:
+    def wrappers(self) -> list[Wrapper]:
+        """What wraps every REST route: the token check, when there are tokens."""
         if self.tokens is None:
             return []
-        return [token_middleware(self.tokens, plain_loopback=self.plain_loopback)]
+        return [require_token(self.tokens, plain_loopback=self.plain_loopback)]
 
     def describe(self) -> str:
         """``plain HTTP`` or ``TLS (...), bearer tokens``, for the start-up log line."""

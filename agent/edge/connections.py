@@ -15,9 +15,10 @@ a server and closes it when:
 
 How it sees them: ``GuardedSite`` (an aiohttp site) serves ``guard.protocol_factory(...)``,
 which wraps each of aiohttp's protocol objects to learn of its bytes, its opening and its
-end, and ``guard.middleware`` marks when each request's handler starts and ends (a request
-being handled is never timed out) and tells ``on_answer`` each request's status (the
-agent's request counters): one middleware for both, the hot path's only one. Everything
+end, and ``guard.wrap(handler)`` (each REST route; ``guard.middleware`` for the plugin
+socket's application) marks when each request's handler starts and ends (a request being
+handled is never timed out) and tells ``on_answer`` each request's status (the agent's
+request counters). Everything
 is bookkeeping on the event loop: two dictionary operations per request, and a timer per
 connection that re-arms itself lazily.
 A connection is dropped with ``abort()``, which gives its descriptor back at once.
@@ -119,19 +120,21 @@ class ConnectionGuard:
 
         return factory
 
-    def _progress_middleware(self) -> Middleware:
-        """``self.middleware``: marks each request's handling, which no timeout interrupts,
-        and reports its status to ``on_answer`` (500 for a handler that raised)."""
+    def wrap(self, handler: Handler) -> Handler:
+        """``handler``, its handling marked (no timeout interrupts it) and its status told
+        to ``on_answer`` (500 for a handler that raised): what ``middleware`` does, as a
+        wrapper of one route (cheaper: aiohttp builds every middleware's call anew for each
+        request, while a wrapper is one more call)."""
         answered = self._on_answer
+        connections = self._connections
 
-        @web.middleware
-        async def connection_progress(request: web.Request, handler: Handler) -> web.StreamResponse:
+        async def guarded(request: web.Request) -> web.StreamResponse:
             transport = request.transport
-            conn = self._connections.get(transport) if transport is not None else None
+            conn = connections.get(transport) if transport is not None else None
             if conn is not None:
                 conn.in_request += 1
                 conn.first_byte_at = None
-                self._connections.move_to_end(conn.transport)
+                connections.move_to_end(conn.transport)
             status = 500
             try:
                 response = await handler(request)
@@ -143,11 +146,21 @@ class ConnectionGuard:
             finally:
                 if conn is not None:
                     conn.in_request -= 1
-                    if conn.transport in self._connections:
+                    if conn.transport in connections:
                         conn.waiting_since = self._now()
-                        self._connections.move_to_end(conn.transport)
+                        connections.move_to_end(conn.transport)
                 if answered is not None:
                     answered(request, status)
+
+        return guarded
+
+    def _progress_middleware(self) -> Middleware:
+        """``self.middleware``: ``wrap`` as a middleware, for an application whose routes
+        are not ours to wrap (the plugin socket's)."""
+
+        @web.middleware
+        async def connection_progress(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await self.wrap(handler)(request)
 
         return connection_progress
 

@@ -36,7 +36,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from agent.edge.loopback import is_plain_loopback
 from agent.files import UnusableFile, read_regular
@@ -51,6 +50,9 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 REALM = 'Bearer realm="nvidia-docker-plugin"'
 _SCHEME = "bearer "
 _MAKE_ONE = "make one with: openssl rand -hex 32"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Wrapper = Callable[[Handler], Handler]
 
 
 class TokenFileError(Exception):
@@ -195,28 +197,28 @@ def _unauthorized(text: str) -> web.Response:
     )
 
 
-def token_middleware(store: TokenStore, *, plain_loopback: bool = False) -> Middleware:
-    """An aiohttp middleware that answers 401 unless the request carries a valid token;
-    with ``plain_loopback``, plain connections to a loopback address need none."""
+def require_token(store: TokenStore, *, plain_loopback: bool = False) -> Wrapper:
+    """A wrapper of a route's handler that answers 401 unless the request carries a valid
+    token; with ``plain_loopback``, plain connections to a loopback address need none."""
     refusals = _RefusalLog()
 
-    @web.middleware
-    async def require_token(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        if plain_loopback and is_plain_loopback(request.transport):
+    def wrap(handler: Handler) -> Handler:
+        async def checked(request: web.Request) -> web.StreamResponse:
+            if plain_loopback and is_plain_loopback(request.transport):
+                return await handler(request)
+            header = request.headers.get("Authorization", "")
+            if header[: len(_SCHEME)].lower() != _SCHEME:
+                refusals.refused(request.remote, "no bearer token")
+                return _unauthorized(
+                    "this agent needs a bearer token (Authorization: Bearer <token>); "
+                    "clients: --token-file FILE or NV_TOKEN_FILE"
+                )
+            presented = header[len(_SCHEME) :].strip().encode("utf-8", "replace")
+            if not store.accepts(presented):
+                refusals.refused(request.remote, "token refused")
+                return _unauthorized("token refused: it is not one of this agent's tokens")
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        if header[: len(_SCHEME)].lower() != _SCHEME:
-            refusals.refused(request.remote, "no bearer token")
-            return _unauthorized(
-                "this agent needs a bearer token (Authorization: Bearer <token>); "
-                "clients: --token-file FILE or NV_TOKEN_FILE"
-            )
-        presented = header[len(_SCHEME) :].strip().encode("utf-8", "replace")
-        if not store.accepts(presented):
-            refusals.refused(request.remote, "token refused")
-            return _unauthorized("token refused: it is not one of this agent's tokens")
-        return await handler(request)
 
-    return require_token
+        return checked
+
+    return wrap

@@ -42,10 +42,25 @@ BUILD_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0)
 
 class RequestCounts(Collector):
     """``nvidia_docker_http_requests_total`` by route and code, counted in a dictionary by
-    the event loop's middleware (one thread: no lock) and rendered at scrape time."""
+    the event loop (one thread: no lock), keyed by the route's resource object and the
+    status number (the cheapest key to make per request), and named at scrape time."""
 
     def __init__(self) -> None:
-        self.counts: Tally[tuple[str, str]] = Tally()
+        self.by_resource: Tally[tuple[object, int]] = Tally()
+        self._templates: dict[int, str] = {}  # id(resource) -> its template, once
+
+    def count(self, resource: object, canonical: str | None, status: int) -> None:
+        self.by_resource[resource, status] += 1
+        if id(resource) not in self._templates:
+            self._templates[id(resource)] = canonical or UNMATCHED_ROUTE
+
+    @property
+    def counts(self) -> Tally[tuple[str, str]]:
+        """By (route template, code), as the metric shows them."""
+        named: Tally[tuple[str, str]] = Tally()
+        for (resource, status), count in self.by_resource.items():
+            named[self._templates[id(resource)], str(status)] += count
+        return named
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
@@ -118,9 +133,13 @@ class AgentMetrics:
     def count(self, request: web.Request, status: int) -> None:
         """Count ``request``, answered ``status``, by route template and status code (given
         to the REST API's connection guard as its ``on_answer``)."""
-        route = request.match_info.route.resource
-        template = route.canonical if route is not None else UNMATCHED_ROUTE
-        self.requests.counts[template, str(status)] += 1
+        resource = request.match_info.route.resource
+        if (resource, status) in self.requests.by_resource:  # the hot path: seen before
+            self.requests.by_resource[resource, status] += 1
+            return
+        unmatched = resource is None or resource.name == UNMATCHED_ROUTE
+        canonical = None if unmatched or resource is None else resource.canonical
+        self.requests.count(resource, canonical, status)
 
     def follow_certificate(self, source: Callable[[], float | None]) -> None:
         """Serve the TLS certificate's expiry, as ``source`` gives it at each scrape

@@ -217,9 +217,7 @@ class StatusService:
                     log.exception("A sweep listener failed")
         sample = self._sample
         if sample is None:
-            return Sweep(
-                self._node, statuses, (UNKNOWN_THROUGHPUT,) * self._count, None, taken_at
-            )
+            return Sweep(self._node, statuses, (UNKNOWN_THROUGHPUT,) * self._count, None, taken_at)
         age_s = time.monotonic() - sample.taken_at
         return Sweep(self._node, statuses, sample.throughputs, age_s, taken_at)
 

@@ -151,7 +151,7 @@ async def _serve(
     port = free_port()
     if guarded:
         guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 1024))
-        app = rest.create_app(node, status, middlewares=[guard.middleware])
+        app = rest.create_app(node, status, around=[guard.wrap])
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
         )

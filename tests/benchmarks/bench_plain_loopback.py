@@ -61,7 +61,7 @@ async def _serve(
     """The REST routes as the daemon serves them; ``event_loop_tls``: TLS by the event
     loop's own server (``loop.create_server``, aiohttp's ``TCPSite``) instead."""
     guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 1024))
-    app = rest.create_app(node, status, middlewares=[guard.middleware])
+    app = rest.create_app(node, status, around=[guard.wrap])
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
     )

@@ -15,7 +15,7 @@ from agent.config import Config, ListenAddress
 from agent.edge.access import RemoteAccess
 from agent.edge.loopback import is_loopback
 from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles, build_context
-from agent.edge.tokens import TokenFileError, TokenStore, read_tokens, token_middleware
+from agent.edge.tokens import TokenFileError, TokenStore, read_tokens, require_token
 from agent.errors import StartupError
 from tests.support.certs import Pki, make_pki
 from tests.support.services import serve_on_loopback
@@ -99,8 +99,8 @@ async def guarded(tmp_path: Path) -> AsyncIterator[tuple[int, TokenStore]]:
     async def hello(_: web.Request) -> web.Response:
         return web.Response(text="the node's secrets")
 
-    app = web.Application(middlewares=[token_middleware(store)])
-    app.router.add_get("/gpu/info", hello)
+    app = web.Application()
+    app.router.add_get("/gpu/info", require_token(store)(hello))
     async with serve_on_loopback(app) as port:
         yield port, store
 
@@ -161,8 +161,8 @@ async def test_plain_loopback_without_tls_needs_no_token(tmp_path: Path) -> None
     async def hello(_: web.Request) -> web.Response:
         return web.Response(text="the node's GPUs")
 
-    app = web.Application(middlewares=[token_middleware(TokenStore(path), plain_loopback=True)])
-    app.router.add_get("/gpu/info", hello)
+    app = web.Application()
+    app.router.add_get("/gpu/info", require_token(TokenStore(path), plain_loopback=True)(hello))
     async with serve_on_loopback(app) as port:
         assert await _get(port, {}) == (200, "the node's GPUs", None)
         assert (await _get(port, {"Authorization": "Bearer " + "w" * 24}))[0] == 200
@@ -231,7 +231,7 @@ def test_from_config_errors_are_startup_errors(pki: Pki, tmp_path: Path) -> None
     with pytest.raises(StartupError, match="key values mismatch"):
         RemoteAccess.from_config(config)
     access = RemoteAccess.from_config(_config(tmp_path))
-    assert (access.ssl_context, access.middlewares, access.reloaders()) == (None, [], [])
+    assert (access.ssl_context, access.wrappers, access.reloaders()) == (None, [], [])
     assert access.describe() == "plain HTTP"
 
 

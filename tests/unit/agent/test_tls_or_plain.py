@@ -17,7 +17,7 @@ from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSit
 from agent.edge.loopback import is_loopback
 from agent.edge.tls import ServerTls, TlsFiles
 from agent.edge.tls_or_plain import TlsOrPlainServer, bind
-from agent.edge.tokens import TokenStore, token_middleware
+from agent.edge.tokens import TokenStore, require_token
 from tests.support.certs import Pki, make_pki
 
 TOKEN = "k" * 24
@@ -212,9 +212,9 @@ async def test_plain_loopback_needs_no_token_but_tls_does(pki: Pki, tmp_path: Pa
     tls = ServerTls(TlsFiles(pki.pem("server"), pki.key("server")))
     for plain_loopback in (True, False):
         guard = ConnectionGuard("REST API", ConnectionLimits(10.0, 60.0, 64))
-        middlewares = [guard.middleware, token_middleware(store, plain_loopback=plain_loopback)]
-        app = web.Application(middlewares=middlewares)
-        app.router.add_get("/gpu/info", _info)
+        app = web.Application()
+        checked = require_token(store, plain_loopback=plain_loopback)(_info)
+        app.router.add_get("/gpu/info", guard.wrap(checked))
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         site = GuardedSite(

@@ -93,7 +93,7 @@ async def make_agent(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeAgent]:
         )  # fmt: skip
         made.append((status, service))
         guard = ConnectionGuard("REST API", ConnectionLimits(10, 60), on_answer=counters.count)
-        app = create_app(state, status, middlewares=[guard.middleware], metrics=service)
+        app = create_app(state, status, around=[guard.wrap], metrics=service)
         return Agent(await aiohttp_client(app), backend, service, counters)
 
     yield make
