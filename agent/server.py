@@ -269,7 +269,10 @@ async def _check_ready(config: Config, access: RemoteAccess, bound: list[tuple[s
     try:
         await check_plugin(config.socket_path)
         await check_rest(
-            bound[0], tls=access.ssl_context is not None, token=access.tokens is not None
+            bound[0],
+            tls=access.ssl_context is not None,
+            token=access.tokens is not None,
+            mark=access.readiness_mark,
         )
     except NotAnswering as err:
         raise StartupError(str(err)) from None

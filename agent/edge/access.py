@@ -19,9 +19,10 @@ The plugin's unix socket is not concerned (file permissions guard it).
 from __future__ import annotations
 
 import logging
+import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.config import Config
 from agent.edge.loopback import is_loopback
@@ -42,6 +43,9 @@ class RemoteAccess:
     tokens: TokenStore | None = None
     # Plain connections to a loopback address need neither (agent.edge.loopback).
     plain_loopback: bool = True
+    # Sent by the agent's own readiness check (agent.edge.readiness): its 401 is no refusal
+    # worth a log line. Random per start, and it opens nothing.
+    readiness_mark: str = field(default_factory=lambda: secrets.token_hex(16))
 
     @classmethod
     def from_config(cls, config: Config) -> RemoteAccess:
@@ -70,7 +74,11 @@ class RemoteAccess:
         """What wraps every REST route: the token check, when there are tokens."""
         if self.tokens is None:
             return []
-        return [require_token(self.tokens, plain_loopback=self.plain_loopback)]
+        return [
+            require_token(
+                self.tokens, plain_loopback=self.plain_loopback, unlogged=self.readiness_mark
+            )
+        ]
 
     def describe(self) -> str:
         """``plain HTTP`` or ``TLS (...), bearer tokens``, for the start-up log line."""

@@ -51,17 +51,27 @@ async def check_plugin(socket_path: Path, timeout_s: float = 5.0) -> None:
 
 
 async def check_rest(
-    address: tuple[str, int], *, tls: bool = False, token: bool = False, timeout_s: float = 5.0
+    address: tuple[str, int],
+    *,
+    tls: bool = False,
+    token: bool = False,
+    mark: str = "",
+    timeout_s: float = 5.0,
 ) -> None:
     """The REST API answers on ``address``. Plain HTTP: ``GET /gpu/info/json`` answers 200
     (401 when every request needs a token: the API answered, it only wants the token). Over
     TLS the agent has no client certificate of its own to show a mutual-TLS listener, so the
-    check is that the port accepts connections (the same server then speaks TLS)."""
+    check is that the port accepts connections (the same server then speaks TLS). ``mark`` goes
+in the ``X-Readiness-Check`` header, so that the token check does not log its own refusal
+of this request."""
     host, port = address
     if ipaddress.ip_address(host).is_unspecified:  # bound to every interface
         host = "::1" if ":" in host else "127.0.0.1"
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    request = f"GET /gpu/info/json HTTP/1.1\r\nHost: {shown}\r\nConnection: close\r\n\r\n"
+    request = (
+        f"GET /gpu/info/json HTTP/1.1\r\nHost: {shown}\r\nX-Readiness-Check: {mark}\r\n"
+        "Connection: close\r\n\r\n"
+    )
     try:
         async with asyncio.timeout(timeout_s):
             connection = await asyncio.open_connection(host, port)

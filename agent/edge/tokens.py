@@ -197,9 +197,16 @@ def _unauthorized(text: str) -> web.Response:
     )
 
 
-def require_token(store: TokenStore, *, plain_loopback: bool = False) -> Wrapper:
+READINESS_HEADER = "X-Readiness-Check"
+
+
+def require_token(
+    store: TokenStore, *, plain_loopback: bool = False, unlogged: str | None = None
+) -> Wrapper:
     """A wrapper of a route's handler that answers 401 unless the request carries a valid
-    token; with ``plain_loopback``, plain connections to a loopback address need none."""
+    token; with ``plain_loopback``, plain connections to a loopback address need none. A
+    refusal of a request whose ``X-Readiness-Check`` header is ``unlogged`` (the agent
+    asking itself at start) is not logged; it is refused all the same."""
     refusals = _RefusalLog()
 
     def wrap(handler: Handler) -> Handler:
@@ -208,7 +215,8 @@ def require_token(store: TokenStore, *, plain_loopback: bool = False) -> Wrapper
                 return await handler(request)
             header = request.headers.get("Authorization", "")
             if header[: len(_SCHEME)].lower() != _SCHEME:
-                refusals.refused(request.remote, "no bearer token")
+                if unlogged is None or request.headers.get(READINESS_HEADER) != unlogged:
+                    refusals.refused(request.remote, "no bearer token")
                 return _unauthorized(
                     "this agent needs a bearer token (Authorization: Bearer <token>); "
                     "clients: --token-file FILE or NV_TOKEN_FILE"

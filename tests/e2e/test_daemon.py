@@ -287,3 +287,33 @@ def test_it_tells_systemd_it_is_ready_only_once_both_servers_answer(tmp_path: Pa
         proc.communicate()
         receiver.close()
     assert proc.returncode == 0
+
+
+def test_its_own_readiness_check_is_not_logged_as_a_refused_request(tmp_path: Path) -> None:
+    """With tokens and no plain loopback, the agent's own check at start gets a 401 (it has
+    no token): that is no refusal to report. A client's request without a token still is."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t" * 32 + "\n")
+    tokens.chmod(0o600)
+    port = free_port()
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            _command(
+                "-l", f"127.0.0.1:{port}", "-s", str(tmp_path / "plugins"),
+                "-d", str(tmp_path / "volumes"), "--simulate", "h200",
+                "--token-file", str(tokens), "--no-plain-loopback",
+            ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "Ready" in log.read_text(), what="agent", timeout_s=60, proc=proc)
+        daemon = Daemon(proc, port, tmp_path / "plugins")
+        assert daemon.get("/gpu/info/json")[0] == 401  # a client without a token
+        wait_until(lambda: "Refused" in log.read_text(), what="the refusal's line")
+    finally:
+        stop_process(proc)
+    before_ready, _, after_ready = log.read_text().partition("Ready")
+    assert "Refused" not in before_ready
+    assert "Refused 1 request(s) without a valid token (last: no bearer token" in after_ready
