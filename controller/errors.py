@@ -1,21 +1,37 @@
 """The errors the controller reports to a person: one line each, saying what to do.
 
-Every message is complete on its own (which node, what failed, what to try), because the
-wrapper prints it as ``nvidia-docker | <date> <time> Error: <message>`` and exits 1, without
-a traceback unless ``NV_DEBUG`` is set. This module imports nothing, so that the wrapper's
-fast path can use it for free.
+Every message is complete on its own (which node, what failed, what to try), because both
+commands print it as one line, ``<command> | <date> <time> Error: <message>``
+(``nvidia-docker | ...`` as SPEC section 4 and nvidia-docker 1.0 have it, and
+``nvidia-docker-ctl | ...`` the same way), without a traceback unless ``NV_DEBUG`` is set.
+
+Exit codes (docs/fleet.md, "Errors and exit codes", has the table): ``nvidia-docker`` exits
+1 for every error of its own (SPEC section 4) and otherwise with docker's code (it becomes
+docker); ``nvidia-docker-ctl`` uses the ``EXIT_*`` codes below for every command. This
+module imports nothing, so that the wrapper's fast path can use it for free.
 """
 
 from __future__ import annotations
 
 import enum
 
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command failed (a node failed or refused, a problem found, bad input)
+EXIT_USAGE = 2  # the command line or an option is wrong: nothing was asked
+EXIT_NO_ANSWER = 3  # no node's agent could be reached
+EXIT_INTERNAL = 4  # a bug: NV_DEBUG=1 shows the traceback
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
 
 class ControllerError(Exception):
     """Something the user can fix; ``str(error)`` is the one line to print."""
 
 
-class EndpointError(ControllerError):
+class UsageError(ControllerError):
+    """The command line, a variable or a file named on it is wrong (ctl: exit 2)."""
+
+
+class EndpointError(UsageError):
     """``NV_HOST`` / ``DOCKER_HOST`` (or a node name) does not follow the grammar."""
 
 

@@ -8,21 +8,28 @@
 
 ``flags`` prints what the node's agent answers on ``/mesos/cli``; ``decode`` turns a ``gpus``
 attribute back into the GPU info JSON; ``exec`` fetches the flags, merges them into the
-agent's arguments (Mesos refuses a flag given twice) and executes the agent in its place.
-NODE follows the ``NV_HOST`` grammar; without it, ``NV_HOST``, else the local agent.
+agent's arguments (Mesos refuses a flag given twice) and executes the agent in its place
+(``--dry-run`` prints the command, shell-quoted, instead). NODE follows the ``NV_HOST``
+grammar; without it, ``NV_HOST``, else the local agent. TLS, tokens and SSH come from the
+edge's options (``NV_TLS_*``, ``NV_TOKEN_FILE``, ``NV_SSH_*``); errors are the edge's one
+line and exit code (``controller.ctl.main``): an agent's refusal (400 ``invalid device``)
+exits 1 with its reason, an agent that cannot be reached 3.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import click
 
-from controller.errors import ControllerError
+from controller.ctl.flags import operator_options, request_options
+from controller.errors import ControllerError, UsageError
+from controller.options import Options, setting
 from controller.transport.client import AgentClient
 from controller.transport.endpoint import LOCAL, parse_endpoint
 from mesos.agent_args import MergeError, merge_agent_args
@@ -51,16 +58,65 @@ Fetch = Callable[[str | None, str, Mapping[str, str]], AgentAnswer]
 """``fetch(node, path, params)``: GET from a node's agent; raises ``ControllerError``."""
 
 
-def fetch(node: str | None, path: str, params: Mapping[str, str]) -> AgentAnswer:
-    """GET ``path`` from ``node``'s agent (NV_HOST grammar; None: the local agent)."""
-    endpoint = LOCAL if node is None else parse_endpoint(node, source="NODE")
+@dataclass(frozen=True, slots=True)
+class FlagsRequest:
+    """What ``flags`` and ``exec`` ask the agent for."""
 
-    async def get() -> AgentAnswer:
-        async with AgentClient(endpoint, timeout_s=TIMEOUT_S) as agent:
-            body, headers = await agent.get_with_headers(path, params)
-            return AgentAnswer(body, headers.get(LEFT_OUT_HEADER))
+    fmt: str = setting(
+        "legacy",
+        "legacy: the gpus attribute and a gpus SET resource (nvidia-docker 1.0); native: "
+        "Mesos's own GPU support (gpus:N, --nvidia_gpu_devices).",
+        flags=("--format",),
+        kind="choice",
+        choices=FORMATS,
+        metavar="legacy|native",
+    )
+    dev: str | None = setting(
+        None,
+        "GPUs to offer: indices or UUID prefixes (GPU-...), space or comma separated; MIG "
+        "devices (<gpu>:<mig>, MIG-...) with --format legacy only (native offers whole GPUs, "
+        "and leaves GPUs in MIG mode out). Default: all.",
+        flags=("--dev",),
+        metavar="GPUS",
+    )
 
-    return asyncio.run(get())
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    node: str | None = setting(
+        None, "The agent to ask (NV_HOST grammar).", flags=("--node",), metavar="NODE"
+    )
+    dry_run: bool = setting(
+        False,
+        "Print the merged command, shell-quoted, instead of running it.",
+        flags=("--dry-run",),
+        kind="flag",
+    )
+
+
+def fetcher(options: Options) -> Fetch:
+    """GET from a node's agent (NV_HOST grammar; None: the local agent) with the edge's TLS,
+    token and SSH options."""
+    from controller.transport.tls import TlsOptions  # noqa: PLC0415
+
+    tls = TlsOptions.from_options(options)
+
+    def fetch(node: str | None, path: str, params: Mapping[str, str]) -> AgentAnswer:
+        endpoint = LOCAL if node is None else parse_endpoint(node, source="NODE", user=options.user)
+        ssh = None
+        if endpoint.transport == "ssh":
+            from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415
+
+            ssh = SshOptions.from_options(options, timeout_s=TIMEOUT_S, prompt=True)
+
+        async def get() -> AgentAnswer:
+            async with AgentClient(endpoint, timeout_s=TIMEOUT_S, ssh=ssh, tls=tls) as agent:
+                body, headers = await agent.get_with_headers(path, params)
+                return AgentAnswer(body, headers.get(LEFT_OUT_HEADER))
+
+        return asyncio.run(get())
+
+    return fetch
 
 
 def flags_query(fmt: str, dev: str | None) -> dict[str, str]:
@@ -71,12 +127,10 @@ def flags_query(fmt: str, dev: str | None) -> dict[str, str]:
     return query
 
 
-def fetch_flags(
-    node: str | None, fmt: str, dev: str | None, *, get: Fetch | None = None
-) -> FlagsLine:
+def fetch_flags(node: str | None, fmt: str, dev: str | None, *, get: Fetch) -> FlagsLine:
     """The node's flags line, checked as Mesos would read it, and what it leaves out;
-    raises ``ControllerError``."""
-    answer = (get or fetch)(node, "/mesos/cli", flags_query(fmt, dev))
+    raises ``ControllerError`` (``NodeError`` when the agent failed or refused)."""
+    answer = get(node, "/mesos/cli", flags_query(fmt, dev))
     line = answer.body.decode("utf-8", "replace").strip()
     try:
         flags = parse_flag_line(line)
@@ -99,30 +153,13 @@ def report_left_out(node: str | None, flags: FlagsLine) -> None:
         click.echo(f"nvidia-docker-ctl: {where}: not offered: {flags.left_out}", err=True)
 
 
-def node_from_environment(node: str | None, environ: Mapping[str, str]) -> str | None:
+def node_or_default(node: str | None, options: Options) -> str | None:
     """NODE if given, else ``NV_HOST``, else None (the local agent)."""
-    return node or environ.get("NV_HOST") or None
+    return node or (options.nv_host or "").strip() or None
 
 
 def _node_name(node: str | None) -> str:
     return node or "local node"
-
-
-_FORMAT = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="legacy",
-    show_default=True,
-    help="legacy: the gpus attribute and a gpus SET resource (nvidia-docker 1.0); "
-    "native: Mesos's own GPU support (gpus:N, --nvidia_gpu_devices).",
-)
-_DEV = click.option(
-    "--dev",
-    metavar="GPUS",
-    help="GPUs to offer: indices or UUID prefixes (GPU-...), space or comma separated. "
-    "Default: all.",
-)
 
 
 @click.group(name="mesos")
@@ -131,15 +168,15 @@ def mesos() -> None:
 
 
 @mesos.command(name="flags")
-@_FORMAT
-@_DEV
 @click.argument("node", required=False)
-def flags_command(fmt: str, dev: str | None, node: str | None) -> None:
+@request_options(FlagsRequest, "request")
+@operator_options("tls_ca", "tls_cert", "tls_key", "token_file")
+def flags_command(node: str | None, request: FlagsRequest, options: Options) -> None:
     """Print NODE's Mesos agent flags (NODE: NV_HOST grammar; default NV_HOST, else local).
 
     GPUs the line does not offer (MIG mode for --format native, ...) are named on stderr."""
-    node = node_from_environment(node, os.environ)
-    flags = _or_fail(lambda: fetch_flags(node, fmt, dev))
+    node = node_or_default(node, options)
+    flags = fetch_flags(node, request.fmt, request.dev, get=fetcher(options))
     report_left_out(node, flags)
     click.echo(flags.line)
 
@@ -156,7 +193,7 @@ def decode_command(blob: str) -> None:
     try:
         document = decode(text)
     except BlobError as error:
-        raise click.ClickException(f"not a gpus blob: {error}") from None
+        raise ControllerError(f"not a gpus blob: {error}") from None
     sys.stdout.buffer.write(document)
     sys.stdout.buffer.flush()
 
@@ -165,13 +202,12 @@ def decode_command(blob: str) -> None:
     name="exec",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@_FORMAT
-@_DEV
-@click.option("--node", metavar="NODE", help="The agent to ask (NV_HOST grammar).")
-@click.option("--dry-run", is_flag=True, help="Print the merged command instead of running it.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@request_options(FlagsRequest, "request")
+@request_options(ExecRequest, "run")
+@operator_options("tls_ca", "tls_cert", "tls_key", "token_file")
 def exec_command(
-    fmt: str, dev: str | None, node: str | None, dry_run: bool, command: tuple[str, ...]
+    command: tuple[str, ...], request: FlagsRequest, run: ExecRequest, options: Options
 ) -> None:
     """Run COMMAND (mesos-agent ARGS...) with the node's GPU flags merged into ARGS.
 
@@ -180,24 +216,19 @@ def exec_command(
     gpu/nvidia in an order every Mesos version accepts. The agent replaces this process.
     """
     program, *args = command
-    node = node_from_environment(node, os.environ)
-    flags = _or_fail(lambda: fetch_flags(node, fmt, dev))
+    node = node_or_default(run.node, options)
+    flags = fetch_flags(node, request.fmt, request.dev, get=fetcher(options))
     report_left_out(node, flags)
     try:
-        merged = merge_agent_args(args, flags.line, environ=os.environ)
+        merged = merge_agent_args(args, flags.line, environ=dict(options.mesos_environment))
     except MergeError as error:
-        raise click.ClickException(str(error)) from None
-    if dry_run:
-        click.echo(" ".join([program, *merged]))
+        raise UsageError(str(error)) from None
+    if run.dry_run:
+        click.echo(shlex.join([program, *merged]))
         return
     try:
         os.execvp(program, [program, *merged])  # noqa: S606 - exec is the point
     except OSError as error:
-        raise click.ClickException(f"cannot run {program}: {error.strerror}") from None
-
-
-def _or_fail(action: Callable[[], FlagsLine]) -> FlagsLine:
-    try:
-        return action()
-    except ControllerError as error:
-        raise click.ClickException(str(error)) from None
+        raise ControllerError(
+            f"cannot run {program}: {error.strerror}: check the command after --"
+        ) from None

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.errors import ControllerError
+from controller.errors import UsageError
 from controller.fleet.vars_dirs import VarsDirs, VarsFileError
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
-class InventoryError(ControllerError):
+class InventoryError(UsageError):
     """The inventory cannot be read; the message names the file and the line."""
 
 

@@ -6,7 +6,9 @@
   skipped; ``-`` reads standard input.
 - An inventory host becomes an endpoint from its variables (``inventory_endpoint``).
 
-Every mistake raises ``ControllerError`` with one line naming the file and line or host.
+``user`` is the SSH login of nodes that name none, ``home`` what ``~`` means in an
+inventory's paths: both the edge's (``Options``). Every mistake raises ``UsageError`` (the
+inventory's: ``InventoryError``) with one line naming the file and line or host.
 """
 
 from __future__ import annotations
@@ -16,15 +18,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from controller.errors import ControllerError, EndpointError
+from controller.env_text import expand_home
+from controller.errors import EndpointError, UsageError
 from controller.fleet.inventory import InventoryError, InventoryHost, load_inventory
 from controller.fleet.query import FleetNode
-from controller.transport.endpoint import (
-    DEFAULT_HTTP_PORT,
-    DEFAULT_SSH_PORT,
-    Endpoint,
-    default_user,
-)
+from controller.transport.endpoint import DEFAULT_HTTP_PORT, DEFAULT_SSH_PORT, Endpoint
 from controller.transport.endpoint import parse_endpoint as _parse
 from controller.transport.tls import TlsOptions
 
@@ -46,52 +44,55 @@ TLS_VARS = {
 _Bad = Callable[[str], InventoryError]
 
 
-def nodes_from_arguments(values: Iterable[str]) -> list[FleetNode]:
+def nodes_from_arguments(values: Iterable[str], user: str) -> list[FleetNode]:
     nodes = []
     for value in values:
         try:
-            nodes.append(FleetNode(value, _parse(value, source="NODE")))
+            nodes.append(FleetNode(value, _parse(value, source="NODE", user=user)))
         except EndpointError as exc:
-            raise ControllerError(f"NODE {exc}") from None
+            raise UsageError(f"NODE {exc}") from None
     return nodes
 
 
-def nodes_from_file(path: str) -> list[FleetNode]:
+def nodes_from_file(path: str, user: str) -> list[FleetNode]:
     """One node per line (``NV_HOST`` grammar); ``#`` comments; ``-`` is standard input."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ControllerError(f"nodes file {path}: cannot read it: {why}") from None
+        raise UsageError(f"nodes file {path}: cannot read it: {why}") from None
     nodes = []
     for number, line in enumerate(text.splitlines(), start=1):
         value = line.split("#", 1)[0].strip()
         if not value:
             continue
         if len(value.split()) > 1:
-            raise ControllerError(
-                f"nodes file {path}, line {number}: one node per line, got {value!r}"
-            )
+            raise UsageError(f"nodes file {path}, line {number}: one node per line, got {value!r}")
         try:
-            nodes.append(FleetNode(value, _parse(value, source=f"{path}:{number}")))
+            nodes.append(FleetNode(value, _parse(value, source=f"{path}:{number}", user=user)))
         except EndpointError as exc:
-            raise ControllerError(f"nodes file {path}, line {number}: {exc}") from None
+            raise UsageError(f"nodes file {path}, line {number}: {exc}") from None
     return nodes
 
 
-def nodes_from_inventory(path: str, limit: str | None) -> list[FleetNode]:
+def nodes_from_inventory(path: str, limit: str | None, user: str, home: str) -> list[FleetNode]:
     inventory = load_inventory(path)
     hosts = inventory.select(limit)
     if not hosts:
         what = f"--limit {limit!r} selects" if limit else "it lists"
         raise InventoryError(f"inventory {path}: {what} no hosts")
     return [
-        FleetNode(h.name, inventory_endpoint(h, path), _identity(h), inventory_tls(h, path))
+        FleetNode(
+            h.name,
+            inventory_endpoint(h, path, user),
+            _identity(h, home),
+            inventory_tls(h, path, home),
+        )
         for h in hosts
     ]
 
 
-def inventory_tls(host: InventoryHost, path: str) -> TlsOptions | None:
+def inventory_tls(host: InventoryHost, path: str, home: str) -> TlsOptions | None:
     """A host's CA, client certificate and token file (``TLS_VARS``), None when none is set."""
 
     def bad(message: str) -> InventoryError:
@@ -102,13 +103,13 @@ def inventory_tls(host: InventoryHost, path: str) -> TlsOptions | None:
         value = _text(host.vars, own, bad, "") if own in host.vars else ""
         if not value and role is not None and role in host.vars:
             value = _text(host.vars, role, bad, "")
-        values[field_name] = str(Path(value).expanduser()) if value else None
+        values[field_name] = expand_home(value, home) if value else None
     if not any(values.values()):
         return None
     return TlsOptions(**values)
 
 
-def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
+def inventory_endpoint(host: InventoryHost, path: str, user: str) -> Endpoint:
     """Where a host's agent answers, from its inventory variables.
 
     ``nvidia_docker_endpoint`` (an ``NV_HOST`` address) wins. Otherwise the address is
@@ -117,7 +118,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     node's localhost only; ``http``; or ``https``, the agent serving TLS, as it does on every
     address, and so inside an SSH tunnel too, when the role's ``nvidia_docker_agent_tls_cert``
     is set), the agent's port ``nvidia_docker_agent_listen_port``, and
-    over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them.
+    over SSH ``ansible_port`` and ``ansible_user`` as Ansible uses them (else ``user``).
     """
     variables = host.vars
 
@@ -127,7 +128,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     if ENDPOINT_VAR in variables:
         value = _text(variables, ENDPOINT_VAR, bad)
         try:
-            return _parse(value, source=f"{ENDPOINT_VAR} of {host.name}")
+            return _parse(value, source=f"{ENDPOINT_VAR} of {host.name}", user=user)
         except EndpointError as exc:
             raise bad(str(exc)) from None
     if variables.get("ansible_connection") == "local":
@@ -151,7 +152,7 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
     ssh_port = _port(variables, "ansible_port", 0, bad) or _port(
         variables, "ansible_ssh_port", DEFAULT_SSH_PORT, bad
     )
-    user = _text(variables, "ansible_user", bad, "") or _text(
+    login = _text(variables, "ansible_user", bad, "") or _text(
         variables, "ansible_ssh_user", bad, ""
     )
     return Endpoint(
@@ -159,17 +160,17 @@ def inventory_endpoint(host: InventoryHost, path: str) -> Endpoint:
         address,
         ssh_port=ssh_port,
         http_port=http_port,
-        user=user or default_user(),
+        user=login or user,
         source=path,
         tls=role_tls,
     )
 
 
-def _identity(host: InventoryHost) -> str | None:
+def _identity(host: InventoryHost, home: str) -> str | None:
     value = host.vars.get("ansible_ssh_private_key_file") or host.vars.get(
         "ansible_private_key_file"
     )
-    return str(Path(str(value)).expanduser()) if value else None
+    return expand_home(str(value), home) if value else None
 
 
 def _text(variables: Mapping[str, Any], key: str, bad: _Bad, default: str | None = None) -> str:

@@ -1,12 +1,16 @@
 """What a fleet query shows: one table across the fleet, one JSON document, JSON lines.
 
 - ``table_lines(query, results, width)``: one row per GPU (``info``, ``status``) or per node
-  (``docker-cli``); a node that failed gets one row with its reason in a few words. Fits
-  ``width`` columns (80 when not on a terminal): node and model names are cut with ``…``.
+  (``docker-cli``); a node that failed gets one row with its reason in a few words (and
+  the agent's own one-line reason when it answered an error: ``error: HTTP 409: GPU 3 is
+  unhealthy ...``). Fits ``width`` columns on a terminal (node and model names cut with
+  ``…``); ``width`` None (not a terminal) cuts nothing.
 - ``json_document(query, results)``: ``{"command", "nodes": {name: {"endpoint", <the agent's
   JSON as-is under its key>, "error", "reason", "elapsed_s"}}, "summary"}``.
 - ``json_line(result)``: the same entry for one node, with ``"node"``, on one line.
-- ``Progress``: ``status  312/1000 nodes  3 failed`` redrawn on stderr, a terminal only.
+- ``Progress``: ``status [####....] 312/1000 nodes  3 failed`` redrawn on stderr, a
+  terminal only; ``ProgressAware`` clears it before any row is written to stdout (both may
+  be the same terminal), and the next update draws it again below the rows.
 """
 
 from __future__ import annotations
@@ -99,8 +103,10 @@ DOCKER_COLUMNS = (
 
 
 def _failed(result: NodeResult) -> Span:
-    # the reason in a few words; the whole message follows the table on stderr
-    return Span((result.node.name, "-"), f"error: {result.reason}")
+    # the reason in a few words (an agent's answer: its own one line too); the whole
+    # message follows the table on stderr
+    said = f": {result.agent_message}" if result.agent_message else ""
+    return Span((result.node.name, "-"), f"error: {result.reason}{said}")
 
 
 def status_rows(result: NodeResult) -> list[Row]:
@@ -249,7 +255,7 @@ def number_ranges(numbers: Iterable[int]) -> str:
 
 
 def table_lines(
-    query: Query, results: Sequence[NodeResult], width: int, ellipsis: str = "…"
+    query: Query, results: Sequence[NodeResult], width: int | None, ellipsis: str = "…"
 ) -> list[str]:
     columns: tuple[Column, ...]
     if query.name == "health":  # the problems only, whole lines; nothing when there are none
@@ -343,7 +349,32 @@ class Progress:
         self.stream.flush()
         self._shown = True
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Erase the line (rows are about to be written); the next update draws it again."""
         if self._shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
+            self._shown = False
+            self._drawn_at = 0.0
+
+    def close(self) -> None:
+        self.clear()
+
+
+class ProgressAware:
+    """Standard output for rows while a ``Progress`` is drawn on the terminal: each write
+    first erases the progress line and is flushed at once, so that a row never lands on the
+    same line as the progress (stdout and stderr are often one terminal)."""
+
+    def __init__(self, out: TextIO, progress: Progress) -> None:
+        self.out = out
+        self.progress = progress
+
+    def write(self, text: str) -> int:
+        self.progress.clear()
+        written = self.out.write(text)
+        self.out.flush()
+        return written
+
+    def flush(self) -> None:
+        self.out.flush()

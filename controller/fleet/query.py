@@ -18,7 +18,11 @@
   ``query_fleet`` keeps them all, in order, for callers that want the list.
 - A node never raises: its ``NodeResult`` carries the answers, or ``error`` (one line, what
   failed and what to try) and ``reason`` (a few words for the table: ``connection refused``,
-  ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...).
+  ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...);
+  when the agent answered with an error, ``http_status`` and ``agent_message`` (the first
+  line of its body: ``GPU 3 is unhealthy: ...``) too: that node was reached.
+- ``tls`` and ``ssh`` are the edge's (``TlsOptions.from_options``, ``SshOptions.from_options``);
+  an inventory host's own TLS settings win over ``tls``.
 - ``on_result`` is called in the event loop as each node finishes (``--jsonl``, progress).
 """
 
@@ -34,10 +38,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from controller.errors import ControllerError, Failure, NodeError
-from controller.transport.agent_errors import node_label
+from controller.transport.agent_errors import AgentHttpError, node_label
 from controller.transport.endpoint import Endpoint
 from controller.transport.fleet_http import AgentConnection, answer_error
-from controller.transport.tls import TlsOptions
+from controller.transport.tls import NO_TLS_OPTIONS, TlsOptions
 
 if TYPE_CHECKING:
     from controller.transport.ssh_tunnel import SshOptions, SshTunnel
@@ -98,10 +102,17 @@ class NodeResult:
     error: str | None = None
     reason: str | None = None
     elapsed_s: float = 0.0
+    http_status: int | None = None  # the agent answered this error status
+    agent_message: str | None = None  # ... with this one-line reason (its body's first line)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def reached(self) -> bool:
+        """The node's agent answered: with the answers, or with an HTTP error."""
+        return self.ok or self.http_status is not None
 
 
 class _Failure(Exception):
@@ -162,16 +173,12 @@ async def ask_fleet(
     (an ordered printer holds the query back so that what waits for it stays bounded).
     """
     raise_fd_limit()
-    base_tls = TlsOptions.from_environ() if tls is None else tls
+    base_tls = NO_TLS_OPTIONS if tls is None else tls
     base_ssh: SshOptions | None = None
     if any(node.endpoint.transport == "ssh" for node in nodes):
-        from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko: SSH only)
-
-        base_ssh = replace(
-            ssh or SshOptions.from_environ(allow_password_prompt=False),
-            timeout_s=timeout_s,
-            allow_password_prompt=False,
-        )
+        if ssh is None:
+            raise ValueError("ssh:// nodes need SshOptions (SshOptions.from_options)")
+        base_ssh = replace(ssh, timeout_s=timeout_s, allow_password_prompt=False)
     todo: Iterator[tuple[int, FleetNode]] = iter(enumerate(nodes))
 
     async def worker() -> None:
@@ -213,6 +220,7 @@ async def _ask_node(
                     from controller.transport.ssh_tunnel import SshTunnel  # noqa: PLC0415
 
                     step = "the SSH login"
+                    assert ssh is not None  # ask_fleet made it for the SSH nodes
                     tunnel = SshTunnel(node.endpoint, ssh)
                     deadline.reschedule(None)  # no clock while waiting for a login slot
                     await tunnel.connect(restart_clock)
@@ -254,7 +262,13 @@ async def _ask_node(
         error = exc
         if tunnel is not None and tunnel.channel_error is not None:
             error = tunnel.channel_error  # the tunnel knows why the connection ended
-        return NodeResult(node, answers, error.reason, classify(error), time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        if isinstance(error, AgentHttpError):
+            return NodeResult(
+                node, answers, error.reason, classify(error), elapsed,
+                error.status, error.agent_message,
+            )  # fmt: skip
+        return NodeResult(node, answers, error.reason, classify(error), elapsed)
     except ControllerError as exc:  # this node's own settings (inventory TLS files) are wrong
         return NodeResult(node, answers, str(exc), Failure.ERROR.value, time.monotonic() - started)
     except OSError as exc:  # a socket error the transport did not wrap

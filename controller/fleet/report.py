@@ -12,12 +12,15 @@ it prints as soon as the node is done, and drops the answer:
   few rendered lines; the query does not start node ``i`` until node ``i - window`` is
   printed, so what waits is bounded by the window whatever the fleet's size.
 - The table's column widths are fitted to the first ``TABLE_LOOKAHEAD`` nodes (and the
-  longest node name of all), then kept: a later value that is longer is cut with ``…``
-  where its column may shrink. Up to that many nodes the table is exactly
-  ``output.table_lines``'s.
-- ``Summary`` counts nodes, answers, GPUs and failures by reason as they come; the whole
-  messages of the first ``MAX_ERROR_LINES`` failures are kept for standard error, the rest
-  counted by reason.
+  longest node name of all), then kept: on a terminal a later value that is longer is cut
+  with ``…`` where its column may shrink; without a width (not a terminal) it is kept
+  whole. Up to that many nodes the table is exactly ``output.table_lines``'s.
+- ``Summary`` counts nodes, answers, GPUs and failures by reason as they come (and how many
+  of the failed nodes' agents answered, with an error); the whole messages of the first
+  ``MAX_ERROR_LINES`` failures are kept for standard error, the rest counted by reason.
+- Output is any ``Output`` (a text stream; ``output.ProgressAware`` when a progress line
+  shares the terminal). The table's ``width`` is None when stdout is not a terminal: no
+  value is cut.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Protocol
 
 from controller.fleet.health_view import problem_lines, problems
 from controller.fleet.output import (
@@ -53,12 +56,21 @@ MAX_ERROR_LINES = 1000  # whole failure messages kept for standard error
 DEFAULT_WINDOW = 1024  # nodes that may finish ahead of the first one not yet printed
 
 
+class Output(Protocol):
+    """Where a sink writes: a text stream."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 @dataclass
 class Summary:
     """What the last lines say: nodes, answered, failed (by reason), GPUs."""
 
     nodes: int = 0
     answered: int = 0
+    refused: int = 0  # failed, though their agent answered (an HTTP error: 400, 409, 503...)
     gpus: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (node, message), the first
@@ -68,12 +80,19 @@ class Summary:
     def failed(self) -> int:
         return self.nodes - self.answered
 
+    @property
+    def reached(self) -> int:
+        """Nodes whose agent answered at all (with the answers or with an error)."""
+        return self.answered + self.refused
+
     def add(self, result: NodeResult) -> None:
         self.nodes += 1
         if result.ok:
             self.answered += 1
             self.gpus += gpu_count(result)
             return
+        if result.reached:
+            self.refused += 1
         self.reasons[result.reason or "error"] += 1
         if len(self.errors) < MAX_ERROR_LINES:
             self.errors.append((result.node.name, result.error or ""))
@@ -126,7 +145,7 @@ class OrderedWindow:
 class _Flusher:
     """Flushes ``out`` at most every ``FLUSH_INTERVAL_S`` (and at the end)."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: Output) -> None:
         self.out = out
         self._flushed_at = 0.0
 
@@ -142,7 +161,7 @@ class JsonLinesSink:
 
     ordered = False
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: Output) -> None:
         self.out = out
         self.summary = Summary()
         self._flush = _Flusher(out)
@@ -165,7 +184,7 @@ class JsonDocumentSink:
 
     ordered = True
 
-    def __init__(self, query: Query, out: TextIO) -> None:
+    def __init__(self, query: Query, out: Output) -> None:
         self.out = out
         self.summary = Summary()
         self._first = True
@@ -199,7 +218,7 @@ class ProblemSink:
 
     ordered = True
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: Output) -> None:
         self.out = out
         self.summary = Summary()
         self._flush = _Flusher(out)
@@ -234,8 +253,8 @@ class TableSink:
         self,
         query: Query,
         nodes: Sequence[FleetNode],
-        out: TextIO,
-        width: int,
+        out: Output,
+        width: int | None,
         ellipsis: str = "…",
         lookahead: int = TABLE_LOOKAHEAD,
     ) -> None:

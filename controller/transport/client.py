@@ -17,8 +17,9 @@ Public API::
   ``UnixConnector`` connects there. Everything above the connector (requests, keep-alive,
   timeouts, errors) is the same code for both.
 - TLS and tokens (``controller.transport.tls``): ``tls`` names the CA to trust, a client
-  certificate and a token file (default: ``NV_TLS_CA``, ``NV_TLS_CERT``, ``NV_TLS_KEY``,
-  ``NV_TOKEN_FILE``). A token is sent on every request, whatever the transport. A TLS failure
+  certificate and a token file (``TlsOptions.from_options``: the edge's; default none, the
+  system's CAs). ``ssh`` (``SshOptions.from_options``) is needed for ``ssh://`` nodes.
+  A token is sent on every request, whatever the transport. A TLS failure
   says which one it is (``Failure.TLS_UNTRUSTED``, ``TLS_NAME_MISMATCH``,
   ``TLS_CLIENT_CERT_REFUSED``); a 401 is ``TokenRefusedError`` (``Failure.TOKEN_REFUSED``).
 - ``get(path, params=None) -> bytes`` returns the body of a 200 answer. Every failure raises
@@ -64,7 +65,13 @@ from controller.transport.agent_errors import (
     timeout_error,
 )
 from controller.transport.endpoint import Endpoint
-from controller.transport.tls import TlsOptions, bearer_token, client_context, tls_failure
+from controller.transport.tls import (
+    NO_TLS_OPTIONS,
+    TlsOptions,
+    bearer_token,
+    client_context,
+    tls_failure,
+)
 
 if TYPE_CHECKING:
     from controller.transport.ssh_tunnel import SshOptions, SshTunnel
@@ -97,7 +104,9 @@ class AgentClient:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s or timeout_s
-        self.tls = TlsOptions.from_environ() if tls is None else tls
+        self.tls = NO_TLS_OPTIONS if tls is None else tls
+        if endpoint.transport == "ssh" and ssh is None:
+            raise ValueError(f"{endpoint.uri()}: an ssh:// node needs SshOptions (from_options)")
         self._ssh_options = ssh
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -136,10 +145,10 @@ class AgentClient:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
         connector: aiohttp.BaseConnector
         if self.endpoint.transport == "ssh":
-            from controller.transport.ssh_tunnel import SshOptions, SshTunnel  # noqa: PLC0415
+            from controller.transport.ssh_tunnel import SshTunnel  # noqa: PLC0415
 
-            options = self._ssh_options or SshOptions.from_environ()
-            self._tunnel = SshTunnel(self.endpoint, options)
+            assert self._ssh_options is not None
+            self._tunnel = SshTunnel(self.endpoint, self._ssh_options)
             try:
                 await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
             except TimeoutError:

@@ -1,6 +1,6 @@
 """Which daemon address a docker command line means, contexts included, as the docker CLI decides.
 
-``docker_address(environ, host_option, context_option)`` returns the address docker itself
+``docker_address(options, host_option, context_option)`` returns the address docker itself
 would use and where it came from, or None for the local daemon. Docker's order (the CLI's
 ``resolveContextName``):
 
@@ -13,7 +13,8 @@ would use and where it came from, or None for the local daemon. Docker's order (
 
 A context's address is ``Endpoints.docker.Host`` of its ``meta.json``, which docker keeps in
 ``$DOCKER_CONFIG/contexts/meta/<sha256 of the name>/meta.json`` (``DOCKER_CONFIG`` defaults to
-``~/.docker``). Reading the file costs no process start (``docker context inspect`` would cost
+``~/.docker``; the edge's ``Options`` carry both, ``DOCKER_HOST`` and ``DOCKER_CONTEXT``).
+Reading the file costs no process start (``docker context inspect`` would cost
 tens of milliseconds on every ``nvidia-docker run``). The context named ``default`` is
 ``DOCKER_HOST`` or the local daemon. A context that does not exist is an ``EndpointError``
 naming it, as docker refuses it too.
@@ -23,26 +24,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controller.errors import EndpointError
+
+if TYPE_CHECKING:
+    from controller.options import Options
 
 DEFAULT_CONTEXT = "default"
 
 
-def config_dir(environ: Mapping[str, str]) -> Path:
+def config_dir(options: Options) -> Path:
     """Docker's configuration directory: ``DOCKER_CONFIG``, else ``~/.docker``."""
-    configured = environ.get("DOCKER_CONFIG", "").strip()
-    if configured:
-        return Path(configured).expanduser()
-    home = environ.get("HOME")
-    return (Path(home) if home else Path.home()) / ".docker"
+    return Path(options.docker_config_dir)
 
 
-def current_context(environ: Mapping[str, str]) -> str | None:
+def current_context(options: Options) -> str | None:
     """``currentContext`` of ``config.json`` (``docker context use``), if any."""
-    path = config_dir(environ) / "config.json"
+    path = config_dir(options) / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -53,17 +53,17 @@ def current_context(environ: Mapping[str, str]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def context_host(name: str, environ: Mapping[str, str]) -> str | None:
+def context_host(name: str, options: Options) -> str | None:
     """The docker address of context ``name`` (None: the local daemon)."""
     if name == DEFAULT_CONTEXT:
-        return environ.get("DOCKER_HOST", "").strip() or None
+        return (options.docker_host or "").strip() or None
     digest = hashlib.sha256(name.encode()).hexdigest()
-    path = config_dir(environ) / "contexts" / "meta" / digest / "meta.json"
+    path = config_dir(options) / "contexts" / "meta" / digest / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EndpointError(
-            f"docker context {name!r} does not exist (in {config_dir(environ)}); "
+            f"docker context {name!r} does not exist (in {config_dir(options)}); "
             "docker context ls lists them"
         ) from None
     except (OSError, ValueError) as err:
@@ -77,21 +77,21 @@ def context_host(name: str, environ: Mapping[str, str]) -> str | None:
 
 
 def docker_address(
-    environ: Mapping[str, str],
+    options: Options,
     host_option: str | None = None,
     context_option: str | None = None,
 ) -> tuple[str, str] | None:
     """(address, source) of the daemon docker would talk to, or None for the local one."""
     if context_option:
-        host = context_host(context_option, environ)
+        host = context_host(context_option, options)
         return (host, f"docker context {context_option}") if host else None
     if host_option:
         return host_option, "-H"
-    docker_host = environ.get("DOCKER_HOST", "").strip()
+    docker_host = (options.docker_host or "").strip()
     if docker_host:
         return docker_host, "DOCKER_HOST"
-    name = environ.get("DOCKER_CONTEXT", "").strip() or current_context(environ)
+    name = (options.docker_context or "").strip() or current_context(options)
     if name:
-        host = context_host(name, environ)
+        host = context_host(name, options)
         return (host, f"docker context {name}") if host else None
     return None

@@ -1,8 +1,9 @@
 """Which node's agent to ask for GPU facts: the ``NV_HOST`` grammar, as one pure function.
 
-``parse_endpoint(value)`` turns one address into a frozen ``Endpoint``; ``resolve(environ)``
+``parse_endpoint(value)`` turns one address into a frozen ``Endpoint``; ``resolve(options)``
 applies the environment rules of ``nvidia-docker`` (docs/nvidia-docker.md, ``NV_HOST``) on
-top of it. The fleet tool and the Mesos launch helper parse node names with the same function,
+top of it, from the options the command's edge built (``controller.options``). The fleet
+tool and the Mesos launch helper parse node names with the same function,
 so a node name means the same thing everywhere.
 
 Grammar::
@@ -16,7 +17,7 @@ Grammar::
              http, https, tcp: the HTTP port is the last port given (default 3476); the
                         SSH port means nothing there and is ignored. https: the agent
                         serves TLS (its --tls-cert); the client checks its certificate
-    user     ssh only; default $USER
+    user     ssh only; default the ``user`` given (the edge's $USER)
 
 Rules on top (``resolve``): ``NV_HOST`` wins over the docker address (``--context``, ``-H``/
 ``--host`` on the command line, ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``,
@@ -46,13 +47,15 @@ port (1.0 read ``host:N:`` as an SSH port and ignored it).
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from controller.errors import EndpointError
+
+if TYPE_CHECKING:
+    from controller.options import Options
 
 Transport = Literal["local", "http", "ssh"]
 
@@ -177,17 +180,6 @@ class Endpoint:
 LOCAL = Endpoint(transport="local")
 
 
-def default_user(environ: Mapping[str, str] | None = None) -> str:
-    """``$USER``, else the name of the current uid."""
-    env = os.environ if environ is None else environ
-    user = env.get("USER") or env.get("LOGNAME")
-    if user:
-        return user
-    import pwd  # noqa: PLC0415 (rarely needed)
-
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
 def parse_endpoint(
     value: str,
     *,
@@ -199,7 +191,8 @@ def parse_endpoint(
 
     ``docker_address``: the value is docker's daemon address (``DOCKER_HOST``, ``-H``), whose
     port is docker's; the agent's HTTP port is then always 3476. ``user`` is the SSH user when
-    the value names none (default ``$USER``).
+    the value names none (``Options.user``: ``$USER``); an ``ssh://`` value without a user
+    needs it.
     """
 
     def invalid(why: str) -> EndpointError:
@@ -244,12 +237,14 @@ def parse_endpoint(
             http_port = given[-1]
     if docker_address:
         http_port = DEFAULT_HTTP_PORT
+    if transport == "ssh" and not login and user is None:
+        raise ValueError(f"parse_endpoint({value!r}): an ssh:// address needs the default user")
     return Endpoint(
         transport=transport,
         host=host or DEFAULT_HOST,
         ssh_port=ssh_port,
         http_port=http_port,
-        user=(login or user or default_user()) if transport == "ssh" else None,
+        user=(login or user) if transport == "ssh" else None,
         source=source,
         tls=scheme == "https",
         ssh_defaults=frozenset({"user", "ssh_port"} - written)
@@ -301,10 +296,11 @@ def _port(field: str, invalid: _Invalid) -> int | None:
 
 
 def resolve(
-    environ: Mapping[str, str],
+    options: Options,
     *,
     docker_host_option: str | None = None,
     docker_context_option: str | None = None,
+    docker_reads_docker_host: bool = True,
 ) -> tuple[Endpoint, str | None]:
     """The node ``nvidia-docker`` asks, from ``NV_HOST``, else the daemon docker would use.
 
@@ -312,29 +308,29 @@ def resolve(
     of ``-H``/``--host`` on docker's command line, ``docker_context_option`` that of
     ``--context``/``-c``; docker's own order then applies (``--context``, ``-H``,
     ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``:
-    ``controller.transport.docker_context``).
+    ``controller.transport.docker_context``). ``docker_reads_docker_host``: False for an
+    engine that does not take its daemon from docker's settings (Podman), which then gets no
+    warning about ``DOCKER_HOST``.
     """
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
-    nv_host = environ.get("NV_HOST", "").strip()
+    nv_host = (options.nv_host or "").strip()
     if nv_host:
-        endpoint = parse_endpoint(nv_host, source="NV_HOST", user=_user(environ))
+        endpoint = parse_endpoint(nv_host, source="NV_HOST", user=options.user)
         warning = None
-        if not endpoint.is_local and (
-            docker_address(environ, docker_host_option, docker_context_option) is None
+        if (
+            docker_reads_docker_host
+            and not endpoint.is_local
+            and docker_address(options, docker_host_option, docker_context_option) is None
         ):
             warning = (
                 "NV_HOST is set but DOCKER_HOST is not: docker will use the local daemon "
                 "while the GPUs come from " + endpoint.node + "; set DOCKER_HOST or -H too"
             )
         return endpoint, warning
-    docker = docker_address(environ, docker_host_option, docker_context_option)
+    docker = docker_address(options, docker_host_option, docker_context_option)
     if docker is not None:
         address, source = docker
-        endpoint = parse_endpoint(address, source=source, docker_address=True, user=_user(environ))
+        endpoint = parse_endpoint(address, source=source, docker_address=True, user=options.user)
         return endpoint, None
     return LOCAL, None
-
-
-def _user(environ: Mapping[str, str]) -> str:
-    return default_user(environ)

@@ -11,8 +11,9 @@ what the endpoint writes wins over the file: ``ssh://admin@gpu1:2222`` keeps adm
 ``NV_SSH_STRICT_HOST_KEY_CHECKING``'s (a config file cannot turn the check off behind the
 operator's back).
 
-The file is ``~/.ssh/config`` (``NV_SSH_CONFIG`` names another, ``none`` reads none); it is
-parsed once per process and file version. A file that cannot be read is a ``NodeError``
+The file is the one the edge's options name (``Options.ssh_config``: ``~/.ssh/config``,
+``NV_SSH_CONFIG`` another, ``none`` none); it is parsed once per process and file version.
+A file that cannot be read is an ``EndpointError``
 naming it. Jump hosts' own ``ProxyJump`` lines are not followed (write the whole chain in
 the target's ``ProxyJump``, as ``ssh -J`` does).
 """
@@ -27,11 +28,9 @@ from pathlib import Path
 
 import paramiko
 
+from controller.env_text import expand_home
 from controller.errors import EndpointError
 from controller.transport.endpoint import DEFAULT_SSH_PORT, Endpoint
-from controller.transport.endpoint import default_user as local_user
-
-DEFAULT_CONFIG = "~/.ssh/config"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +64,6 @@ class SshRoute:
         if self.proxy_command:
             via = f" via ProxyCommand {self.proxy_command!r}"
         return f"{self.target.where}{via}"
-
-
-def config_path(environ: Mapping[str, str]) -> str | None:
-    """The client configuration to read, or None (``NV_SSH_CONFIG=none``)."""
-    value = environ.get("NV_SSH_CONFIG", "").strip()
-    if value.lower() == "none":
-        return None
-    return os.path.expanduser(value or DEFAULT_CONFIG)
 
 
 def _load(path: str | None) -> paramiko.SSHConfig | None:
@@ -113,6 +104,7 @@ def _hop(
     port: int | None,
     default_user: str,
     where: str,
+    home: str,
 ) -> tuple[SshHop, Mapping[str, object]]:
     entry: Mapping[str, object] = config.lookup(alias) if config is not None else {}
     hostname = str(entry.get("hostname") or alias)
@@ -121,11 +113,8 @@ def _hop(
     if user is None:
         user = str(entry.get("user") or default_user)
     files = entry.get("identityfile") or []
-    identities = tuple(
-        os.path.expanduser(str(f))
-        for f in (files if isinstance(files, list) else [files])
-        if Path(os.path.expanduser(str(f))).is_file()
-    )
+    named = (expand_home(str(f), home) for f in (files if isinstance(files, list) else [files]))
+    identities = tuple(f for f in named if Path(f).is_file())
     return SshHop(alias, hostname, port, user, identities), entry
 
 
@@ -144,14 +133,15 @@ def _jump_spec(spec: str, where: str) -> tuple[str | None, str, int | None]:
 
 
 def resolve_route(
-    endpoint: Endpoint, config_file: str | None, default_user: str | None = None
+    endpoint: Endpoint, config_file: str | None, default_user: str, home: str
 ) -> SshRoute:
     """The route to an ``ssh://`` endpoint under ``config_file`` (see the module docstring);
-    ``default_user``: the user of jump hosts the file gives none (default ``$USER``)."""
+    ``default_user``: the user of jump hosts the file gives none (the edge's ``$USER``);
+    ``home``: what ``~`` means in the file's paths."""
     config = _load(config_file)
     where = f"SSH config {config_file}, Host {endpoint.host}"
     # a jump host's user is its own (the file's, else this machine's), never the target's
-    fallback = default_user or local_user()
+    fallback = default_user
     target, entry = _hop(
         config,
         endpoint.host,
@@ -159,18 +149,21 @@ def resolve_route(
         port=None if "ssh_port" in endpoint.ssh_defaults else endpoint.ssh_port,
         default_user=endpoint.user or fallback,
         where=where,
+        home=home,
     )
     jumps: list[SshHop] = []
     jump_text = str(entry.get("proxyjump") or "").strip()
     if jump_text and jump_text.lower() != "none":
         for spec in jump_text.split(","):
             user, host, port = _jump_spec(spec, where)
-            hop, _ = _hop(config, host, user=user, port=port, default_user=fallback, where=where)
+            hop, _ = _hop(
+                config, host, user=user, port=port, default_user=fallback, where=where, home=home
+            )
             jumps.append(hop)
     proxy = str(entry.get("proxycommand") or "").strip()
     proxy_command = proxy if proxy and proxy.lower() != "none" and not jumps else None
     known = tuple(
-        os.path.expanduser(p) for p in str(entry.get("userknownhostsfile") or "").split() if p
+        expand_home(p, home) for p in str(entry.get("userknownhostsfile") or "").split() if p
     )
     return SshRoute(
         target,

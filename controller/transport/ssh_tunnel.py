@@ -16,10 +16,15 @@ At scale (a fleet query over thousands of nodes):
   paramiko keeps its one thread per SSH connection (its transport); nothing is started per
   channel.
 - Logins are bounded: at most ``SshOptions.max_handshakes`` (``NV_SSH_MAX_HANDSHAKES``,
-  default 32) are in progress at once in a process, so a query of 4,096 nodes in parallel
-  does not start 4,096 key exchanges on two cores (or beyond a jump host's ``MaxStartups``).
+  default 32, through the edge's ``Options``) are in progress at once in a process, so a
+  query of 4,096 nodes in parallel does not start 4,096 key exchanges on two cores (or
+  beyond a jump host's ``MaxStartups``).
 - Blocking paramiko calls (connect, log in, open a channel, close) run in a dedicated thread
   pool, so that a fleet query does not starve the event loop's default executor.
+
+What to trust and how to log in come from the edge's options (``SshOptions.from_options``:
+the ``NV_SSH_*`` variables there); this module reads no environment and configures no
+logging (the edges silence paramiko's warnings unless ``NV_DEBUG``: ``controller.logs``).
 
 Where the node is: ``~/.ssh/config`` is honoured (``controller.transport.ssh_config``:
 ``Host`` aliases, ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``,
@@ -49,7 +54,6 @@ import base64
 import concurrent.futures
 import contextlib
 import hashlib
-import logging
 import os
 import shutil
 import socket
@@ -57,30 +61,26 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import paramiko
 
 from controller.errors import EndpointError, Failure, NodeError
-from controller.transport.endpoint import Endpoint, default_user
-from controller.transport.ssh_config import SshHop, SshRoute, config_path, resolve_route
+from controller.transport.endpoint import Endpoint
+from controller.transport.ssh_config import SshHop, SshRoute, resolve_route
 
-DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
+if TYPE_CHECKING:
+    from controller.options import Options
+
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_HANDSHAKES = 32
-_FALSE = frozenset({"no", "false", "0", "off"})
 _READS_PER_WAKEUP = 16  # channel reads per readiness callback, so one node cannot hog the loop
 _RECV_BYTES = 65536
 _WINDOW_RETRY_S = 0.005  # the channel's send window is full: try again this much later
 _SOCKET_NAME = "agent.sock"
-
-# paramiko logs channel failures as warnings; our errors say it in one line instead
-if not os.environ.get("NV_DEBUG"):
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    logging.getLogger("paramiko").propagate = False
 
 _T = TypeVar("_T")
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -117,38 +117,38 @@ def _handshake_slot(limit: int) -> asyncio.Semaphore:
 
 @dataclass(frozen=True, slots=True)
 class SshOptions:
-    """How to log in and what to trust; ``from_environ`` reads the ``NV_SSH_*`` variables."""
+    """How to log in and what to trust (``from_options``: the edge's ``NV_SSH_*``).
 
+    Paths are as the edge expanded them (``~`` is its ``HOME``); ``user`` is the login of
+    hops that name none, ``home`` what ``~`` means in ``~/.ssh/config``.
+    """
+
+    user: str
+    home: str
     strict_host_key_checking: bool = True
-    known_hosts: tuple[str, ...] = DEFAULT_KNOWN_HOSTS
+    known_hosts: tuple[str, ...] = ()
     identity_files: tuple[str, ...] = ()
-    allow_password_prompt: bool = True
+    allow_password_prompt: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
     config_file: str | None = None  # ~/.ssh/config, resolved; None: read none
     max_handshakes: int = DEFAULT_MAX_HANDSHAKES
-    environ: Mapping[str, str] = field(default_factory=lambda: os.environ, compare=False)
 
     @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str] | None = None, *, allow_password_prompt: bool = True
+    def from_options(
+        cls, options: Options, *, timeout_s: float = DEFAULT_TIMEOUT_S, prompt: bool = False
     ) -> SshOptions:
-        env = os.environ if environ is None else environ
-        strict = env.get("NV_SSH_STRICT_HOST_KEY_CHECKING", "yes").strip().lower() not in _FALSE
-        known = tuple(p for p in env.get("NV_SSH_KNOWN_HOSTS", "").split(":") if p)
-        identities = tuple(p for p in env.get("NV_SSH_IDENTITY", "").split(":") if p)
-        handshakes = env.get("NV_SSH_MAX_HANDSHAKES", "").strip()
-        if handshakes and not (handshakes.isdigit() and int(handshakes) > 0):
-            raise EndpointError(
-                f"NV_SSH_MAX_HANDSHAKES={handshakes!r}: give a positive number of logins"
-            )
+        """The SSH part of the edge's options; ``prompt``: a password may be asked for (only
+        when the edge found a terminal on standard input, never in a fleet query)."""
         return cls(
-            strict_host_key_checking=strict,
-            known_hosts=known or DEFAULT_KNOWN_HOSTS,
-            identity_files=identities,
-            allow_password_prompt=allow_password_prompt,
-            config_file=config_path(env),
-            max_handshakes=int(handshakes) if handshakes else DEFAULT_MAX_HANDSHAKES,
-            environ=env,
+            user=options.user,
+            home=options.home,
+            strict_host_key_checking=options.ssh_strict_host_key_checking,
+            known_hosts=options.ssh_known_hosts,
+            identity_files=options.ssh_identity,
+            allow_password_prompt=prompt and options.password_prompt,
+            timeout_s=timeout_s,
+            config_file=options.ssh_config,
+            max_handshakes=options.ssh_max_handshakes,
         )
 
 
@@ -252,11 +252,11 @@ _JUMPS = _JumpHosts()
 class SshTunnel:
     """One logged-in SSH connection to ``endpoint`` (transport ``ssh``)."""
 
-    def __init__(self, endpoint: Endpoint, options: SshOptions | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, options: SshOptions) -> None:
         if endpoint.transport != "ssh":
             raise ValueError(f"not an ssh endpoint: {endpoint.uri()}")
         self.endpoint = endpoint
-        self.options = options or SshOptions.from_environ()
+        self.options = options
         self.route: SshRoute | None = None
         self.channel_error: NodeError | None = None  # why the last channel could not open
         self._client: paramiko.SSHClient | None = None
@@ -334,7 +334,10 @@ class SshTunnel:
             if self.route is None:
                 try:
                     self.route = resolve_route(
-                        self.endpoint, self.options.config_file, default_user(self.options.environ)
+                        self.endpoint,
+                        self.options.config_file,
+                        self.options.user,
+                        self.options.home,
                     )
                 except EndpointError as exc:
                     raise self._error(str(exc)) from None
@@ -346,7 +349,7 @@ class SshTunnel:
         client = paramiko.SSHClient()
         if self.options.strict_host_key_checking:
             for path in (*self.options.known_hosts, *route.known_hosts):
-                full = Path(os.path.expanduser(path))
+                full = Path(path)
                 if full.is_file():
                     try:
                         client.load_system_host_keys(str(full))
@@ -367,7 +370,8 @@ class SshTunnel:
                     raise self._error(
                         f"ProxyCommand {route.proxy_command!r} failed: {exc}"
                     ) from exc
-            return self._login(route, route.target, sock, prompt=self.options.allow_password_prompt)
+            prompt = self.options.allow_password_prompt
+            return self._login(route, route.target, sock, prompt=prompt)
         key = (*(h.where for h in route.jumps), *self.options.known_hosts)
         try:
             jump = _JUMPS.acquire(key, lambda: self._login_jumps(route))
@@ -465,7 +469,7 @@ class SshTunnel:
         self, client: paramiko.SSHClient, hop: SshHop, sock: Any, *, password: str | None
     ) -> None:
         opts = self.options
-        keys = [os.path.expanduser(p) for p in opts.identity_files]
+        keys = list(opts.identity_files)
         missing = [k for k in keys if not os.path.isfile(k)]
         if missing:
             raise self._error(f"SSH identity file {missing[0]} (NV_SSH_IDENTITY) does not exist")

@@ -1,9 +1,10 @@
 """The client's side of the agent's TLS and tokens: what to trust, what to show, what it means.
 
 - ``TlsOptions``: the CA to trust (default: the system's store), a client certificate and key
-  (mutual TLS), a token file. The wrapper and the Mesos helper read ``NV_TLS_CA``,
-  ``NV_TLS_CERT``, ``NV_TLS_KEY`` and ``NV_TOKEN_FILE`` (``from_environ``); ``nvidia-docker-ctl``
-  has ``--ca``, ``--cert``, ``--key``, ``--token-file`` and per-host inventory variables.
+  (mutual TLS), a token file: ``from_options`` takes them from the edge's options
+  (``NV_TLS_CA``, ``NV_TLS_CERT``, ``NV_TLS_KEY``, ``NV_TOKEN_FILE``; ``nvidia-docker-ctl``'s
+  ``--ca``, ``--cert``, ``--key``, ``--token-file`` win), and an inventory may set them per
+  host. A file that cannot be used is a ``TlsFileError`` (a usage error: ctl exits 2).
 - ``client_context(options)``: one ``SSLContext`` per distinct (CA, certificate, key), shared
   by every node that uses them (a fleet of ten thousand HTTPS nodes makes one).
 - ``bearer_token(options)``: the token to send (the first of the file; the agent accepts any
@@ -18,13 +19,20 @@ This module knows nothing of aiohttp (``controller.transport.client`` unwraps it
 from __future__ import annotations
 
 import functools
-import os
 import ssl
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from controller.errors import ControllerError, Failure
+from controller.errors import Failure, UsageError
+
+if TYPE_CHECKING:
+    from controller.options import Options
+
+
+class TlsFileError(UsageError):
+    """A CA, certificate, key or token file that cannot be used; the message names it."""
+
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, _EMAIL_MISMATCH, _IP_ADDRESS_MISMATCH
 _NAME_MISMATCH_CODES = frozenset({62, 63, 64})
@@ -56,14 +64,9 @@ class TlsOptions:
     token_file: str | None = None  # bearer token, first line that is not a comment
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> TlsOptions:
-        env = os.environ if environ is None else environ
-        return cls(
-            ca=env.get("NV_TLS_CA") or None,
-            cert=env.get("NV_TLS_CERT") or None,
-            key=env.get("NV_TLS_KEY") or None,
-            token_file=env.get("NV_TOKEN_FILE") or None,
-        )
+    def from_options(cls, options: Options) -> TlsOptions:
+        """The TLS part of the edge's options."""
+        return cls(options.tls_ca, options.tls_cert, options.tls_key, options.token_file)
 
     def over(self, base: TlsOptions) -> TlsOptions:
         """These options, with what they leave unset taken from ``base``."""
@@ -80,21 +83,21 @@ NO_TLS_OPTIONS = TlsOptions()
 
 def client_context(options: TlsOptions) -> ssl.SSLContext:
     """The context for ``options`` (made once per CA, certificate and key); raises
-    ``ControllerError`` when a file cannot be used."""
+    ``TlsFileError`` when a file cannot be used."""
     return _context(options.ca, options.cert, options.key)
 
 
 @functools.lru_cache(maxsize=64)
 def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
     if key is not None and cert is None:
-        raise ControllerError("a client key (--key, NV_TLS_KEY) needs its certificate too")
+        raise TlsFileError("a client key (--key, NV_TLS_KEY) needs its certificate too")
     for path, what in ((ca, "CA file (--ca, NV_TLS_CA)"), (cert, "client certificate")):
         if path is not None and not Path(path).is_file():
-            raise ControllerError(f"TLS {what} {path} does not exist")
+            raise TlsFileError(f"TLS {what} {path} does not exist")
     try:
         context = ssl.create_default_context(cafile=ca)
     except (ssl.SSLError, OSError) as err:
-        raise ControllerError(
+        raise TlsFileError(
             f"TLS CA file {ca} (--ca, NV_TLS_CA) cannot be used: {_reason(err)}: give the PEM "
             "certificate of the CA that signed the agents' certificates"
         ) from None
@@ -102,7 +105,7 @@ def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContex
         try:
             context.load_cert_chain(cert, key)
         except (ssl.SSLError, OSError) as err:
-            raise ControllerError(
+            raise TlsFileError(
                 f"TLS client certificate {cert} / key {key or cert} (--cert/--key, "
                 f"NV_TLS_CERT/NV_TLS_KEY) cannot be used: {_reason(err)}"
             ) from None
@@ -110,7 +113,7 @@ def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContex
 
 
 def bearer_token(options: TlsOptions) -> str | None:
-    """The token to send, or None; raises ``ControllerError`` for a file without one."""
+    """The token to send, or None; raises ``TlsFileError`` for a file without one."""
     if options.token_file is None:
         return None
     return _read_token(options.token_file)
@@ -122,18 +125,18 @@ def _read_token(path: str) -> str:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise ControllerError(
+        raise TlsFileError(
             f"token file {path} (--token-file, NV_TOKEN_FILE): cannot read it: {why}"
         ) from None
     for line in text.splitlines():
         token = line.strip()
         if token and not token.startswith("#"):
             if any(ch.isspace() for ch in token) or not token.isascii():
-                raise ControllerError(
+                raise TlsFileError(
                     f"token file {path}: a token is one word of printable ASCII characters"
                 )
             return token
-    raise ControllerError(f"token file {path} (--token-file, NV_TOKEN_FILE) holds no token")
+    raise TlsFileError(f"token file {path} (--token-file, NV_TOKEN_FILE) holds no token")
 
 
 def _reason(err: BaseException) -> str:

@@ -1,16 +1,17 @@
 """``nvidia-docker``: docker, with GPUs for the containers of images that ask for them.
 
-Usage: ``nvidia-docker [docker arguments]`` (docs/nvidia-docker.md).
-
-- ``NV_DOCKER``: the docker command, split on white space (default ``docker``);
-- ``NV_GPU``: GPUs by index or UUID prefix, commas or spaces (default all);
-- ``NV_HOST`` / ``-H`` / ``DOCKER_HOST``: the node whose agent gives the GPU facts;
-- ``NV_DEBUG``: tracebacks on errors.
+Usage: ``nvidia-docker [docker arguments]`` (docs/nvidia-docker.md). This module is the
+wrapper's edge: the only one of the wrapper that reads the environment. Its settings are
+``controller.options``' declarations (``NV_GPU``, ``NV_HOST``, ``NV_CDI``, TLS, SSH, ...),
+built into one ``Options`` for ``run``/``create``; the pass-through path reads only
+``NV_DOCKER`` and ``NV_DEBUG``, with the same parsers (``controller.env_text``).
 
 Only ``run`` and ``create`` (also ``container run|create``) change: the GPU arguments go right
 after the command word, then docker replaces this process (``execvp``: same pid, so signals
 and the exit code are docker's). Everything else is handed to docker untouched; ``version``
-first prints ``NVIDIA Docker: <version>`` and a blank line.
+first prints ``NVIDIA Docker: <version>`` and a blank line; ``--help`` (and ``help``, or no
+argument) first prints what the wrapper adds and its variables, then docker's help. Errors
+are one line, ``nvidia-docker | <date> <time> Error: <message>``, exit code 1.
 
 Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``version`` through
 this wrapper many times per task. That path imports only this module, ``docker_args`` and
@@ -41,8 +42,17 @@ def _log(level: str, message: str) -> None:
 
 
 def docker_command(environ: Mapping[str, str]) -> list[str]:
-    """``NV_DOCKER`` split on white space, or ``docker``."""
-    return environ.get("NV_DOCKER", "").split() or ["docker"]
+    """``NV_DOCKER`` split on white space, or ``docker`` (``Options.docker``'s parser)."""
+    from controller.env_text import DOCKER_VAR, words  # noqa: PLC0415 (import-free)
+
+    return list(words(environ.get(DOCKER_VAR, ""))) or ["docker"]
+
+
+def debug_enabled(environ: Mapping[str, str]) -> bool:
+    """``NV_DEBUG`` as ``Options.debug`` reads it."""
+    from controller.env_text import DEBUG_VAR, switch  # noqa: PLC0415 (import-free)
+
+    return switch(environ.get(DEBUG_VAR, ""))
 
 
 def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
@@ -50,18 +60,34 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
     docker = docker_command(environ)
     command = docker_args.scan(args)
     if command.wants_gpus_check:
-        from controller.wrapper.gpu_args import gpu_arguments  # noqa: PLC0415 (slow path only)
+        from controller.logs import configure  # noqa: PLC0415 (slow path only)
+        from controller.options import Options  # noqa: PLC0415
+        from controller.wrapper.gpu_args import gpu_arguments  # noqa: PLC0415
 
-        extra, warnings = gpu_arguments(command, docker, environ)
+        options = Options.build(environ, password_prompt=_terminal(sys.stdin), command="wrapper")
+        configure(PROG, options.debug)
+        extra, warnings = gpu_arguments(command, options)
         for warning in warnings:
             _log("Warning", warning)
-        return [*docker, *command.with_inserted(extra)]
+        return [*options.docker, *command.with_inserted(extra)]
     if command.command == "version" and command.command_index == command.global_end:
         from agent import __version__  # noqa: PLC0415
 
         sys.stdout.write(f"NVIDIA Docker: {__version__}\n\n")
         sys.stdout.flush()
+    elif command.wants_docker_help:
+        from controller.wrapper.help import wrapper_help  # noqa: PLC0415 (help only)
+
+        sys.stdout.write(wrapper_help())
+        sys.stdout.flush()
     return [*docker, *args]
+
+
+def _terminal(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
 
 
 def exec_docker(argv: Sequence[str]) -> None:
@@ -80,11 +106,11 @@ def exec_docker(argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``nvidia-docker``; returns only on error (exit code 1)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    environ = os.environ
+    environ = os.environ  # the edge: nothing below reads the environment
     try:
         exec_docker(plan(args, environ))
     except ControllerError as err:
-        if environ.get("NV_DEBUG"):
+        if debug_enabled(environ):
             import traceback  # noqa: PLC0415
 
             traceback.print_exc()
@@ -93,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:  # a bug or an unforeseen failure: still one line
-        if environ.get("NV_DEBUG"):
+        if debug_enabled(environ):
             raise
         _log("Error", f"{type(err).__name__}: {err} (set NV_DEBUG=1 for the traceback)")
         return 1

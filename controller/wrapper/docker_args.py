@@ -67,6 +67,7 @@ class DockerCommand:
         "docker_context",
         "docker_host",
         "global_end",
+        "global_help",
         "help",
         "image",
         "image_index",
@@ -83,7 +84,8 @@ class DockerCommand:
         self.docker_host: str | None = None  # last -H/--host value
         self.docker_context: str | None = None  # last -c/--context value
         self.options: dict[str, str] = {}  # run/create long options with a value (last wins)
-        self.help = False  # --help among the options
+        self.help = False  # --help among the run/create options
+        self.global_help = False  # -h/--help among the global options
 
     @property
     def global_args(self) -> list[str]:
@@ -94,6 +96,13 @@ class DockerCommand:
     def wants_gpus_check(self) -> bool:
         """run/create with an image: the image's labels decide."""
         return self.command in GPU_COMMANDS and self.image is not None and not self.help
+
+    @property
+    def wants_docker_help(self) -> bool:
+        """docker's own help: ``--help``/``-h`` with no command, ``help`` alone, or nothing."""
+        if self.command is None:
+            return self.global_help or not self.args
+        return self.command == "help" and self.command_index == len(self.args) - 1
 
     def with_inserted(self, extra: list[str]) -> list[str]:
         """The arguments with ``extra`` right after the command word."""
@@ -172,7 +181,7 @@ def scan(args: list[str]) -> DockerCommand:
     """Read ``args`` (without the program name); see the module docstring."""
     found = DockerCommand(args)
     global_options: dict[str, str] = {}
-    at, _ = _skip_options(
+    at, found.global_help = _skip_options(
         args, 0, GLOBAL_BOOL_LONG, GLOBAL_BOOL_SHORT, _SHORT_ALIASES, global_options
     )
     found.global_end = at

@@ -10,9 +10,9 @@ Asked once per ``run``/``create`` of an image that wants GPUs, never for anythin
    may be off).
 
 Podman's ``info`` would tell too, but costs 200-700 ms against 30-100 ms for ``version``.
-``NV_CDI`` overrides the question: ``yes`` (CDI without asking), ``no`` (the volume form
-without asking), ``auto`` or unset (ask). Any failure to ask means "no": the volume form
-works with every engine.
+``NV_CDI`` (``Options.cdi``, checked at the edge) overrides the question: ``yes`` (CDI
+without asking), ``no`` (the volume form without asking), ``auto`` or unset (ask). Any
+failure to ask means "no": the volume form works with every engine.
 """
 
 from __future__ import annotations
@@ -20,16 +20,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.errors import ControllerError
 from controller.wrapper.docker_args import DockerCommand
 
 DOCKER_CDI_MAJOR = 25  # Docker Engine 25.0 added CDI (opt-in; on by default from 28.2)
 PODMAN_CDI_MAJOR = 4
 PROBE_TIMEOUT_S = 10.0
-CHOICES = {"yes": True, "1": True, "true": True, "no": False, "0": False, "false": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +96,16 @@ def _since(started: float) -> float:
     return time.perf_counter() - started
 
 
-def engine_cdi(
-    docker: Sequence[str], command: DockerCommand, environ: Mapping[str, str]
-) -> EngineCdi:
-    """``NV_CDI`` when set to yes/no, else the engine's answer; a bad ``NV_CDI`` is an error."""
-    choice = environ.get("NV_CDI", "").strip().lower()
-    if choice in ("", "auto"):
+def engine_cdi(docker: Sequence[str], command: DockerCommand, choice: str) -> EngineCdi:
+    """``NV_CDI`` (``yes``, ``no``, ``auto``: ``Options.cdi``) when not auto, else the
+    engine's answer."""
+    if choice == "auto":
         return ask_engine(docker, command)
-    if choice not in CHOICES:
-        raise ControllerError(
-            f"NV_CDI={environ['NV_CDI']!r} is not yes, no or auto: set it to one of those, "
-            "or unset it to ask the engine"
-        )
-    return EngineCdi(f"NV_CDI={choice}", CHOICES[choice], "set by NV_CDI")
+    return EngineCdi(f"NV_CDI={choice}", choice == "yes", "set by NV_CDI")
+
+
+def is_podman(docker: Sequence[str]) -> bool:
+    """The docker command is Podman's (``podman``, ``sudo podman``, ``/usr/bin/podman``):
+    it takes its engine from its own settings (``CONTAINER_HOST``, connections), never
+    from ``DOCKER_HOST``."""
+    return any(word.rsplit("/", 1)[-1] in ("podman", "podman-remote") for word in docker)

@@ -1,19 +1,21 @@
 """The GPU arguments of one ``docker run|create``: image labels, node facts, CUDA check.
 
-``gpu_arguments(command, docker, environ)`` is the slow half of ``nvidia-docker`` (the
-wrapper imports it only for run/create):
+``gpu_arguments(command, options)`` is the slow half of ``nvidia-docker`` (the wrapper
+imports it only for run/create; ``options`` are the ones its edge built: ``NV_GPU``,
+``NV_HOST``, ``NV_CDI``, TLS and SSH settings, ...):
 
-1. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
-   output goes to stderr so that stdout stays the container's);
-2. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
-3. the node (``controller.transport.endpoint.resolve``: ``NV_HOST``, else the daemon of
+1. the node (``controller.transport.endpoint.resolve``: ``NV_HOST``, else the daemon of
    ``--context``, ``-H``, ``DOCKER_HOST``, ``DOCKER_CONTEXT`` or ``docker context use``, in
-   docker's order): remote nodes answer
-   ``GET /gpu/info/json`` and
+   docker's order), first: a bad ``NV_HOST`` is said before docker is asked anything;
+2. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
+   output goes to stderr so that stdout stays the container's);
+3. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
+4. the node's facts: remote nodes answer ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
    it answers, else NVML directly (``agent.gpu``), and adds ``--volume-driver=nvidia-docker``
-   only when ``docker volume inspect`` does not find the driver volume;
-4. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
+   only when ``docker volume inspect`` does not find the driver volume; a GPU the agent
+   refuses is said with the agent's own reason (``GPU 0 is not in MIG mode``);
+5. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
 
 When the engine reads CDI (``engine_cdi``: Podman, Docker 25+ with CDI on; asked only here,
 after the label says GPUs are wanted), the GPU arguments are the CDI form instead:
@@ -30,13 +32,19 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controller.errors import DockerError, GpuError, NodeError
+from controller.options import Options
 from controller.transport.endpoint import Endpoint, resolve
+from controller.transport.tls import TlsOptions
 from controller.wrapper.docker_args import DockerCommand
-from controller.wrapper.engine_cdi import engine_cdi
+from controller.wrapper.engine_cdi import engine_cdi, is_podman
+
+if TYPE_CHECKING:
+    from controller.transport.ssh_tunnel import SshOptions
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
 CUDA_LABEL = "com.nvidia.cuda.version"
@@ -53,11 +61,6 @@ class GpuFacts:
     docker_args: tuple[str, ...]  # ("--volume-driver=...", "--volume=...", "--device=...")
     cdi: bool = False  # docker_args are the CDI form ("--device=nvidia.com/gpu=...")
     warnings: tuple[str, ...] = ()
-
-
-def gpu_request(environ: Mapping[str, str]) -> str:
-    """``NV_GPU`` as the agent's ``dev`` parameter: indices or UUID prefixes, space separated."""
-    return " ".join(environ.get("NV_GPU", "").replace(",", " ").split())
 
 
 def parse_version(text: str, what: str) -> tuple[int, ...]:
@@ -162,6 +165,14 @@ def drop_volume_driver_when_present(
 # --- node facts -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How to talk to the node's agent: the edge's TLS and SSH settings."""
+
+    tls: TlsOptions
+    ssh: SshOptions | None = None  # for ssh:// nodes
+
+
 async def _facts_from_agent(
     endpoint: Endpoint,
     volumes: str,
@@ -170,11 +181,15 @@ async def _facts_from_agent(
     *,
     probe: bool,
     cdi: bool = False,
+    reach: Reach | None = None,
 ) -> GpuFacts:
     from controller.transport.client import AgentClient, AgentHttpError  # noqa: PLC0415
 
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
-    async with AgentClient(endpoint, connect_timeout_s=connect_s) as agent:
+    how = reach or Reach(TlsOptions())
+    async with AgentClient(
+        endpoint, connect_timeout_s=connect_s, ssh=how.ssh, tls=how.tls
+    ) as agent:
         info = await agent.get_json("/gpu/info/json")
         try:
             cuda = str(info["Version"]["CUDA"])
@@ -207,7 +222,7 @@ async def _facts_from_agent(
         except AgentHttpError as err:
             if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
                 raise _refused(
-                    err.invalid_parameter, err.invalid_value, count, agent.node
+                    err.invalid_parameter, err.invalid_value, count, agent.node, err.agent_message
                 ) from None
             if err.status == 409:  # the GPU exists but is unhealthy: the agent says why
                 raise GpuError(
@@ -224,32 +239,31 @@ _NO_CDI = (
 )
 
 
-def _refused(parameter: str, entry: str, count: int, node: str) -> GpuError:
+_HINT = (
+    "use indices or UUID prefixes starting GPU-, as nvidia-smi -L lists them, or for MIG "
+    "devices <gpu>:<mig> or UUID prefixes starting MIG-"
+)
+
+
+def _refused(parameter: str, entry: str, count: int, node: str, said: str = "") -> GpuError:
     """The agent (or the local NVML path) refused one entry of ``dev`` or ``vol``: say where
-    that entry came from (NV_GPU, or the image's label) and what the node offers."""
+    that entry came from (NV_GPU, or the image's label), what the node offers, and the
+    agent's own reason when it gave more than "invalid device" (``said``: its one line,
+    ``invalid device: 0:1 (GPU 0 is not in MIG mode)``)."""
     if parameter == "vol":
         return GpuError(
             f"the image's label {VOLUMES_LABEL} names an unknown volume: {entry} ({node} "
             "offers nvidia_driver; fix the label, or ask the image's maintainer)"
         )
     have = f"GPUs 0 to {count - 1}" if count else "no GPUs"
-    return GpuError(
-        f"NV_GPU names an unknown GPU: {entry} ({node} has {have}; use indices or UUID "
-        "prefixes starting GPU-, as nvidia-smi -L lists them, or for MIG devices <gpu>:<mig> "
-        "or UUID prefixes starting MIG-)"
-    )
-
-
-def _quiet_agent_logs() -> None:
-    """The agent's NVML warnings (a value this driver lacks) are the daemon's business: the
-    wrapper's stderr carries its own one-line errors only, unless NV_DEBUG is set."""
-    import logging  # noqa: PLC0415 (NVML path only)
-    import os  # noqa: PLC0415
-
-    if not os.environ.get("NV_DEBUG"):
-        quiet = logging.getLogger("agent")
-        quiet.addHandler(logging.NullHandler())
-        quiet.propagate = False
+    reason = said.partition(": ")[2].removeprefix(entry).strip().removeprefix("(")
+    reason = reason.removesuffix(")").strip()
+    if reason:
+        return GpuError(
+            f"NV_GPU names a GPU that {node} cannot give: {entry} ({reason}; it has {have}; "
+            f"{_HINT})"
+        )
+    return GpuError(f"NV_GPU names an unknown GPU: {entry} ({node} has {have}; {_HINT})")
 
 
 def _facts_from_nvml(
@@ -260,7 +274,6 @@ def _facts_from_nvml(
     from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
     from agent.node.selection import InvalidParameter, select_targets, select_volumes  # noqa: PLC0415
 
-    _quiet_agent_logs()
     try:
         from agent.gpu.nvml_backend import NvmlBackend  # noqa: PLC0415
 
@@ -268,9 +281,11 @@ def _facts_from_nvml(
         # reading L2 and shared memory sizes would start a CUDA child process per run.
         backend = NvmlBackend.start(cuda=lambda _bus_ids: None)
     except GpuBackendError as err:
+        found = str(err).split("): ", 1)[0] + (")" if "): " in str(err) else "")
         raise GpuError(
-            f"no GPU facts: the local agent does not answer on localhost:3476 and NVML "
-            f"cannot be used ({err}); start nvidia-docker-plugin, or set NV_HOST"
+            f"no GPU facts: no agent answers on localhost:3476 and NVML cannot be used here "
+            f"({found}): start the agent on this node (nvidia-docker-plugin), or name a GPU "
+            "node's agent in NV_HOST (e.g. NV_HOST=ssh://user@gpu-node:)"
         ) from None
     try:
         info = backend.node_info()
@@ -282,7 +297,7 @@ def _facts_from_nvml(
         chosen = select_targets(info.devices, devices)
         specs = select_volumes(volumes)
     except InvalidParameter as err:
-        raise _refused(err.parameter, err.entry, len(info.devices), "this node") from None
+        raise _refused(err.parameter, err.entry, len(info.devices), "this node", str(err)) from None
     if cdi:  # the spec the agent left in place names the same devices (docs/cdi.md)
         args = tuple(cdi_cli(chosen).text().split())
         return GpuFacts(cuda_version=info.cuda_version, docker_args=args, cdi=True)
@@ -291,16 +306,21 @@ def _facts_from_nvml(
 
 
 async def _node_facts(
-    endpoint: Endpoint, volumes: str, devices: str, cuda_needed: str | None, cdi: bool = False
+    endpoint: Endpoint,
+    volumes: str,
+    devices: str,
+    cuda_needed: str | None,
+    cdi: bool = False,
+    reach: Reach | None = None,
 ) -> GpuFacts:
     if not endpoint.is_local:
         return await _facts_from_agent(
-            endpoint, volumes, devices, cuda_needed, probe=False, cdi=cdi
+            endpoint, volumes, devices, cuda_needed, probe=False, cdi=cdi, reach=reach
         )
     local_agent = Endpoint(transport="http", host="localhost", source="local agent")
     try:
         return await _facts_from_agent(
-            local_agent, volumes, devices, cuda_needed, probe=True, cdi=cdi
+            local_agent, volumes, devices, cuda_needed, probe=True, cdi=cdi, reach=reach
         )
     except NodeError as err:
         from controller.transport.client import AgentHttpError  # noqa: PLC0415
@@ -313,29 +333,45 @@ async def _node_facts(
 # --- the whole step -------------------------------------------------------------------------
 
 
-def gpu_arguments(
-    command: DockerCommand, docker: Sequence[str], environ: Mapping[str, str]
-) -> tuple[list[str], list[str]]:
+def reach(endpoint: Endpoint, options: Options) -> Reach:
+    """The edge's TLS settings, and its SSH settings for an ``ssh://`` node (a password may
+    be asked for when standard input is a terminal)."""
+    tls = TlsOptions.from_options(options)
+    if endpoint.transport != "ssh":
+        return Reach(tls)
+    from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
+
+    return Reach(tls, SshOptions.from_options(options, prompt=True))
+
+
+def gpu_arguments(command: DockerCommand, options: Options) -> tuple[list[str], list[str]]:
     """The arguments to insert after ``run``/``create`` (empty: run unchanged), and warnings."""
+    docker = options.docker
+    endpoint, warning = resolve(
+        options,
+        docker_host_option=command.docker_host,
+        docker_context_option=command.docker_context,
+        docker_reads_docker_host=not is_podman(docker),
+    )
     labels = image_labels(docker, command)
     if labels is None or VOLUMES_LABEL not in labels:
         return [], []
     wanted_volumes = " ".join(labels[VOLUMES_LABEL].split())
     cuda_needed = labels.get(CUDA_LABEL) or None
-    endpoint, warning = resolve(
-        environ,
-        docker_host_option=command.docker_host,
-        docker_context_option=command.docker_context,
-    )
-    engine = engine_cdi(docker, command, environ)
-    if environ.get("NV_DEBUG"):
+    engine = engine_cdi(docker, command, options.cdi)
+    if options.debug:
         sys.stderr.write(
             f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
             f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms)\n"
         )
     facts = asyncio.run(
         _node_facts(
-            endpoint, wanted_volumes, gpu_request(environ), cuda_needed, cdi=engine.reads_cdi
+            endpoint,
+            wanted_volumes,
+            options.gpus,
+            cuda_needed,
+            cdi=engine.reads_cdi,
+            reach=reach(endpoint, options),
         )
     )
     warnings = [*([warning] if warning else []), *facts.warnings]

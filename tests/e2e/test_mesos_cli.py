@@ -24,6 +24,7 @@ import pytest
 from mesos.blob import decode
 from tests.support.services import free_port, listens_on, stop_process, wait_until
 from tests.support.sshd import SshServer
+from tests.unit.controller.ctl_lines import error_of
 from tests.unit.mesos import mesos_rules
 
 pytestmark = pytest.mark.e2e
@@ -274,10 +275,31 @@ def test_exec_legacy_keeps_the_old_line_and_the_operators_flags(
 def test_exec_refuses_the_legacy_line_with_the_gpu_isolator(agent: Agent, fake_agent: Path) -> None:
     isolation = "--isolation=cgroups/devices,filesystem/linux,gpu/nvidia"
     result = ctl("exec", "--node", agent.url, "--", str(fake_agent), isolation)
-    assert result.returncode == 1
+    assert result.returncode == 2  # the operator's command line cannot be merged: usage
     assert result.stdout == b""  # the agent never ran
-    assert result.stderr.count(b"\n") == 1
-    assert b"use the native format" in result.stderr
+    assert "use the native format" in error_of(result.stderr.decode())
+
+
+def test_exec_dry_run_pasted_into_a_shell_runs_the_same_command(
+    agent: Agent, fake_agent: Path
+) -> None:
+    """The line used to be printed unquoted: a shell split --attributes=rack:r7;gpus:... at
+    the ;. Pasted into sh now, it runs the very argv exec would have run."""
+    args = [str(fake_agent), "--master=zk://zk1:2181/mesos", "--attributes=rack:r7"]
+    dry = ctl("exec", "--format", "native", "--dry-run", "--node", agent.url, "--", *args)
+    assert dry.returncode == 0, dry.stderr.decode()
+    line = dry.stdout.decode()
+    assert "'--attributes=rack:r7;gpus:" in line
+    pasted = subprocess.run(
+        ["sh", "-c", line],
+        check=False,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert pasted.returncode == 0, pasted.stderr.decode()
+    ran = ctl("exec", "--format", "native", "--node", agent.url, "--", *args)
+    assert json.loads(pasted.stdout)["argv"] == json.loads(ran.stdout)["argv"]
 
 
 def test_ctl_flags_through_ssh_to_the_nodes_localhost(

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from controller.errors import NodeError
+from controller.options import Options
 from controller.transport.client import AgentClient
 from controller.transport.endpoint import Endpoint, parse_endpoint
 from controller.transport.ssh_tunnel import SshOptions
@@ -49,6 +50,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def ssh_options() -> SshOptions:
+    """What the commands' edge takes from this (monkeypatched) environment."""
+    return SshOptions.from_options(Options.build(os.environ))
+
+
 def endpoint(server: SshServer, http_port: int, ssh_port: int | None = None) -> Endpoint:
     port = ssh_port or server.port
     return parse_endpoint(f"ssh://{server.user}@{server.host}:{port}:{http_port}")
@@ -63,7 +69,7 @@ async def test_key_file_and_known_hosts(
 ) -> None:
     sshd_server.client_home(home)
     before = accepted_logins(sshd_server)
-    async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
         answers = await asyncio.gather(*(agent.get_json("/gpu/info/json") for _ in range(40)))
     assert answers == [INFO] * 40
     # forty requests, one SSH login
@@ -75,7 +81,7 @@ async def test_many_nodes_concurrently(sshd_server: SshServer, agent_port: int, 
     sshd_server.client_home(home)
 
     async def ask() -> object:
-        async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+        async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
             return await agent.get_json("/gpu/info/json")
 
     assert await asyncio.gather(*(ask() for _ in range(12))) == [INFO] * 12
@@ -106,7 +112,7 @@ async def test_ssh_agent_login(
         check=True,
         capture_output=True,
     )
-    async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
         assert await agent.get_json("/gpu/info/json") == INFO
 
 
@@ -115,7 +121,7 @@ async def test_identity_file_from_environment(
 ) -> None:
     sshd_server.client_home(home, with_key=False)
     monkeypatch.setenv("NV_SSH_IDENTITY", str(sshd_server.user_key))
-    async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
         assert await agent.get_json("/gpu/info/json") == INFO
 
 
@@ -132,7 +138,7 @@ async def test_unknown_host_key_is_refused_with_its_fingerprint(
     )
     fingerprint = listing.stdout.split()[1]
     with pytest.raises(NodeError) as info:
-        async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+        async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
             await agent.get("/gpu/info/json")
     message = str(info.value)
     assert f"unknown SSH host key ssh-ed25519 {fingerprint}" in message
@@ -145,7 +151,7 @@ async def test_opt_out_of_host_key_checking(
 ) -> None:
     sshd_server.client_home(home, knows_host=False)
     monkeypatch.setenv("NV_SSH_STRICT_HOST_KEY_CHECKING", "no")
-    async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
         assert await agent.get_json("/gpu/info/json") == INFO
     assert not (home / ".ssh" / "known_hosts").exists()  # nothing written
 
@@ -165,7 +171,7 @@ async def test_changed_host_key_is_refused(
     known = home / ".ssh" / "known_hosts"
     known.write_text(f"[{sshd_server.host}]:{sshd_server.port} {key_type} {key}\n")
     with pytest.raises(NodeError, match="has CHANGED") as info:
-        async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+        async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
             await agent.get("/gpu/info/json")
     assert "ssh-keygen -R" in str(info.value)
 
@@ -181,7 +187,7 @@ async def test_system_known_hosts_file(
     system = tmp_path / "ssh_known_hosts"
     system.write_text(sshd_server.known_hosts_line())
     monkeypatch.setenv("NV_SSH_KNOWN_HOSTS", f"{home}/.ssh/known_hosts:{system}")
-    async with AgentClient(endpoint(sshd_server, agent_port)) as agent:
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
         assert await agent.get_json("/gpu/info/json") == INFO
 
 
@@ -189,7 +195,7 @@ async def test_agent_not_listening_on_the_node(sshd_server: SshServer, home: Pat
     sshd_server.client_home(home)
     port = free_port()
     with pytest.raises(NodeError) as info:
-        async with AgentClient(endpoint(sshd_server, port)) as agent:
+        async with AgentClient(endpoint(sshd_server, port), ssh=ssh_options()) as agent:
             await agent.get("/gpu/info/json")
     assert f"the agent does not answer on localhost:{port} of the node" in str(info.value)
 
@@ -198,14 +204,17 @@ async def test_ssh_refused(sshd_server: SshServer, home: Path) -> None:
     sshd_server.client_home(home)
     port = free_port()
     with pytest.raises(NodeError) as info:
-        async with AgentClient(endpoint(sshd_server, 3476, ssh_port=port)) as agent:
+        async with AgentClient(
+            endpoint(sshd_server, 3476, ssh_port=port), ssh=ssh_options()
+        ) as agent:
             await agent.get("/gpu/info/json")
     assert f"SSH connection to 127.0.0.1:{port} refused: is sshd running" in str(info.value)
 
 
 async def test_no_key_and_no_terminal(sshd_server: SshServer, home: Path) -> None:
     sshd_server.client_home(home, with_key=False)
-    options = SshOptions.from_environ(allow_password_prompt=True)  # stdin is not a terminal
+    # a password may be asked for, but stdin is not a terminal
+    options = SshOptions.from_options(Options.build(os.environ, password_prompt=True), prompt=True)
     with pytest.raises(NodeError) as info:
         async with AgentClient(endpoint(sshd_server, 3476), ssh=options) as agent:
             await agent.get("/gpu/info/json")

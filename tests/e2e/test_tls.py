@@ -33,6 +33,7 @@ import pytest
 
 from tests.support.certs import Pki, fingerprint, make_pki, reissue_server
 from tests.support.services import free_port, stop_process, wait_until
+from tests.unit.controller.ctl_lines import error_of
 
 pytestmark = pytest.mark.e2e
 
@@ -369,9 +370,8 @@ async def test_ctl_options_that_cannot_be_used_stop_before_any_node(
     code, out, err = await ctl("status", agent.url, "--ca", str(tmp_path / "missing.pem"))
     assert code == 2
     assert out == ""
-    assert err.strip() == (
-        f"nvidia-docker-ctl: error: TLS CA file (--ca, NV_TLS_CA) {tmp_path / 'missing.pem'} "
-        "does not exist"
+    assert error_of(err) == (
+        f"TLS CA file (--ca, NV_TLS_CA) {tmp_path / 'missing.pem'} does not exist"
     )
 
 

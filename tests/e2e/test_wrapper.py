@@ -268,8 +268,13 @@ def test_local_node_without_agent_or_nvml(
     result = nvidia_docker(docker_engine, tmp_path, "run", "--rm", images["gpu"], "true")
     assert result.code == 1
     message = result.error_line()
-    assert message.startswith("no GPU facts: the local agent does not answer on localhost:3476")
-    assert "start nvidia-docker-plugin, or set NV_HOST" in message
+    assert message.startswith("no GPU facts: no agent answers on localhost:3476")
+    # what a wrapper user can do; not the daemon's own --simulate FILE
+    assert message.endswith(
+        "start the agent on this node (nvidia-docker-plugin), or name a GPU node's agent in "
+        "NV_HOST (e.g. NV_HOST=ssh://user@gpu-node:)"
+    )
+    assert "--simulate" not in message
     assert containers(docker_engine) == before
 
 

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ControllerError
+from controller.options import Options
 from controller.transport.tls import TlsOptions, bearer_token, client_context
 from tests.support.certs import make_pki
 
 
 def test_environment_and_per_node_settings() -> None:
     env = {"NV_TLS_CA": "/ca.pem", "NV_TLS_CERT": "/c.pem", "NV_TOKEN_FILE": "/t", "NV_TLS_KEY": ""}
-    base = TlsOptions.from_environ(env)
+    base = TlsOptions.from_options(Options.build(env))
     assert base == TlsOptions(ca="/ca.pem", cert="/c.pem", key=None, token_file="/t")
     node = TlsOptions(ca="/node-ca.pem")
     assert node.over(base) == TlsOptions("/node-ca.pem", "/c.pem", None, "/t")

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.errors import EndpointError
+from controller.options import Options
 from controller.transport.endpoint import LOCAL, Endpoint, parse_endpoint, resolve
+
+
+def parse(value: str, *, user: str = "alice", **how: Any) -> Endpoint:
+    """``parse_endpoint`` with the edge's default SSH user (``Options.user``)."""
+    return parse_endpoint(value, user=user, **how)
+
+
+def env(values: dict[str, str]) -> Options:
+    """The options an edge would build from this environment (a HOME with no docker config)."""
+    return Options.build({"HOME": "/nonexistent", **values})
 
 
 def http(host: str, port: int = 3476, source: str = "argument") -> Endpoint:
@@ -52,7 +65,7 @@ def ssh(host: str, user: str, ssh_port: int = 22, http_port: int = 3476) -> Endp
 )
 def test_grammar(value: str, expected: Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USER", "alice")
-    got = parse_endpoint(value)
+    got = parse(value)
     assert (got.transport, got.host, got.http_port, got.user) == (
         expected.transport,
         expected.host,
@@ -89,7 +102,7 @@ def test_grammar(value: str, expected: Endpoint, monkeypatch: pytest.MonkeyPatch
 )
 def test_invalid_values_say_what_to_do(value: str, why: str) -> None:
     with pytest.raises(EndpointError) as info:
-        parse_endpoint(value, source="NV_HOST")
+        parse(value, source="NV_HOST")
     message = str(info.value)
     assert message.startswith(f"invalid remote host URI {value!r} (NV_HOST): ")
     assert why in message
@@ -106,53 +119,53 @@ def test_invalid_values_say_what_to_do(value: str, why: str) -> None:
     ],
 )
 def test_https_is_http_with_tls(value: str, port: int, uri: str) -> None:
-    got = parse_endpoint(value)
+    got = parse(value)
     assert (got.transport, got.tls, got.http_port) == ("http", True, port)
     assert got.agent_url == uri
     assert got.uri() == uri
-    assert parse_endpoint(got.uri()) == got
+    assert parse(got.uri()) == got
     assert "route      HTTPS to " + uri in got.describe()
-    assert parse_endpoint(value.lower().replace("https", "http")).tls is False
+    assert parse(value.lower().replace("https", "http")).tls is False
 
 
 def test_ssh_defaults_name_what_was_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """What ~/.ssh/config may fill in: the user and the SSH port, when not written."""
     monkeypatch.setenv("USER", "alice")
-    assert parse_endpoint("ssh://gpu1").ssh_defaults == {"user", "ssh_port"}
-    assert parse_endpoint("ssh://bob@gpu1").ssh_defaults == {"ssh_port"}
-    assert parse_endpoint("ssh://gpu1:2222:80").ssh_defaults == {"user"}
-    assert parse_endpoint("ssh://bob@gpu1::80").ssh_defaults == {"ssh_port"}
-    assert parse_endpoint("gpu1:").ssh_defaults == frozenset()
+    assert parse("ssh://gpu1").ssh_defaults == {"user", "ssh_port"}
+    assert parse("ssh://bob@gpu1").ssh_defaults == {"ssh_port"}
+    assert parse("ssh://gpu1:2222:80").ssh_defaults == {"user"}
+    assert parse("ssh://bob@gpu1::80").ssh_defaults == {"ssh_port"}
+    assert parse("gpu1:").ssh_defaults == frozenset()
 
 
 def test_docker_address_always_uses_the_agent_port() -> None:
     # DOCKER_HOST's port is docker's, not the agent's
-    got = parse_endpoint("tcp://10.0.0.1:2375", docker_address=True)
+    got = parse("tcp://10.0.0.1:2375", docker_address=True)
     assert (got.transport, got.host, got.http_port) == ("http", "10.0.0.1", 3476)
-    got = parse_endpoint("ssh://root@10.0.0.1:2222", docker_address=True)
+    got = parse("ssh://root@10.0.0.1:2222", docker_address=True)
     assert (got.transport, got.ssh_port, got.http_port, got.user) == ("ssh", 2222, 3476, "root")
 
 
 def test_uri_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USER", "alice")
     for value in ("ssh://bob@[fd00::5]:2222:80", "http://10.0.0.1:9", "10.0.0.1:", "ssh://n:"):
-        once = parse_endpoint(value)
-        assert parse_endpoint(once.uri()) == once
+        once = parse(value)
+        assert parse(once.uri()) == once
 
 
 def test_endpoint_is_a_frozen_value() -> None:
-    endpoint = parse_endpoint("10.0.0.1:")
+    endpoint = parse("10.0.0.1:")
     with pytest.raises(AttributeError):
         endpoint.host = "other"  # type: ignore[misc]
-    assert endpoint == parse_endpoint("10.0.0.1")
-    assert hash(endpoint) == hash(parse_endpoint("10.0.0.1"))
+    assert endpoint == parse("10.0.0.1")
+    assert hash(endpoint) == hash(parse("10.0.0.1"))
 
 
 def test_urls_and_names() -> None:
-    remote = parse_endpoint("http://[fd00::5]:9000")
+    remote = parse("http://[fd00::5]:9000")
     assert remote.agent_url == "http://[fd00::5]:9000"
     assert remote.node == "[fd00::5]:9000"
-    tunnel = parse_endpoint("ssh://admin@node2:2222:80")
+    tunnel = parse("ssh://admin@node2:2222:80")
     assert tunnel.agent_url == "http://localhost:80"  # as the node itself sees it
     assert tunnel.node == "admin@node2:2222"
     assert "SSH to node2:2222 as admin, then http://localhost:80 on that node" in (
@@ -166,13 +179,13 @@ def test_urls_and_names() -> None:
 
 
 def test_neither_set_means_local() -> None:
-    assert resolve({}) == (LOCAL, None)
-    assert resolve({"NV_HOST": "", "DOCKER_HOST": ""}) == (LOCAL, None)
+    assert resolve(env({})) == (LOCAL, None)
+    assert resolve(env({"NV_HOST": "", "DOCKER_HOST": ""})) == (LOCAL, None)
 
 
 def test_nv_host_wins_over_docker_host() -> None:
-    env = {"USER": "alice", "DOCKER_HOST": "10.0.0.1:", "NV_HOST": "ssh://user@10.0.0.1:22:80"}
-    endpoint, warning = resolve(env)
+    values = {"USER": "alice", "DOCKER_HOST": "10.0.0.1:", "NV_HOST": "ssh://user@10.0.0.1:22:80"}
+    endpoint, warning = resolve(env(values))
     assert (endpoint.transport, endpoint.user, endpoint.ssh_port, endpoint.http_port) == (
         "ssh",
         "user",
@@ -184,20 +197,20 @@ def test_nv_host_wins_over_docker_host() -> None:
 
 
 def test_docker_host_alone_goes_to_port_3476() -> None:
-    endpoint, warning = resolve({"DOCKER_HOST": "tcp://10.0.0.1:2375"})
+    endpoint, warning = resolve(env({"DOCKER_HOST": "tcp://10.0.0.1:2375"}))
     assert endpoint == http("10.0.0.1", 3476, source="DOCKER_HOST")
     assert warning is None
     # docs/nvidia-docker.md's example: DOCKER_HOST='10.0.0.1:' nvidia-docker run cuda
-    assert resolve({"DOCKER_HOST": "10.0.0.1:"})[0].agent_url == "http://10.0.0.1:3476"
+    assert resolve(env({"DOCKER_HOST": "10.0.0.1:"}))[0].agent_url == "http://10.0.0.1:3476"
 
 
 def test_docker_host_unix_socket_is_local() -> None:
-    endpoint, _ = resolve({"DOCKER_HOST": "unix:///var/run/docker.sock"})
+    endpoint, _ = resolve(env({"DOCKER_HOST": "unix:///var/run/docker.sock"}))
     assert endpoint.is_local
 
 
 def test_nv_host_without_docker_host_warns() -> None:
-    endpoint, warning = resolve({"USER": "u", "NV_HOST": "ssh://10.0.0.1:"})
+    endpoint, warning = resolve(env({"USER": "u", "NV_HOST": "ssh://10.0.0.1:"}))
     assert endpoint.transport == "ssh"
     assert warning is not None
     assert "NV_HOST is set but DOCKER_HOST is not" in warning
@@ -206,23 +219,33 @@ def test_nv_host_without_docker_host_warns() -> None:
 def test_docker_host_option_counts_as_docker_address() -> None:
     # docs/nvidia-docker.md's example: NV_HOST='ssh://10.0.0.1:' nvidia-docker -H 10.0.0.1: run cuda
     endpoint, warning = resolve(
-        {"USER": "u", "NV_HOST": "ssh://10.0.0.1:"}, docker_host_option="10.0.0.1:"
+        env({"USER": "u", "NV_HOST": "ssh://10.0.0.1:"}), docker_host_option="10.0.0.1:"
     )
     assert (endpoint.transport, endpoint.ssh_port, warning) == ("ssh", 22, None)
     # -H without NV_HOST selects the node like DOCKER_HOST, and wins over it (as in docker)
-    endpoint, _ = resolve({"DOCKER_HOST": "10.9.9.9:"}, docker_host_option="tcp://10.0.0.2:2375")
+    endpoint, _ = resolve(
+        env({"DOCKER_HOST": "10.9.9.9:"}), docker_host_option="tcp://10.0.0.2:2375"
+    )
     assert (endpoint.host, endpoint.http_port, endpoint.source) == ("10.0.0.2", 3476, "-H")
-    endpoint, _ = resolve({}, docker_host_option="unix:///run/docker.sock")
+    endpoint, _ = resolve(env({}), docker_host_option="unix:///run/docker.sock")
     assert endpoint.is_local
 
 
 def test_bad_docker_host_names_its_source() -> None:
     with pytest.raises(EndpointError, match=r"\(DOCKER_HOST\)"):
-        resolve({"DOCKER_HOST": "fd://"})
+        resolve(env({"DOCKER_HOST": "fd://"}))
 
 
-def test_default_user_is_user_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    endpoint, _ = resolve({"NV_HOST": "ssh://n:", "USER": "carol", "DOCKER_HOST": "n:"})
+def test_default_user_is_user_variable() -> None:
+    endpoint, _ = resolve(env({"NV_HOST": "ssh://n:", "USER": "carol", "DOCKER_HOST": "n:"}))
     assert endpoint.user == "carol"
-    endpoint, _ = resolve({"NV_HOST": "ssh://n:", "DOCKER_HOST": "n:"})
+    endpoint, _ = resolve(env({"NV_HOST": "ssh://n:", "DOCKER_HOST": "n:"}))
     assert endpoint.user  # falls back to the name of the current uid
+
+
+def test_an_engine_that_ignores_docker_host_gets_no_warning() -> None:
+    """Podman takes its engine from its own settings: no warning about DOCKER_HOST."""
+    options = env({"USER": "u", "NV_HOST": "http://10.0.0.1:3476"})
+    assert resolve(options)[1] is not None
+    endpoint, warning = resolve(options, docker_reads_docker_host=False)
+    assert (endpoint.host, warning) == ("10.0.0.1", None)

@@ -9,6 +9,7 @@ import pytest
 
 from controller.ctl.main import main
 from tests.support.cli import cli_runner
+from tests.unit.controller.ctl_lines import WARNING_LINE, error_of
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -28,7 +29,10 @@ def test_environment_ssh_with_warning() -> None:
     code, out, err = run(env={"NV_HOST": "ssh://admin@10.0.0.1:22:80"})
     assert code == 0
     assert "route      SSH to 10.0.0.1:22 as admin, then http://localhost:80 on that node" in out
-    assert "Warning: NV_HOST is set but DOCKER_HOST is not" in err
+    (warning,) = err.splitlines()
+    match = WARNING_LINE.match(warning)
+    assert match
+    assert match.group(1).startswith("NV_HOST is set but DOCKER_HOST is not")
 
 
 def test_docker_host_port_is_not_the_agents() -> None:
@@ -57,12 +61,11 @@ def test_given_value_round_trips(value: str) -> None:
     assert again["uri"] == uri
 
 
-def test_invalid_value_is_one_line() -> None:
+def test_invalid_value_is_a_usage_error_in_one_line() -> None:
     code, out, err = run("ftp://x")
-    assert code == 1
+    assert code == 2
     assert out == ""
-    assert err.startswith("Error: invalid remote host URI 'ftp://x': unknown scheme ftp://")
-    assert err.count("\n") == 1
+    assert error_of(err).startswith("invalid remote host URI 'ftp://x': unknown scheme ftp://")
 
 
 def test_ssh_route_follows_the_ssh_config(tmp_path: Path) -> None:

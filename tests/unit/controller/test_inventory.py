@@ -12,7 +12,19 @@ import pytest
 from controller.errors import ControllerError
 from controller.fleet.inventory import InventoryError, expand_range, load_inventory
 from controller.fleet.nodes import nodes_from_file, nodes_from_inventory
+from controller.fleet.query import FleetNode
 from tests.support.prerequisites import require_command
+
+USER, HOME = "alice", "/home/alice"  # the edge's $USER and $HOME
+
+
+def inventory_nodes(path: str, limit: str | None) -> list[FleetNode]:
+    return nodes_from_inventory(path, limit, USER, HOME)
+
+
+def file_nodes(path: str) -> list[FleetNode]:
+    return nodes_from_file(path, USER)
+
 
 INI = """\
 # fleet of rack 7
@@ -180,7 +192,7 @@ def test_vault_files_are_skipped_and_inline_vault_is_one_line(tmp_path: Path) ->
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text("$ANSIBLE_VAULT;1.1;AES256\n6162636465660a\n")
     path = write(tmp_path, "hosts", "[gpu]\nnode1 nvidia_docker_transport=http\n")
-    (node,) = nodes_from_inventory(str(path), None)
+    (node,) = inventory_nodes(str(path), None)
     assert node.endpoint.uri() == "http://node1:3476"
     (tmp_path / "group_vars" / "all.yml").write_text(
         "secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n"
@@ -199,7 +211,7 @@ def test_tls_variables_of_a_host(tmp_path: Path) -> None:
         "nvidia_docker_agent_token_file=/pki/tokens\n"
         "c nvidia_docker_transport=http\n"
     )
-    nodes = {n.name: n for n in nodes_from_inventory(str(write(tmp_path, "hosts", text)), None)}
+    nodes = {n.name: n for n in inventory_nodes(str(write(tmp_path, "hosts", text)), None)}
     assert nodes["a"].endpoint.uri() == "https://a:3476"
     assert nodes["a"].tls is not None
     assert nodes["a"].tls.ca == "/pki/ca.pem"
@@ -210,7 +222,7 @@ def test_tls_variables_of_a_host(tmp_path: Path) -> None:
 
 
 def test_ini_endpoints(tmp_path: Path) -> None:
-    nodes = {n.name: n for n in nodes_from_inventory(str(write(tmp_path, "hosts", INI)), None)}
+    nodes = {n.name: n for n in inventory_nodes(str(write(tmp_path, "hosts", INI)), None)}
     # gpu's vars win over those of its parent group cluster
     assert nodes["node01"].endpoint.uri() == "ssh://ops@node01:22:3477"
     # the host's own user wins over its groups'; host:port is the SSH port
@@ -221,19 +233,19 @@ def test_ini_endpoints(tmp_path: Path) -> None:
 
 def test_yaml_endpoints_and_limit(tmp_path: Path) -> None:
     path = str(write(tmp_path, "hosts.yaml", YAML))
-    nodes = nodes_from_inventory(path, "gpu:!h200")
+    nodes = inventory_nodes(path, "gpu:!h200")
     assert [n.name for n in nodes] == ["node2", "node3", "node9"]
     assert nodes[2].endpoint.uri() == "ssh://ops@10.0.0.9:2222:3476"
-    assert [n.name for n in nodes_from_inventory(path, "node[12]")] == ["node1", "node2"]
+    assert [n.name for n in inventory_nodes(path, "node[12]")] == ["node1", "node2"]
     with pytest.raises(InventoryError, match="--limit 'gpu:&other' selects no hosts"):
-        nodes_from_inventory(path, "gpu:&other")  # no host is in both
-    assert [n.name for n in nodes_from_inventory(path, "other,head")] == ["head", "x"]
+        inventory_nodes(path, "gpu:&other")  # no host is in both
+    assert [n.name for n in inventory_nodes(path, "other,head")] == ["head", "x"]
 
 
 def test_limit_names_an_unknown_group(tmp_path: Path) -> None:
     path = str(write(tmp_path, "hosts.yml", YAML))
     with pytest.raises(InventoryError, match=r"--limit 'gpus': no such group or host.*gpu"):
-        nodes_from_inventory(path, "gpus")
+        inventory_nodes(path, "gpus")
 
 
 def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
@@ -245,16 +257,16 @@ def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
     with pytest.raises(
         InventoryError, match=r"host b: nvidia_docker_transport must be ssh, http or https"
     ):
-        nodes_from_inventory(str(path), None)
-    assert nodes_from_inventory(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"
+        inventory_nodes(str(path), None)
+    assert inventory_nodes(str(path), "a")[0].endpoint.uri() == "ssh://root@10.0.0.1:2200:80"
     path.write_text("c nvidia_docker_agent_listen_port=99999\n")
     with pytest.raises(
         InventoryError, match=r"host c: nvidia_docker_agent_listen_port must be a port"
     ):
-        nodes_from_inventory(str(path), None)
+        inventory_nodes(str(path), None)
     path.write_text("d ansible_host='{{ inventory_hostname }}.mgmt'\n")
     with pytest.raises(InventoryError, match=r"host d: ansible_host is a Jinja2 template"):
-        nodes_from_inventory(str(path), None)
+        inventory_nodes(str(path), None)
 
 
 @pytest.mark.parametrize(
@@ -305,14 +317,14 @@ def test_ranges() -> None:
 
 def test_nodes_file(tmp_path: Path) -> None:
     path = write(tmp_path, "nodes", "# rack 7\nnode1:\n\n  ssh://admin@node2:  # spare\n")
-    nodes = nodes_from_file(str(path))
+    nodes = file_nodes(str(path))
     assert [(n.name, n.endpoint.uri()) for n in nodes] == [
         ("node1:", "http://node1:3476"),
         ("ssh://admin@node2:", "ssh://admin@node2:22:3476"),
     ]
     path.write_text("node1:\nftp://node3\n")
     with pytest.raises(ControllerError, match=r"nodes file .*nodes, line 2: invalid remote host"):
-        nodes_from_file(str(path))
+        file_nodes(str(path))
     path.write_text("node1: node2:\n")
     with pytest.raises(ControllerError, match=r"line 1: one node per line"):
-        nodes_from_file(str(path))
+        file_nodes(str(path))

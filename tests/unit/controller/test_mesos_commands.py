@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import Result
 
 from controller.ctl import mesos as mesos_commands
-from controller.ctl.mesos import AgentAnswer, fetch_flags, mesos, node_from_environment
+from controller.ctl.main import main
+from controller.ctl.mesos import AgentAnswer, fetch_flags, node_or_default
 from controller.errors import ControllerError
+from controller.options import Options
 from mesos.blob import decode
 from mesos.flags import legacy_flags, native_flags
 from tests.support.cli import cli_runner
+from tests.unit.controller.ctl_lines import error_of
 
 INFO = b'{"Version":{"Driver":"580.159.04","CUDA":"13.0"},"Devices":[{"UUID":"GPU-aaaa"}]}\n'
 LEGACY = legacy_flags(INFO, ["GPU-aaaa"])
@@ -36,20 +42,24 @@ class AgentAnswers:
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> AgentAnswers:
     answers = AgentAnswers({"legacy": LEGACY, "native": NATIVE})
-    monkeypatch.setattr(mesos_commands, "fetch", answers)
+    monkeypatch.setattr(mesos_commands, "fetcher", lambda _options: answers)
     monkeypatch.delenv("NV_HOST", raising=False)
     for key in ("MESOS_ATTRIBUTES", "MESOS_RESOURCES", "MESOS_ISOLATION"):
         monkeypatch.delenv(key, raising=False)
     return answers
 
 
+def mesos(args: list[str], **kwargs: Any) -> Result:
+    """``nvidia-docker-ctl mesos ARGS``, through the tool's edge."""
+    return cli_runner().invoke(main, ["mesos", *args], **kwargs)
+
+
 def test_decode_prints_the_json_from_an_argument_or_stdin() -> None:
-    runner = cli_runner()
     blob = LEGACY.split()[0].removeprefix("--attributes=gpus:")
-    by_argument = runner.invoke(mesos, ["decode", blob])
+    by_argument = mesos(["decode", blob])
     assert by_argument.exit_code == 0
     assert by_argument.stdout_bytes == INFO
-    by_stdin = runner.invoke(mesos, ["decode"], input=LEGACY + "\n")
+    by_stdin = mesos(["decode"], input=LEGACY + "\n")
     assert by_stdin.exit_code == 0
     assert by_stdin.stdout_bytes == INFO
 
@@ -63,18 +73,15 @@ def test_decode_prints_the_json_from_an_argument_or_stdin() -> None:
     ],
 )
 def test_decode_of_garbage_is_one_line_and_exit_1(blob: str, reason: str) -> None:
-    result = cli_runner().invoke(mesos, ["decode", blob])
+    result = mesos(["decode", blob])
     assert result.exit_code == 1
-    assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("Error: not a gpus blob: ")
+    assert error_of(result.stderr).startswith("not a gpus blob: ")
     assert reason in result.stderr
     assert "Traceback" not in result.output
 
 
 def test_flags_prints_the_agents_line_and_passes_node_and_dev(agent: AgentAnswers) -> None:
-    result = cli_runner().invoke(
-        mesos, ["flags", "--format", "native", "--dev", "0 GPU-aa", "ssh://admin@node2:"]
-    )
+    result = mesos(["flags", "--format", "native", "--dev", "0 GPU-aa", "ssh://admin@node2:"])
     assert result.exit_code == 0, result.output
     assert result.stdout == NATIVE + "\n"
     assert agent.requests == [
@@ -84,7 +91,7 @@ def test_flags_prints_the_agents_line_and_passes_node_and_dev(agent: AgentAnswer
 
 def test_flags_names_what_the_line_leaves_out_on_stderr(agent: AgentAnswers) -> None:
     agent.left_out = "GPU 0 is in MIG mode (Mesos's gpu/nvidia isolator gives whole GPUs)"
-    result = cli_runner().invoke(mesos, ["flags", "--format", "native", "node2"])
+    result = mesos(["flags", "--format", "native", "node2"])
     assert result.exit_code == 0, result.output
     assert result.stdout == NATIVE + "\n"  # what a launch script captures: the line only
     assert result.stderr == (
@@ -92,22 +99,22 @@ def test_flags_names_what_the_line_leaves_out_on_stderr(agent: AgentAnswers) -> 
         "isolator gives whole GPUs)\n"
     )
     agent.left_out = None
-    assert cli_runner().invoke(mesos, ["flags", "node2"]).stderr == ""
+    assert mesos(["flags", "node2"]).stderr == ""
 
 
 def test_flags_uses_nv_host_when_no_node_is_given(
     agent: AgentAnswers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NV_HOST", "http://10.0.0.1:3476")
-    assert cli_runner().invoke(mesos, ["flags"]).exit_code == 0
+    assert mesos(["flags"]).exit_code == 0
     assert agent.requests == [("http://10.0.0.1:3476", "/mesos/cli", {"format": "legacy"})]
 
 
-def test_node_from_environment() -> None:
-    assert node_from_environment("n1", {"NV_HOST": "n2"}) == "n1"
-    assert node_from_environment(None, {"NV_HOST": "n2"}) == "n2"
-    assert node_from_environment(None, {"NV_HOST": ""}) is None
-    assert node_from_environment(None, {}) is None
+def test_node_or_default() -> None:
+    assert node_or_default("n1", Options.build({"NV_HOST": "n2"})) == "n1"
+    assert node_or_default(None, Options.build({"NV_HOST": "n2"})) == "n2"
+    assert node_or_default(None, Options.build({"NV_HOST": ""})) is None
+    assert node_or_default(None, Options.build({})) is None
 
 
 def test_an_old_agent_answering_legacy_to_native_is_refused() -> None:
@@ -128,9 +135,8 @@ def test_exec_runs_the_agent_with_merged_flags(
     executed: list[tuple[str, list[str]]] = []
     monkeypatch.setattr(os, "execvp", lambda p, a: executed.append((p, a)))
     monkeypatch.setenv("MESOS_ATTRIBUTES", "zone:eu1")
-    result = cli_runner().invoke(
-        mesos,
-        ["exec", "--format", "native", "--", "mesos-agent", "--master=m:5050", "--attributes=r:1"],
+    result = mesos(
+        ["exec", "--format", "native", "--", "mesos-agent", "--master=m:5050", "--attributes=r:1"]
     )
     assert result.exit_code == 0, result.output
     program, argv = executed[0]
@@ -144,36 +150,50 @@ def test_exec_runs_the_agent_with_merged_flags(
     assert flags["isolation"].endswith("cgroups/devices,filesystem/linux,gpu/nvidia")
 
 
-def test_exec_dry_run_prints_the_command(agent: AgentAnswers) -> None:
-    result = cli_runner().invoke(mesos, ["exec", "--dry-run", "--", "mesos-agent", "--master=m"])
+def test_exec_dry_run_prints_the_command_shell_quoted(agent: AgentAnswers) -> None:
+    result = mesos(["exec", "--dry-run", "--", "mesos-agent", "--master=m", "--attributes=rack:r7"])
     assert result.exit_code == 0
-    assert result.stdout == f"mesos-agent --master=m {LEGACY}\n"
+    # pasted into a shell, the line is the same words again: the ; and {} are quoted
+    words = shlex.split(result.stdout)
+    attributes, resources = LEGACY.split()
+    assert words == [
+        "mesos-agent",
+        "--master=m",
+        "--attributes=rack:r7;" + attributes.removeprefix("--attributes="),
+        resources,
+    ]
+    assert result.stdout == shlex.join(words) + "\n"
+    assert "'--attributes=rack:r7;gpus:" in result.stdout
 
 
-def test_exec_refuses_a_conflict_in_one_line(agent: AgentAnswers) -> None:
-    result = cli_runner().invoke(
-        mesos, ["exec", "--", "mesos-agent", "--isolation=cgroups/devices,gpu/nvidia"]
-    )
-    assert result.exit_code == 1
-    assert "use the native format" in result.stderr
-    assert result.stderr.count("\n") == 1
+def test_exec_refuses_a_conflict_in_one_line_as_a_usage_error(agent: AgentAnswers) -> None:
+    result = mesos(["exec", "--", "mesos-agent", "--isolation=cgroups/devices,gpu/nvidia"])
+    assert result.exit_code == 2
+    assert "use the native format" in error_of(result.stderr)
 
 
 def test_exec_of_a_missing_program_says_so(agent: AgentAnswers, tmp_path: Path) -> None:
     missing = str(tmp_path / "mesos-agent")
-    result = cli_runner().invoke(mesos, ["exec", "--", missing, "--master=m"])
+    result = mesos(["exec", "--", missing, "--master=m"])
     assert result.exit_code == 1
-    assert result.stderr == f"Error: cannot run {missing}: No such file or directory\n"
+    assert error_of(result.stderr) == (
+        f"cannot run {missing}: No such file or directory: check the command after --"
+    )
 
 
 def test_exec_needs_a_command() -> None:
-    result = cli_runner().invoke(mesos, ["exec"])
+    result = mesos(["exec"])
     assert result.exit_code == 2
-    assert "Missing argument" in result.stderr
+    assert error_of(result.stderr).startswith("Missing argument")
+
+
+def test_flags_dev_help_says_what_mig_devices_do() -> None:
+    text = " ".join(mesos(["flags", "--help"]).stdout.split())
+    assert "MIG devices (<gpu>:<mig>, MIG-...) with --format legacy only" in text
 
 
 def test_help_names_every_command() -> None:
-    result = cli_runner().invoke(mesos, ["--help"])
+    result = mesos(["--help"])
     assert result.exit_code == 0
     for command in ("flags", "decode", "exec"):
         assert command in result.stdout

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 from controller.errors import EndpointError
+from controller.options import Options
 from controller.transport.endpoint import parse_endpoint
-from controller.transport.ssh_config import config_path, resolve_route
+from controller.transport.ssh_config import resolve_route
+
+HOME = "/home/alice"
 
 # As in OpenSSH, the first value found wins: specific hosts come before the patterns.
 CONFIG = """\
@@ -46,11 +49,13 @@ def config(tmp_path: Path) -> str:
 
 
 def route(value: str, config: str | None) -> str:
-    return resolve_route(parse_endpoint(value, user="alice"), config).describe()
+    return resolve_route(
+        parse_endpoint(value, user="alice"), config, "alice", "/home/alice"
+    ).describe()
 
 
 def test_alias_hostname_port_user_and_jump(config: str, tmp_path: Path) -> None:
-    got = resolve_route(parse_endpoint("ssh://gpu1", user="alice"), config)
+    got = resolve_route(parse_endpoint("ssh://gpu1", user="alice"), config, "alice", HOME)
     assert got.describe() == "ops@10.0.0.1:2222 via jump@192.0.2.10:2200"
     # only the identity files that exist are offered
     assert got.target.identity_files == (str(tmp_path / "keys" / "gpu_key"),)
@@ -73,10 +78,10 @@ def test_no_entry_and_no_file(config: str, tmp_path: Path) -> None:
 
 def test_proxyjump_none_chains_and_proxycommand(config: str, tmp_path: Path) -> None:
     assert route("ssh://gpu-direct", config) == "ops@10.0.0.9:22"
-    edge = resolve_route(parse_endpoint("ssh://edge", user="alice"), config)
+    edge = resolve_route(parse_endpoint("ssh://edge", user="alice"), config, "alice", HOME)
     assert edge.describe() == "alice@edge:22 via admin@[fd00::7]:2022 -> jump@192.0.2.10:2200"
     assert edge.known_hosts == (str(tmp_path / "keys" / "kh1"), str(tmp_path / "keys" / "kh2"))
-    piped = resolve_route(parse_endpoint("ssh://piped", user="alice"), config)
+    piped = resolve_route(parse_endpoint("ssh://piped", user="alice"), config, "alice", HOME)
     assert piped.proxy_command == "nc piped 22"
 
 
@@ -88,7 +93,9 @@ def test_match_blocks_are_evaluated(tmp_path: Path) -> None:
         "Match host 10.7.*\n  ProxyJump bastion7\n"
         "Match all\n  Port 2299\n"
     )
-    got = resolve_route(parse_endpoint("ssh://rack7-gpu3", user="alice"), str(path), "jumper")
+    got = resolve_route(
+        parse_endpoint("ssh://rack7-gpu3", user="alice"), str(path), "jumper", "/home/alice"
+    )
     assert got.describe() == "rackops@10.7.0.3:2207 via jumper@bastion7:2299"
     assert route("ssh://other", str(path)) == "alice@other:2299"
 
@@ -97,10 +104,14 @@ def test_bad_values_name_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text("Host bad\n  Port twenty-two\n")
     with pytest.raises(EndpointError, match=r"SSH config .*config, Host bad: Port 'twenty-two'"):
-        resolve_route(parse_endpoint("ssh://bad"), str(path))
+        resolve_route(parse_endpoint("ssh://bad", user="alice"), str(path), "alice", "/h")
 
 
 def test_config_path_from_the_environment(tmp_path: Path) -> None:
+    def config_path(environ: dict[str, str]) -> str | None:
+        return Options.build({"HOME": "/home/alice", **environ}).ssh_config
+
     assert config_path({"NV_SSH_CONFIG": "none"}) is None
     assert config_path({"NV_SSH_CONFIG": str(tmp_path / "c")}) == str(tmp_path / "c")
-    assert config_path({}).endswith("/.ssh/config")  # type: ignore[union-attr]
+    assert config_path({"NV_SSH_CONFIG": "~/my-ssh"}) == "/home/alice/my-ssh"
+    assert config_path({}) == "/home/alice/.ssh/config"

@@ -58,7 +58,10 @@ def _cli(agent: Agent, query: dict[str, str]) -> web.Response:
             headers = {"X-Invalid-Parameter": "dev", "X-Invalid-Value": quote(entry, safe="")}
             if agent.old:  # nvidia-docker-plugin 1.0.1 said it in the text only
                 headers = {}
-            return web.Response(status=400, text=f"invalid device: {entry}\n", headers=headers)
+            gpu, colon, _ = entry.partition(":")  # a MIG device of a GPU not in MIG mode
+            why = f" (GPU {gpu} is not in MIG mode)" if colon and gpu.isdigit() else ""
+            text = f"invalid device: {entry}{why}\n"
+            return web.Response(status=400, text=text, headers=headers)
     if query.get("format") == "cdi" and not agent.old:
         if not agent.cdi:
             return web.Response(
@@ -391,6 +394,63 @@ async def test_warns_when_nv_host_set_without_docker_host(docker: Docker, agent:
     )
 
 
+async def test_a_mig_device_of_a_gpu_without_mig_names_the_agents_reason(
+    docker: Docker, agent: Agent
+) -> None:
+    """Not "unknown GPU: 0:1": the agent said why it refused (GPU 0 is not in MIG mode)."""
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(
+        docker, "run", "cuda", NV_GPU="0:1", NV_HOST=f"127.0.0.1:{agent.port}", DOCKER_HOST="h:"
+    )
+    assert result.code == 1
+    assert result.error() == (
+        f"NV_GPU names a GPU that http://127.0.0.1:{agent.port} cannot give: 0:1 (GPU 0 is not "
+        "in MIG mode; it has GPUs 0 to 1; use indices or UUID prefixes starting GPU-, as "
+        "nvidia-smi -L lists them, or for MIG devices <gpu>:<mig> or UUID prefixes starting MIG-)"
+    )
+
+
+async def test_a_bad_nv_host_is_said_before_docker_is_asked(docker: Docker) -> None:
+    """A bad NV_HOST used to hide behind docker's "Cannot connect to the Docker daemon"."""
+    docker.image("cuda", GPU_LABELS)
+    result = await nvidia_docker(docker, "run", "cuda", NV_HOST="bogus://x")
+    assert result.code == 1
+    assert result.error().startswith("invalid remote host URI 'bogus://x' (NV_HOST)")
+    assert docker.calls() == []  # no docker image inspect, no pull
+
+
+async def test_podman_gets_no_docker_host_warning(
+    docker: Docker, agent: Agent, tmp_path: Path
+) -> None:
+    """Podman takes its engine from its own settings, not DOCKER_HOST: nothing to warn of."""
+    podman = tmp_path / "bin" / "podman"
+    podman.parent.mkdir()
+    podman.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_DOCKER} "$@"\n')
+    podman.chmod(0o755)
+    docker.image("cuda", GPU_LABELS)
+    env = {"NV_HOST": f"127.0.0.1:{agent.port}", "NV_CDI": "no"}
+    as_podman = await nvidia_docker(docker, "run", "cuda", NV_DOCKER=str(podman), **env)
+    assert as_podman.code == 0, as_podman.stderr
+    assert as_podman.stderr == ""
+    as_docker = await nvidia_docker(docker, "run", "cuda", **env)
+    assert "Warning: NV_HOST is set but DOCKER_HOST is not" in as_docker.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], []])
+async def test_help_says_what_the_wrapper_adds_then_docker_s_help(
+    docker: Docker, args: list[str]
+) -> None:
+    result = await nvidia_docker(docker, *args)
+    assert result.code == 0, result.stderr
+    ours, _, rest = result.stdout.partition("Docker's own help follows.\n\n")
+    assert ours.startswith("nvidia-docker: docker, with GPUs for the containers of images")
+    for word in ("NV_GPU", "NV_HOST", "NV_DOCKER", "NV_CDI", "CDI", "docs/nvidia-docker.md"):
+        assert word in ours, word
+    assert rest.startswith("EXEC ")  # then docker itself, with the same arguments
+    assert result.executed == args
+    assert (await nvidia_docker(docker, "run", "--help")).stdout.startswith("EXEC ")
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -637,8 +697,7 @@ async def test_a_bad_nv_cdi_is_one_line(docker: Docker, agent: Agent) -> None:
     result = await run_gpu_image(docker, agent, NV_CDI="maybe")
     assert result.code == 1
     assert result.error() == (
-        "NV_CDI='maybe' is not yes, no or auto: set it to one of those, or unset it to ask "
-        "the engine"
+        "NV_CDI='maybe' cannot be used: give yes, no or auto (or unset it to ask the engine)"
     )
 
 
