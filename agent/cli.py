@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -118,9 +120,63 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 def command(dump_target: str | None, **settings: Any) -> None:
     """The NVIDIA Docker node agent: GPU discovery, REST API and Docker volume plugin."""
     setup_logging()
-    config = Config(**settings)
     if dump_target is not None:
-        sys.exit(dump_node(config.simulate, dump_target))
+        sys.exit(dump_node(settings["simulate"], dump_target))
+    private = _keep_simulation_private(click.get_current_context(), settings)
+    try:
+        _serve(Config(**settings))
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+# What a simulated node must not share with the machine unless asked: Docker finds a plugin
+# socket in /run/docker/plugins, Podman and Docker 25+ read /var/run/cdi, a real agent keeps
+# its volumes in the volume directory, and the host's linker cache names another driver.
+MACHINE_WIDE = ("socket_dir", "volume_dir", "cdi_spec_dir", "ldcache")
+
+
+def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Path | None:
+    """With ``--simulate``, every machine-wide setting left at its default is made private:
+    the plugin socket and the volumes in a new temporary directory (returned, removed at
+    exit), no CDI spec, no driver files (the node is fake; so would be what it hands out).
+    None when nothing had to be."""
+    if settings["simulate"] is None:
+        return None
+    variables = {name: option.env_var for name, option, _ in options()}
+    defaulted = [
+        n
+        for n in MACHINE_WIDE
+        if ctx.get_parameter_source(n) is ParameterSource.DEFAULT
+        and os.environ.get(variables[n]) is None  # set, even empty: the operator's choice
+    ]
+    if not defaulted:
+        return None
+    private = Path(tempfile.mkdtemp(prefix="nvidia-docker-simulated-"))
+    replaced = {
+        "socket_dir": private / "plugins",
+        "volume_dir": private / "volumes",
+        "cdi_spec_dir": None,
+        "ldcache": None,
+    }
+    for name in defaulted:
+        settings[name] = replaced[name]
+    flags = {"socket_dir": "-s", "volume_dir": "-d", "cdi_spec_dir": "--cdi-spec-dir",
+             "ldcache": "--ldcache"}  # fmt: skip
+    log.info(
+        "Simulated node: nothing machine-wide is touched (%s) but the REST port; give %s to "
+        "use the machine's",
+        "; ".join(
+            [f"plugin socket and volumes in {private}"]
+            + (["no CDI spec"] if "cdi_spec_dir" in defaulted else [])
+            + (["no driver files"] if "ldcache" in defaulted else [])
+        ),
+        ", ".join(flags[n] for n in defaulted),
+    )
+    return private
+
+
+def _serve(config: Config) -> None:
     _check_tls_options(config.tls_cert, config.tls_key, config.tls_client_ca)
     try:
         factory, loop_name = loop_factory(config.event_loop)

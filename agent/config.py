@@ -111,10 +111,11 @@ class Config:
         "hgx-h200-8, h200x2-mig) instead of the GPUs NVML finds. Never used unless given.",
         metavar="FILE",
     )
-    ldcache: Path = _setting(
+    ldcache: Path | None = _setting(
         Path("/etc/ld.so.cache"),
         "--ldcache",
-        help="The dynamic linker cache that locates the driver's libraries.",
+        help="The dynamic linker cache that locates the driver's libraries (with --simulate: "
+        "only when given, else the simulated node's volume is empty).",
         kind="file",
     )
     spec_file: Path | None = _setting(

@@ -83,7 +83,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     watch = DriverWatch.for_daemon(simulate=config.simulate, ldcache=config.ldcache)
     worker = await _first_worker(watch, parts)
     node = worker.node_info()
-    log.info("Finding the driver files of each volume (ld.so.cache: %s)", config.ldcache)
+    log.info("Finding the driver files of each volume (ld.so.cache: %s)", config.ldcache or "none")
     store = await asyncio.to_thread(
         prepare_volumes, config.volume_dir, node.driver_version, ldcache=config.ldcache
     )

@@ -59,11 +59,11 @@ async def check_rest(
     timeout_s: float = 5.0,
 ) -> None:
     """The REST API answers on ``address``. Plain HTTP: ``GET /gpu/info/json`` answers 200
-    (401 when every request needs a token: the API answered, it only wants the token). Over
-    TLS the agent has no client certificate of its own to show a mutual-TLS listener, so the
-    check is that the port accepts connections (the same server then speaks TLS). ``mark`` goes
-in the ``X-Readiness-Check`` header, so that the token check does not log its own refusal
-of this request."""
+        (401 when every request needs a token: the API answered, it only wants the token). Over
+        TLS the agent has no client certificate of its own to show a mutual-TLS listener, so the
+        check is that the port accepts connections (the same server then speaks TLS). ``mark`` goes
+    in the ``X-Readiness-Check`` header, so that the token check does not log its own refusal
+    of this request."""
     host, port = address
     if ipaddress.ip_address(host).is_unspecified:  # bound to every interface
         host = "::1" if ":" in host else "127.0.0.1"

@@ -64,7 +64,10 @@ PCIE_UTIL_TX_BYTES = 0  # nvmlPcieUtilCounter_t
 PCIE_UTIL_RX_BYTES = 1
 AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t
 
-_SIMULATE_HINT = "or run with --simulate FILE to serve a simulated node"
+_SIMULATE_HINT = (
+    "or try the agent on a simulated node: --simulate h200 (built in: h200, h200x2, "
+    "hgx-h200-8, h200x2-mig) or --simulate FILE"
+)
 
 
 _COMPUTE_PROCESSES = (

@@ -16,7 +16,8 @@ be read means "not known" (``None``).
 
 And the driver's files, which make up its volume: ``prepare_volumes`` finds them at start and
 opens the volume directory, ``refresh_volumes`` finds a new driver's after an upgrade (the
-plugin serves them from then on).
+plugin serves them from then on). Without a linker cache (``ldcache`` None: a simulated node
+with none given) there are no files, and the volume is empty.
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ def _signature(path: Path) -> Signature | None:
 class InstalledDriver:
     """The driver version the linker cache points ``libnvidia-ml.so.1`` at."""
 
-    def __init__(self, ldcache: Path) -> None:
-        self.ldcache = ldcache
+    def __init__(self, ldcache: Path | None) -> None:
+        self.ldcache = ldcache  # None: a simulated node without one (no driver installed)
         self._seen: Signature | None = None
         self._library: str | None = None  # the cache's path for libnvidia-ml.so.1
 
     def version(self, *, force: bool = False) -> str | None:
+        if self.ldcache is None:
+            return None
         signature = _signature(self.ldcache)
         if force or signature != self._seen:
             self._seen = signature
@@ -69,6 +72,8 @@ class InstalledDriver:
         return match.group(1) if match else None
 
     def _find_library(self) -> str | None:
+        if self.ldcache is None:
+            return None
         try:
             entries = read_ldcache(self.ldcache)
         except LdCacheError as err:
@@ -137,7 +142,7 @@ def prepare_volumes(
     volume_dir: Path,
     driver_version: str,
     *,
-    ldcache: Path = Path("/etc/ld.so.cache"),
+    ldcache: Path | None = Path("/etc/ld.so.cache"),
     search_path: str | None = None,
 ) -> VolumeStore:
     """Find the driver files and open the volume directory. Blocking: run in a thread."""
@@ -150,7 +155,7 @@ def refresh_volumes(
     store: VolumeStore,
     driver_version: str,
     *,
-    ldcache: Path = Path("/etc/ld.so.cache"),
+    ldcache: Path | None = Path("/etc/ld.so.cache"),
     search_path: str | None = None,
 ) -> None:
     """After a driver upgrade: find the new driver's files and serve them from now on (the
@@ -158,7 +163,15 @@ def refresh_volumes(
     store.use_files(_driver_files(driver_version, ldcache, search_path))
 
 
-def _driver_files(driver_version: str, ldcache: Path, search_path: str | None) -> DriverFiles:
+def _driver_files(
+    driver_version: str, ldcache: Path | None, search_path: str | None
+) -> DriverFiles:
+    if ldcache is None:  # a simulated node whose driver files nobody asked for
+        log.info(
+            "Simulated node: its driver volume holds no files (--ldcache names a linker "
+            "cache to build it from)"
+        )
+        return DriverFiles(driver_version=driver_version)
     files = find_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
     log.info("Driver files found: %s", files.summary())
     if not any(f.component == "libcuda" for f in files.libraries_64):

@@ -71,13 +71,13 @@ class DriverWatch:
     spawn: Spawn  # a new GPU worker; ``GpuBackendError`` (one line) when it cannot start
     installed: VersionSource  # the driver the linker cache names
     loaded: VersionSource  # the loaded kernel module (the node file with --simulate)
-    ldcache: Path
+    ldcache: Path | None
     simulated: bool
     poll_interval_s: float = POLL_INTERVAL_S
 
     @classmethod
     def for_daemon(
-        cls, *, simulate: str | None, ldcache: Path, health_interval_s: float = 1.0
+        cls, *, simulate: str | None, ldcache: Path | None, health_interval_s: float = 1.0
     ) -> DriverWatch:
         """The daemon's: real module and linker cache, or the node file with ``--simulate``."""
 

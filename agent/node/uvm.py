@@ -26,8 +26,8 @@ def ensure_uvm_device(device: str = UVM_DEVICE, control_device: str = CONTROL_DE
     if modprobe is None and not os.path.exists(control_device):
         raise UvmError(
             f"NVIDIA driver not found ({device} and {control_device} are missing, nvidia-modprobe "
-            "is not installed): install the NVIDIA driver, or run with --simulate FILE to serve "
-            "a simulated node"
+            "is not installed): install the NVIDIA driver, or try the agent on a simulated node: "
+            "--simulate h200 (built in: h200, h200x2, hgx-h200-8, h200x2-mig) or --simulate FILE"
         )
     if modprobe is None:
         raise UvmError(
