@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.doc_samples import matches
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.node_life import NodeFile
 from tests.support.prerequisites import require_root
@@ -102,28 +103,6 @@ def _block(doc: str, first: int, lines: list[str], setup: str) -> list[Example]:
             code = int(output.pop()[6:-1])
         found.append(Example(doc, start, setup, command, "\n".join(output), code))
     return found
-
-
-def normal(text: str) -> str:
-    """What may differ between runs, made the same (see the module docstring)."""
-    text = re.sub(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d", "<date>", text)
-    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<time>", text)
-    text = re.sub(r"(?<=[:\s])\d{4,5}\b(?![./])", "<port>", text)
-    text = re.sub(r'"elapsed_s":\s*[0-9.]+', '"elapsed_s":<s>', text)
-    text = re.sub(r"SHA256:[A-Za-z0-9+/]{43}", "SHA256:<key>", text)
-    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
-
-
-def matches(expected: str, actual: str) -> bool:
-    """``actual`` is the sample, ``...`` standing for any lines or any text in a line."""
-    parts = []
-    for line in normal(expected).splitlines():
-        if line == "...":
-            parts.append(r"(?:[^\n]*\n)*?")
-        else:
-            text = r"[^\n]*?".join(re.escape(piece) for piece in line.split("..."))
-            parts.append(text + r"\n")
-    return re.fullmatch("".join(parts), normal(actual) + "\n" if actual.strip() else "") is not None
 
 
 # --- the fleet -----------------------------------------------------------------------------
