@@ -10,7 +10,9 @@ YAML inventory (groups with ``hosts``, ``vars``, ``children``; JSON that has ``_
 is given to this tool); anything else is INI:
 
 - ``[group]`` host lines ``name[:port] key=value ...`` (values as Python literals, quotes
-  allowed, ``#`` comments); ``[group:vars]`` ``key=value`` lines (strings);
+  allowed, ``#`` comments); ``[group:vars]`` ``key=value`` lines (Python literals too, as
+  ansible-core reads them, although Ansible's docs say strings: ``false`` stays the string
+  ``"false"``, ``3476`` is a number);
   ``[group:children]`` group names; hosts before any section are ``ungrouped``;
 - ranges in host names: ``node[01:20]`` (zero padded), ``rack[a:c]``, ``n[0:10:2]``.
 
