@@ -135,5 +135,7 @@ def test_the_quick_start_works_as_written_and_touches_nothing_machine_wide(
     assert Path(private).name.startswith("nvidia-docker-simulated-")
     assert not Path(private).exists()  # removed when the agent stopped
     assert "Traceback" not in text
+    assert "No libcuda" not in text  # the host's linker cache is not the simulated node's
+    assert "no driver files" in text
     assert snapshot() == before
     assert simulated_dirs() == dirs_before
