@@ -53,10 +53,6 @@ class CudaFacts(Protocol):
 
     def can_access_peer(self, bus_id: str, peer_bus_id: str) -> bool | None: ...
 
-    def driver_version(self) -> int | None:
-        """``cuDriverGetVersion``: the CUDA version the driver supports (13000: 13.0)."""
-        ...
-
 
 def cuda_bus_id(nvml_bus_id: str) -> str:
     """NVML's ``00000000:00:06.0`` as CUDA writes it, ``0000:00:06.0`` (4-digit domain)."""
@@ -145,12 +141,6 @@ class LibCuda:
                 )
             return None
         return value.value
-
-    def driver_version(self) -> int | None:
-        version = ctypes.c_int()
-        if self._rc("cuDriverGetVersion", ctypes.byref(version)) != CUDA_SUCCESS:
-            return None
-        return version.value if version.value > 0 else None
 
     def device_facts(self, bus_id: str) -> CudaDeviceFacts:
         device = self._device(bus_id)

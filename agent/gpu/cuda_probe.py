@@ -1,9 +1,7 @@
 """The CUDA driver facts, read in a short-lived child process.
 
 Loading ``libcuda`` and running ``cuInit`` maps tens of megabytes into a process and keeps
-them there; the agent needs the answers only once, at start. The CUDA version the driver
-supports is one of them (``cuDriverGetVersion``): NVML's own call for it loads ``libcuda``
-into the caller, the GPU worker, for as long as it lives. So a child process
+them there; the agent needs the answers only once, at start. So a child process
 (``python -m agent.gpu.cuda_probe BUS_ID...``) opens libcuda, reads the facts of the given
 GPUs and their peer access, prints them as JSON and exits; the daemon keeps the answers
 (``ProbedCuda``) and never maps libcuda itself. A crash or hang in the CUDA driver cannot
@@ -51,14 +49,9 @@ class ProbedCuda:
         self,
         facts: dict[str, CudaDeviceFacts],
         peers: dict[tuple[str, str], bool | None],
-        version: int | None = None,
     ) -> None:
         self._facts = facts
         self._peers = peers
-        self._version = version
-
-    def driver_version(self) -> int | None:
-        return self._version
 
     def device_facts(self, bus_id: str) -> CudaDeviceFacts:
         return self._facts.get(cuda_bus_id(bus_id), UNKNOWN_FACTS)
@@ -79,7 +72,7 @@ def read_facts(bus_ids: Sequence[str]) -> dict[str, Any] | None:
         for b in bus_ids
         if a != b
     ]
-    return {"devices": devices, "peers": peers, "driver_version": cuda.driver_version()}
+    return {"devices": devices, "peers": peers}
 
 
 def parse_answer(text: str) -> ProbedCuda | None:
@@ -94,8 +87,7 @@ def parse_answer(text: str) -> ProbedCuda | None:
     peers = {
         (str(a), str(b)): (can if isinstance(can, bool) else None) for a, b, can in data["peers"]
     }
-    version = data.get("driver_version")
-    return ProbedCuda(facts, peers, version if isinstance(version, int) and version > 0 else None)
+    return ProbedCuda(facts, peers)
 
 
 def probe(bus_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S) -> ProbedCuda | None:

@@ -166,6 +166,12 @@ class NvmlBackend:
                 "check the driver with nvidia-smi, " + _SIMULATE_HINT
             ) from None
         nvml_version = _text(nvml.query("nvmlSystemGetNVMLVersion")) or "unknown"
+        cuda_version = nvml.attempt_first(_CUDA_VERSION).value
+        if not isinstance(cuda_version, int) or cuda_version <= 0:
+            raise GpuBackendError(
+                f"NVIDIA driver {driver} does not say which CUDA version it supports: "
+                "update the driver, " + _SIMULATE_HINT
+            )
         handles: list[Any | None] = []
         for index in range(count):
             outcome = nvml.attempt("nvmlDeviceGetHandleByIndex", index)
@@ -178,16 +184,6 @@ class NvmlBackend:
             handles.append(outcome.value)
         bus_ids = [_bus_id(handle) for handle in handles]
         cuda = open_cuda([bus for bus in bus_ids if bus])
-        # The CUDA version from the probe's libcuda: NVML's own call for it would load libcuda
-        # into this process (the worker) for good. NVML's is the fallback.
-        cuda_version = cuda.driver_version() if cuda is not None else None
-        if cuda_version is None:
-            cuda_version = nvml.attempt_first(_CUDA_VERSION).value
-        if not isinstance(cuda_version, int) or cuda_version <= 0:
-            raise GpuBackendError(
-                f"NVIDIA driver {driver} does not say which CUDA version it supports: "
-                "update the driver, " + _SIMULATE_HINT
-            )
         topology = node_topology(handles, bus_ids, cuda)
         mig_minors = nvml_mig.read_mig_minors(proc)
         devices = tuple(

@@ -1,8 +1,10 @@
 """Which step of the NVML backend's start maps ``libcuda`` into the process, on a real GPU.
 
-The GPU worker should map ``libnvidia-ml`` only (docs/performance.md, "Memory"): ``libcuda``
-belongs in the short-lived CUDA probe. This starts the NVML backend step by step in this
-process and says, after each, whether ``libcuda`` is mapped and the resident memory.
+The GPU worker keeps ``libcuda`` mapped for as long as it lives (docs/performance.md, "The
+house in order"); the CUDA facts themselves come from a short-lived child. This starts the
+NVML backend step by step in this process and says, after each, whether ``libcuda`` is
+mapped and the resident memory. On the H200 machine (driver 580.159.04) ``nvmlInit`` itself
+maps it (+18 MB), so no choice of NVML calls keeps it out of the worker.
 
     python -m tests.benchmarks.nvml_maps          # the backend as the worker starts it
     python -m tests.benchmarks.nvml_maps steps    # NVML's calls one by one

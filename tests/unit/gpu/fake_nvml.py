@@ -468,10 +468,6 @@ class FakeCuda:
                 return index, dev
         return None
 
-    def driver_version(self) -> int | None:
-        version = self.capture.get("cuDriverGetVersion")
-        return version if isinstance(version, int) and version > 0 else None
-
     def device_facts(self, bus_id: str) -> CudaDeviceFacts:
         found = self._device(bus_id)
         if found is None:
