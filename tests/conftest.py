@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Generator, Iterator
 
@@ -28,6 +29,26 @@ os.environ.setdefault("NVIDIA_DOCKER_PLUGIN_EVENT_LOOP", "asyncio")
 # machine can take longer than the suite's default time limit for one test.
 SLOW_TO_START = frozenset({"docker_engine", "plugin_agent", "fake_driver", "sshd_server"})
 SERVICE_TEST_TIMEOUT_S = 300
+
+
+# Loggers a command's edge configures for its process (controller/logs.py quiets "agent" and
+# "paramiko" by stopping their propagation); tests run many commands in one process, and a
+# later test's caplog must still see those loggers' records.
+_EDGE_LOGGERS = ("", "agent", "paramiko", "nvidia-docker-plugin")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Put back, after each test, what a command's edge changed in the process's logging."""
+    saved = []
+    for name in _EDGE_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate, list(logger.handlers), logger.level))
+    yield
+    for logger, propagate, handlers, level in saved:
+        logger.propagate = propagate
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
 
 
 def pytest_report_header() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +91,13 @@ async def node() -> AsyncIterator[Node]:
 
 
 def ctl(*args: str, **env: str) -> Result:
-    """``nvidia-docker-ctl ARGS`` through its edge, in a clean environment plus ``env``."""
+    """``nvidia-docker-ctl ARGS`` through its edge, in a clean environment plus ``env``, in
+    a thread of its own: the tool runs its own event loop (``asyncio.run``), which in this
+    thread would drop, unclosed, the loop pytest-asyncio 0.24 leaves current after an async
+    test (a ResourceWarning at the floor versions)."""
     base = {"NV_HOST": "", "NV_DEBUG": "", "HOME": "/nonexistent", "USER": "alice"}
-    return cli_runner().invoke(main, list(args), env={**base, **env})
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(cli_runner().invoke, main, list(args), env={**base, **env}).result()
 
 
 async def run(*args: str, **env: str) -> Result:
