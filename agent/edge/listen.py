@@ -21,6 +21,7 @@ import ssl
 from aiohttp import web
 
 from agent.edge.connections import ConnectionGuard, GuardedSite
+from agent.edge.tls_or_plain import bind as bind_socket
 from agent.errors import StartupError
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -47,7 +48,7 @@ async def bind(host: str | None, port: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     for address in addresses:
         try:
-            sockets += _bind(address, port)
+            sockets += bind_socket(address, port, listening=False)
         except OSError as err:
             if err.errno in _UNBINDABLE and len(addresses) > 1:
                 log.warning("Not listening on %s port %d: %s", address, port, err.strerror)
@@ -60,26 +61,6 @@ async def bind(host: str | None, port: int) -> list[socket.socket]:
             ) from None
     if not sockets:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")
-    return sockets
-
-
-def _bind(host: str | None, port: int) -> list[socket.socket]:
-    """Sockets bound (not listening) on every address of ``host`` at ``port``, as
-    ``loop.create_server`` binds them; ``OSError``, with none left open, otherwise."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _name, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    except OSError:
-        for sock in sockets:
-            sock.close()
-        raise
     return sockets
 
 

@@ -67,9 +67,12 @@ class ReloadableContext(ssl.SSLContext):
         self._newer = None if newer is self else newer
 
 
-def bind(host: str | None, port: int, *, backlog: int = 128) -> list[socket.socket]:
-    """Listening, non-blocking sockets on every address of ``host`` (all interfaces for
-    None) at ``port``, as ``loop.create_server`` binds them; raises ``OSError``."""
+def bind(
+    host: str | None, port: int, *, backlog: int = 128, listening: bool = True
+) -> list[socket.socket]:
+    """Non-blocking sockets bound on every address of ``host`` (all interfaces for None) at
+    ``port``, as ``loop.create_server`` binds them, listening unless ``listening`` is false
+    (``agent.edge.listen`` binds first, listens later); raises ``OSError`` (none left open)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
@@ -80,7 +83,8 @@ def bind(host: str | None, port: int, *, backlog: int = 128) -> list[socket.sock
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
-            sock.listen(backlog)
+            if listening:
+                sock.listen(backlog)
             sock.setblocking(False)
     except OSError:
         for sock in sockets:

@@ -30,9 +30,10 @@ import pytest
 from agent.errors import EXIT_STARTUP_FAILED
 from agent.gpu import nodefile
 from tests.support.memory_cgroup import MemoryCgroup, memory_cgroup
-from tests.support.node_life import NodeFile
+from tests.support.node_life import Agent as LifeAgent
+from tests.support.node_life import NodeFile, start_agent
 from tests.support.prerequisites import require_root
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, stop_process, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -159,12 +160,6 @@ class Agent:
             assert resp.status == 200
             return json.loads(resp.read())
 
-    def temperature(self) -> int:
-        return int(self.get_json("/gpu/status/json")["Devices"][0]["Temperature"])
-
-    def healthy(self) -> bool:
-        return bool(self.get_json("/gpu/health/json")["Devices"][0]["Healthy"])
-
 
 @contextlib.contextmanager
 def cgroup() -> Iterator[MemoryCgroup]:
@@ -205,39 +200,23 @@ def spawn(base: Path, node_path: Path, group: MemoryCgroup) -> Agent:
     return Agent(proc, port, log_path)
 
 
-def _ready(agent: Agent) -> bool:
-    return port_open(agent.port) and "Ready" in agent.log()
-
-
 @contextlib.contextmanager
-def running(base: Path, node_path: Path, group: MemoryCgroup) -> Iterator[Agent]:
-    """A ready agent serving ``node_path`` in ``group``; stopped afterwards. A port that
-    another process took between choosing and binding it is chosen again."""
-    for attempt in range(3):
-        agent = spawn(base, node_path, group)
-        try:
-            wait_until(
-                functools.partial(_ready, agent),
-                what=f"agent (log: {agent.log_path})",
-                timeout_s=60,
-                proc=agent.proc,
-            )
-        except RuntimeError:
-            stop_process(agent.proc)
-            if "cannot listen on" in agent.log() and attempt < 2:
-                continue
-            raise
-        except BaseException:
-            stop_process(agent.proc)
-            raise
-        break
-    try:
+def running(base: Path, node: NodeFile, group: MemoryCgroup) -> Iterator[LifeAgent]:
+    """A ready agent serving ``node`` in ``group`` (``tests.support.node_life``); stopped
+    afterwards."""
+    with start_agent(base, node, preexec=group.enter) as agent:
         yield agent
-    finally:
-        stop_process(agent.proc)
 
 
-def stop_with_sigterm(agent: Agent) -> int:
+def temperature(agent: LifeAgent) -> int:
+    return int(agent.get_json("/gpu/status/json")["Devices"][0]["Temperature"])
+
+
+def healthy(agent: LifeAgent) -> bool:
+    return bool(agent.get_json("/gpu/health/json")["Devices"][0]["Healthy"])
+
+
+def stop_with_sigterm(agent: Agent | LifeAgent) -> int:
     """SIGTERM, and the exit code: it must come within WITHIN_S."""
     agent.proc.send_signal(signal.SIGTERM)
     return agent.proc.wait(timeout=WITHIN_S)
@@ -247,7 +226,7 @@ def lines_naming(log: str, path: Path) -> list[str]:
     return [line for line in log.splitlines() if f"node file {path}" in line]
 
 
-def _said(agent: Agent, pattern: re.Pattern[str]) -> bool:
+def _said(agent: Agent | LifeAgent, pattern: re.Pattern[str]) -> bool:
     return pattern.search(agent.log()) is not None
 
 
@@ -298,8 +277,8 @@ def test_while_running_a_hostile_version_is_one_line_and_the_next_good_one_is_ta
         re.MULTILINE,
     )
     with cgroup() as group:
-        with running(tmp_path, node.path, group) as agent:
-            assert agent.temperature() == 41
+        with running(tmp_path, node, group) as agent:
+            assert temperature(agent) == 41
             place(hostile, node.path)
             wait_until(
                 functools.partial(_said, agent, kept),
@@ -308,19 +287,19 @@ def test_while_running_a_hostile_version_is_one_line_and_the_next_good_one_is_ta
                 proc=agent.proc,
             )
             # Served as the file said before, and answering.
-            assert agent.temperature() == 41
-            assert agent.healthy()
+            assert temperature(agent) == 41
+            assert healthy(agent)
 
             node.data["devices"][0]["status"]["temperature_c"] = 42
             make_room(node.path)
             node.event(0, "double_bit_ecc")
             wait_until(
-                lambda: not agent.healthy(),
+                lambda: not healthy(agent),
                 what="the event of the next good version delivered",
                 timeout_s=WITHIN_S,
                 proc=agent.proc,
             )
-            assert agent.temperature() == 42
+            assert temperature(agent) == 42
             assert stop_with_sigterm(agent) == 0
         assert group.oom_kills == 0
     log = agent.log()
@@ -341,7 +320,7 @@ def test_sigterm_stops_the_agent_while_its_node_file_is_a_fifo(
     assert fifo.name == "fifo"
     kept = re.compile(re.escape(f"node file {node.path}") + fifo.says + ": keeping")
     with cgroup() as group:
-        with running(tmp_path, node.path, group) as agent:
+        with running(tmp_path, node, group) as agent:
             place(fifo, node.path)
             wait_until(
                 functools.partial(_said, agent, kept),
@@ -386,7 +365,7 @@ def test_the_costliest_node_file_within_the_bounds_fits_in_256_mb(
     room = nodefile.MAX_BYTES - len(_node_bytes(data=node.data)) - 200
     comment = filler(room)
     with cgroup() as group:
-        with running(tmp_path, node.path, group) as agent:
+        with running(tmp_path, node, group) as agent:
             for number in range(1, 4):
                 node.data["events"].append({"id": f"c{number}", "gpu": 0, "kind": "xid", "xid": 13})
                 costly = _node_bytes(comment, node.data)
@@ -407,7 +386,7 @@ def test_the_costliest_node_file_within_the_bounds_fits_in_256_mb(
                     timeout_s=WITHIN_S,
                     proc=agent.proc,
                 )
-            assert agent.temperature() == 41
+            assert temperature(agent) == 41
             assert stop_with_sigterm(agent) == 0
         assert group.oom_kills == 0
         peak = group.peak_bytes
@@ -415,5 +394,5 @@ def test_the_costliest_node_file_within_the_bounds_fits_in_256_mb(
     assert peak is None or peak < MEMORY_LIMIT
 
 
-def _counted(agent: Agent, text: str, count: int) -> bool:
+def _counted(agent: Agent | LifeAgent, text: str, count: int) -> bool:
     return agent.log().count(text) >= count
