@@ -7,8 +7,10 @@ reads files through ``agent.files``, which imports only the standard library); n
 for them); only ``agent/gpu/`` imports pynvml and only ``agent/metrics/``
 prometheus_client; in ``controller``, paramiko only in the SSH tunnel (and its ``~/.ssh/config``
 reader) and aiohttp only in the HTTP client; the wrapper's fast path imports nothing but the
-standard library at module level. Every import counts, also one
-inside a function (a lazy import is still a dependency), and ``if TYPE_CHECKING`` blocks too.
+standard library at module level; the lease table (``agent.leases``) only the GPU model, the
+health rule, the device selection and the standard library, none of its I/O or clocks. Every
+import counts, also one inside a function (a lazy import is still a dependency), and
+``if TYPE_CHECKING`` blocks too.
 """
 
 from __future__ import annotations
@@ -175,6 +177,28 @@ def test_agent_files_imports_only_the_standard_library() -> None:
     ]
     assert bad == []
     assert any(imp.module == "agent.files" for imp in IMPORTS)
+
+
+# What the lease table, a pure model, may import of ours, and the standard library it may not.
+LEASES_MAY_IMPORT = ("agent.leases", "agent.gpu.model", "agent.health.rule", "agent.node.selection")
+NOT_PURE = (
+    "asyncio", "io", "os", "pathlib", "select", "selectors", "shutil", "signal", "socket",
+    "subprocess", "sys", "tempfile", "threading", "time",
+)  # fmt: skip
+
+
+def test_the_lease_table_is_a_pure_model() -> None:
+    """``agent.leases``: GPU facts, health and holders in, decisions out; no I/O, no clock."""
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    bad = [
+        str(imp)
+        for imp in IMPORTS
+        if _is(imp.module, "agent.leases")
+        and not any(_is(imp.target, allowed) for allowed in LEASES_MAY_IMPORT)
+        and (imp.target.split(".")[0] not in stdlib or imp.target.split(".")[0] in NOT_PURE)
+    ]
+    assert bad == []
+    assert any(_is(imp.module, "agent.leases") for imp in IMPORTS)
 
 
 def _agent_graph() -> dict[str, set[str]]:

@@ -1,0 +1,215 @@
+"""The table's state as a snapshot, and the snapshot as JSON and back.
+
+A snapshot holds the leases (pending, running, stopped), the foreign holders, the next lease
+number and the table's clock: what a restarted agent needs, together with the live
+containers' labels, to know again who holds what (``LeaseTable.restore``, then
+``resync``). The queue is not in it: the asks that waited were connections of the process
+that ended, and nobody would take what it handed them. The integrator writes the JSON to a
+file (atomically) and reads it back within bounds; ``snapshot_from_json`` checks every field
+and refuses what is not a snapshot with one line (``SnapshotError``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agent.leases.asks import owner_is_valid
+from agent.leases.holders import (
+    CONTAINER_ID,
+    ForeignHold,
+    ForeignSource,
+    Lease,
+    LeaseState,
+    lease_number,
+)
+
+SCHEMA = "nvidia-docker-leases/1"
+MAX_ENTRIES = 4096  # leases or foreign holders in one snapshot
+_MAX_TEXT = 512
+E = TypeVar("E")
+
+
+class SnapshotError(ValueError):
+    """A value that is not a lease table snapshot; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    saved_s: float  # the table's clock when it was taken (Unix s)
+    next_lease: int  # the number the next new lease id gets
+    leases: tuple[Lease, ...]
+    foreign: tuple[ForeignHold, ...]
+
+
+def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
+    """The snapshot as a JSON-ready dict (``json.dumps`` it)."""
+    return {
+        "schema": SCHEMA,
+        "saved_s": snapshot.saved_s,
+        "next_lease": snapshot.next_lease,
+        "leases": [
+            {
+                "id": lease.id,
+                "units": list(lease.units),
+                "names": list(lease.names),
+                "exclusive": lease.exclusive,
+                "owner": dict(lease.owner),
+                "asked": lease.asked,
+                "since_s": lease.since_s,
+                "state": lease.state.value,
+                "container_id": lease.container_id,
+                "until_s": lease.until_s,
+            }
+            for lease in snapshot.leases
+        ],
+        "foreign": [
+            {
+                "holder": hold.holder,
+                "source": hold.source.value,
+                "units": list(hold.units),
+                "how": hold.how,
+                "since_s": hold.since_s,
+                "container": hold.container,
+            }
+            for hold in snapshot.foreign
+        ],
+    }
+
+
+def snapshot_from_json(raw: object) -> Snapshot:
+    """The snapshot a ``snapshot_to_json`` dict (after a JSON round trip) holds."""
+    top = _object(raw, "snapshot")
+    if top.get("schema") != SCHEMA:
+        raise SnapshotError(f"schema: not {SCHEMA}: {_shown(top.get('schema'))}")
+    leases = _entries(top, "leases", _lease)
+    ids = [lease.id for lease in leases]
+    if len(set(ids)) != len(ids):
+        raise SnapshotError("leases: a lease id is given twice")
+    next_lease = _int(top.get("next_lease"), "next_lease")
+    return Snapshot(
+        _time(top.get("saved_s"), "saved_s"),
+        max([next_lease, *(lease.number + 1 for lease in leases)]),
+        leases,
+        _entries(top, "foreign", _foreign),
+    )
+
+
+def _lease(raw: Mapping[str, object], at: str) -> Lease:
+    lease_id = _text(raw.get("id"), f"{at}.id")
+    if lease_number(lease_id) is None:
+        raise SnapshotError(f"{at}.id: not a lease id: {_shown(lease_id)}")
+    units = _texts(raw.get("units"), f"{at}.units")
+    names = _texts(raw.get("names"), f"{at}.names")
+    if not units or len(names) != len(units):
+        raise SnapshotError(f"{at}.units: one or more, and a name for each")
+    owner_raw = _object(raw.get("owner"), f"{at}.owner")
+    owner = tuple((k, _text(v, f"{at}.owner.{k}")) for k, v in owner_raw.items())
+    if not owner_is_valid(owner):
+        raise SnapshotError(f"{at}.owner: not owner labels")
+    state_text = _text(raw.get("state"), f"{at}.state")
+    try:
+        state = LeaseState(state_text)
+    except ValueError:
+        raise SnapshotError(f"{at}.state: not a lease state: {_shown(state_text)}") from None
+    container_id = raw.get("container_id")
+    if container_id is not None:
+        container_id = _container(container_id, f"{at}.container_id")
+    until = raw.get("until_s")
+    lease = Lease(
+        lease_id,
+        units,
+        names,
+        _bool(raw.get("exclusive"), f"{at}.exclusive"),
+        owner,
+        _text(raw.get("asked"), f"{at}.asked"),
+        _time(raw.get("since_s"), f"{at}.since_s"),
+        state,
+        container_id,
+        None if until is None else _time(until, f"{at}.until_s"),
+    )
+    if (lease.state is LeaseState.PENDING) != (lease.container_id is None):
+        raise SnapshotError(f"{at}: a pending lease has no container, a bound one has one")
+    if (lease.state is LeaseState.RUNNING) != (lease.until_s is None):
+        raise SnapshotError(f"{at}.until_s: set unless its container runs")
+    return lease
+
+
+def _foreign(raw: Mapping[str, object], at: str) -> ForeignHold:
+    source_text = _text(raw.get("source"), f"{at}.source")
+    try:
+        source = ForeignSource(source_text)
+    except ValueError:
+        raise SnapshotError(f"{at}.source: not a source: {_shown(source_text)}") from None
+    container = _bool(raw.get("container"), f"{at}.container")
+    holder = _text(raw.get("holder"), f"{at}.holder")
+    if container:
+        _container(holder, f"{at}.holder")
+    elif not (holder.startswith("pid ") and holder[4:].isdigit() and holder[4:].isascii()):
+        raise SnapshotError(f"{at}.holder: not a container id or pid: {_shown(holder)}")
+    return ForeignHold(
+        holder,
+        source,
+        _texts(raw.get("units"), f"{at}.units"),
+        _text(raw.get("how"), f"{at}.how"),
+        _time(raw.get("since_s"), f"{at}.since_s"),
+        container,
+    )
+
+
+def _entries(
+    top: Mapping[str, object], key: str, read: Callable[[Mapping[str, object], str], E]
+) -> tuple[E, ...]:
+    raw = top.get(key)
+    if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
+        raise SnapshotError(f"{key}: not a list of at most {MAX_ENTRIES}")
+    return tuple(read(_object(item, f"{key}[{i}]"), f"{key}[{i}]") for i, item in enumerate(raw))
+
+
+def _object(raw: object, at: str) -> Mapping[str, object]:
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise SnapshotError(f"{at}: not an object")
+    return raw
+
+
+def _text(raw: object, at: str) -> str:
+    if not isinstance(raw, str) or len(raw) > _MAX_TEXT or not raw.isprintable():
+        raise SnapshotError(f"{at}: not a printable string of at most {_MAX_TEXT}")
+    return raw
+
+
+def _texts(raw: object, at: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
+        raise SnapshotError(f"{at}: not a list of strings")
+    return tuple(_text(item, f"{at}[{i}]") for i, item in enumerate(raw))
+
+
+def _container(raw: object, at: str) -> str:
+    text = _text(raw, at)
+    if not CONTAINER_ID.fullmatch(text):
+        raise SnapshotError(f"{at}: not a container id: {_shown(text)}")
+    return text
+
+
+def _bool(raw: object, at: str) -> bool:
+    if not isinstance(raw, bool):
+        raise SnapshotError(f"{at}: not true or false")
+    return raw
+
+
+def _int(raw: object, at: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw < 10**12:
+        raise SnapshotError(f"{at}: not a whole number from 1")
+    return raw
+
+
+def _time(raw: object, at: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise SnapshotError(f"{at}: not a time in seconds")
+    return float(raw)
+
+
+def _shown(raw: object) -> str:
+    return repr(raw)[:60]

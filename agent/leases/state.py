@@ -1,0 +1,399 @@
+"""The lease table's state and the steps its operations are made of (``table`` has the
+operations themselves).
+
+An operation is framed by ``_begin`` (the clock moves on: what fell due ends, in the order it
+fell due) and ``_done`` (the queue is served; the changes noted meanwhile are the outcome's).
+Every change of the leases, the foreign holders and the queue goes through a step here that
+notes it, so that an outcome with no changes left them as they were (the node, its health
+and loads are the integrator's to give, and not noted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from agent.gpu.model import NodeInfo
+from agent.health.rule import DeviceHealth
+from agent.leases.answers import (
+    Change,
+    ChangeKind,
+    Granted,
+    GrantedUnit,
+    Outcome,
+    Refusal,
+    Refused,
+    Start,
+    StartVerdict,
+)
+from agent.leases.containers import Container
+from agent.leases.holders import ForeignHold, ForeignSource, Lease, LeaseState, Owner, lease_number
+from agent.leases.occupancy import Occupancy
+from agent.leases.picking import Connectivity, Load
+from agent.leases.plans import FINAL, Planner, Wanted
+from agent.leases.settings import LeaseSettings
+from agent.leases.texts import short_id, taken_list, unit_label, when
+from agent.leases.units import NodeUnits, Unit
+from agent.leases.verdicts import Decision, Step, Verdicts
+from agent.leases.waiting import Waiting
+
+T = TypeVar("T")
+
+
+class TableState:
+    """The leases, foreign holders and waiting asks of one node, and how they change."""
+
+    def __init__(
+        self,
+        node: NodeInfo,
+        health: Sequence[DeviceHealth],
+        settings: LeaseSettings | None = None,
+        now_s: float = 0.0,
+    ) -> None:
+        self._settings = settings or LeaseSettings()
+        self._node(node, health)
+        self._utilization: dict[int, int] = {}
+        self._leases: dict[str, Lease] = {}
+        self._foreign: dict[tuple[str, ForeignSource], ForeignHold] = {}
+        self._waiting: list[Waiting] = []
+        self._now = now_s
+        self._next_lease = 1
+        self._next_ticket = 1
+        self._changes: list[Change] = []
+
+    def _start(self, container: Container) -> StartVerdict:
+        decision = self._verdicts(container.id).decide(container)
+        lease = decision.lease
+        if decision.step is Step.BOUND and lease is not None:
+            if lease.state is not LeaseState.RUNNING:
+                new = replace(lease, state=LeaseState.RUNNING, until_s=None)
+                self._leases[lease.id] = new
+                self._note(
+                    ChangeKind.STARTED,
+                    f"container {short_id(container.id)} runs: {lease.id} ({self._names(lease)})",
+                    lease=new,
+                    container_id=container.id,
+                )
+        elif decision.step is Step.BIND and lease is not None:
+            self._bind(lease, container.id, running=True)
+        elif decision.step is Step.RELET and decision.verdict.allowed:
+            self._relet(container, decision, running=True)
+        self._hold_container(container, decision)
+        return decision.verdict
+
+    def _stop(self, container_id: str) -> None:
+        lease = self._bound_lease(container_id)
+        if lease is None or lease.state is not LeaseState.RUNNING:
+            return
+        new = replace(lease, state=LeaseState.STOPPED, until_s=self._now + self._settings.grace_s)
+        self._leases[lease.id] = new
+        text = (
+            f"container {short_id(container_id)} stopped: {lease.id} keeps "
+            f"{self._names(lease)} until {when(new.until_s)} unless it starts again"
+        )
+        self._note(ChangeKind.STOPPED, text, lease=new, container_id=container_id)
+
+    def _remove_container(self, container_id: str, why: str) -> None:
+        lease = self._bound_lease(container_id)
+        if lease is not None:
+            text = (
+                f"{lease.id} ended: container {short_id(container_id)} {why}; {self._free(lease)}"
+            )
+            self._end(lease, ChangeKind.ENDED, text)
+        for source in ForeignSource:
+            self._drop_foreign(container_id, source, why)
+
+    def _begin(self, now_s: float) -> None:
+        self._changes = []
+        self._advance(now_s)
+
+    def _done(self, answer: T) -> Outcome[T]:
+        self._serve()
+        changes, self._changes = tuple(self._changes), []
+        return Outcome(answer, changes)
+
+    def _note(
+        self,
+        kind: ChangeKind,
+        text: str,
+        *,
+        lease: Lease | None = None,
+        ticket: str | None = None,
+        container_id: str | None = None,
+        grant: Granted | None = None,
+        refusal: Refused | None = None,
+    ) -> None:
+        self._changes.append(Change(kind, text, lease, ticket, container_id, grant, refusal))
+
+    def _advance(self, now_s: float) -> None:
+        """Move the clock to ``now_s`` and end what is due, in the order it fell due."""
+        if not math.isfinite(now_s):
+            raise ValueError(f"not a time: {now_s}")
+        self._now = max(self._now, now_s)
+        while (due := self._due()) is not None and due[0] <= self._now:
+            _, order, name = due
+            if order == 0:
+                self._end_by_time(self._leases[name])
+            else:
+                self._time_out(next(w for w in self._waiting if w.ticket == name))
+            self._serve()
+
+    def _due(self) -> tuple[float, int, str] | None:
+        items = [(x.until_s, 0, x.id) for x in self._leases.values() if x.until_s is not None]
+        items += [(w.until_s, 1, w.ticket) for w in self._waiting]
+        return min(items, default=None)
+
+    def _end_by_time(self, lease: Lease) -> None:
+        if lease.state is LeaseState.PENDING:
+            text = (
+                f"{lease.id} expired: no container was created with it within "
+                f"{self._settings.pending_s:g} s; {self._free(lease)}"
+            )
+            self._end(lease, ChangeKind.EXPIRED, text)
+        else:
+            text = (
+                f"{lease.id} ended: container {short_id(lease.container_id or '')} did not "
+                f"start again within {self._settings.grace_s:g} s of stopping; "
+                f"{self._free(lease)}"
+            )
+            self._end(lease, ChangeKind.GRACE_ENDED, text)
+
+    def _time_out(self, waiting: Waiting) -> None:
+        self._waiting.remove(waiting)
+        plan = self._planner().plan(waiting.wanted)
+        why = plan.text if isinstance(plan, Refused) else "asks before it still waited"
+        taken = plan.taken if isinstance(plan, Refused) else ()
+        text = (
+            f"{waiting.ticket} waited {waiting.until_s - waiting.asked_s:g} s for "
+            f"{waiting.wanted.text} and got none: {why}"
+        )
+        refusal = Refused(Refusal.TIMED_OUT, text, taken)
+        self._note(ChangeKind.TIMED_OUT, text, ticket=waiting.ticket, refusal=refusal)
+
+    def _serve(self) -> None:
+        """Hand out what is free to the waiting asks, from the head of the queue only."""
+        while self._waiting:
+            head = self._waiting[0]
+            plan = self._planner().plan(head.wanted)
+            if isinstance(plan, Refused):
+                if plan.kind not in FINAL:
+                    return
+                self._waiting.pop(0)
+                text = f"{head.ticket} dropped: {plan.text}"
+                refusal = Refused(plan.kind, text, plan.taken)
+                self._note(ChangeKind.DROPPED, text, ticket=head.ticket, refusal=refusal)
+                continue
+            self._waiting.pop(0)
+            self._grant(head.wanted, head.owner, head.cpuset, plan, ticket=head.ticket)
+
+    def _grant(
+        self,
+        wanted: Wanted,
+        owner: Owner,
+        cpuset: bool,
+        units: tuple[Unit, ...],
+        ticket: str | None = None,
+        relet: tuple[str, str, bool] | None = None,  # (lease id, container id, running)
+    ) -> Granted:
+        if relet is None:
+            lease_id, container_id, state = self._new_id(), None, LeaseState.PENDING
+            until: float | None = self._now + self._settings.pending_s
+        else:
+            lease_id, container_id, running = relet
+            state = LeaseState.RUNNING if running else LeaseState.STOPPED
+            until = None if running else self._now + self._settings.grace_s
+        lease = Lease(
+            lease_id,
+            tuple(u.key for u in units),
+            tuple(u.name for u in units),
+            wanted.exclusive,
+            owner,
+            wanted.text,
+            self._now,
+            state,
+            container_id,
+            until,
+        )
+        self._leases[lease.id] = lease
+        occ = self._occ()
+        granted = tuple(
+            GrantedUnit(
+                u.name, u.uuid, u.gpu, u.mig, u.profile, u.path, occ.sharing(u), occ.sharers(u)
+            )
+            for u in units
+        )
+        numa = sorted({u.numa_node for u in units if u.numa_node is not None})
+        numa_nodes = tuple(numa) if cpuset and numa else None
+        shown = ", ".join(
+            unit_label(g.name)
+            + ("" if lease.exclusive else f" shared ({g.sharers} of {g.sharing})")
+            for g in granted
+        )
+        nodes = "node" if numa_nodes and len(numa_nodes) == 1 else "nodes"
+        numa_text = f"; NUMA {nodes} {','.join(map(str, numa_nodes))}" if numa_nodes else ""
+        if relet is None:
+            to = f" to {ticket}" if ticket else ""
+            text = (
+                f"granted {lease.id}{to} ({wanted.text}): {shown}{numa_text}; create its "
+                f"container with its labels within {self._settings.pending_s:g} s"
+            )
+            kind = ChangeKind.GRANTED
+        else:
+            text = (
+                f"{lease.id} leased again to container {short_id(container_id or '')}"
+                f": {shown}{numa_text} (its lease had ended; they were free)"
+            )
+            kind = ChangeKind.RELET
+        grant = Granted(lease, granted, numa_nodes, text)
+        self._note(kind, text, lease=lease, ticket=ticket, container_id=container_id, grant=grant)
+        return grant
+
+    def _relet(self, container: Container, decision: Decision, running: bool) -> None:
+        label = container.lease
+        if label is None or decision.wanted is None:
+            return
+        if (number := lease_number(label.lease_id)) is not None:
+            self._next_lease = max(self._next_lease, number + 1)
+        relet = (label.lease_id, container.id, running)
+        self._grant(decision.wanted, label.owner, True, decision.units, relet=relet)
+
+    def _bind(self, lease: Lease, container_id: str, running: bool) -> None:
+        until = None if running else self._now + self._settings.grace_s
+        state = LeaseState.RUNNING if running else LeaseState.STOPPED
+        new = replace(lease, state=state, container_id=container_id, until_s=until)
+        self._leases[lease.id] = new
+        keeps = "while it runs" if running else f"until {when(until)} unless it starts"
+        text = (
+            f"{lease.id} bound to container {short_id(container_id)}: it keeps "
+            f"{self._names(lease)} {keeps}"
+        )
+        self._note(ChangeKind.BOUND, text, lease=new, container_id=container_id)
+
+    def _end(self, lease: Lease, kind: ChangeKind, text: str) -> None:
+        del self._leases[lease.id]
+        self._note(kind, text, lease=lease, container_id=lease.container_id)
+
+    def _revoke_unusable(self) -> None:
+        occ = self._occ()
+        for lease in list(self._leases.values()):
+            if lease.state is not LeaseState.PENDING:
+                continue
+            units = [self._units.get(k) for k in lease.units]
+            gone = [n for n, u in zip(lease.names, units, strict=True) if u is None]
+            sick = [
+                t for u in units if u is not None and not occ.healthy(u) for t in occ.taken(u)[:1]
+            ]
+            if gone:
+                why = f"{', '.join(map(unit_label, gone))} left the node"
+            elif sick:
+                why = f"{taken_list(sick)}"
+            else:
+                continue
+            text = f"{lease.id} revoked before its container was created: {why}; ask again"
+            self._end(lease, ChangeKind.REVOKED, text)
+
+    def _hold_container(self, container: Container, decision: Decision) -> None:
+        """What a running container holds beyond its lease: a foreign hold (or none)."""
+        lease = self._bound_lease(container.id)
+        own = set(lease.units) if lease else set()
+        used = [u.key for u in self._units.given(container.devices)]
+        how = container.how
+        if lease is None and container.lease is not None:
+            used += list(container.lease.units)
+            how = f"the labels of {container.lease.lease_id}, not its lease"
+        extra = tuple(dict.fromkeys(k for k in used if k not in own))
+        if not extra:
+            self._drop_foreign(container.id, ForeignSource.CONTAINER, "holds only its lease")
+            return
+        changed = self._set_foreign(container.id, ForeignSource.CONTAINER, extra, how, True)
+        if changed and decision.verdict.decision is Start.NO:
+            self._note(
+                ChangeKind.CONFLICT,
+                f"container {short_id(container.id)} runs though refused: {decision.verdict.text}",
+                container_id=container.id,
+            )
+
+    def _set_foreign(
+        self, holder: str, source: ForeignSource, keys: tuple[str, ...], how: str, container: bool
+    ) -> bool:
+        """Record what ``holder`` holds without a lease; False when it held that already."""
+        old = self._foreign.get((holder, source))
+        if old is not None and old.units == keys and old.how == how:
+            return False
+        since = old.since_s if old is not None else self._now
+        self._foreign[(holder, source)] = ForeignHold(holder, source, keys, how, since, container)
+        who = f"container {short_id(holder)}" if container else holder
+        names = [u.label if (u := self._units.get(k)) else k for k in keys]
+        text = f"{who} holds {', '.join(names)} without a lease ({how})"
+        self._note(ChangeKind.FOREIGN, text, container_id=holder if container else None)
+        return True
+
+    def _drop_foreign(self, holder: str, source: ForeignSource, why: str) -> None:
+        hold = self._foreign.pop((holder, source), None)
+        if hold is None:
+            return
+        who = f"container {short_id(holder)}" if hold.container else holder
+        names = [u.label if (u := self._units.get(k)) else k for k in hold.units]
+        text = f"{who} {why}: {', '.join(names)} no longer held by it"
+        self._note(ChangeKind.FOREIGN_GONE, text, container_id=holder if hold.container else None)
+
+    def _bound_lease(self, container_id: str) -> Lease | None:
+        """The lease bound to ``container_id`` (a container has at most one)."""
+        return next((x for x in self._leases.values() if x.container_id == container_id), None)
+
+    def _gpus_held_by(self, holder: str) -> set[int]:
+        keys = [k for x in self._leases.values() if x.container_id == holder for k in x.units]
+        hold = self._foreign.get((holder, ForeignSource.CONTAINER))
+        keys += list(hold.units) if hold else []
+        return {u.gpu for k in keys if (u := self._units.get(k))}
+
+    def _node(self, node: NodeInfo, health: Sequence[DeviceHealth]) -> None:
+        self._check_health(node, health)
+        self._units = NodeUnits(node)
+        self._conn = Connectivity(node)
+        self._health = tuple(health)
+
+    @staticmethod
+    def _check_health(node: NodeInfo, health: Sequence[DeviceHealth]) -> None:
+        if len(health) != len(node.devices):
+            raise ValueError(f"health of {len(health)} GPUs for a node of {len(node.devices)} GPUs")
+
+    def _new_id(self) -> str:
+        while f"lease-{self._next_lease}" in self._leases:
+            self._next_lease += 1
+        lease_id = f"lease-{self._next_lease}"
+        self._next_lease += 1
+        return lease_id
+
+    @staticmethod
+    def _names(lease: Lease) -> str:
+        """``GPU 0, GPU 1``: a lease's units as granted."""
+        return ", ".join(unit_label(n) for n in lease.names)
+
+    @staticmethod
+    def _free(lease: Lease) -> str:
+        """``GPU 0 is free again``, ``GPU 0, GPU 1 are free again``."""
+        verb = "is" if len(lease.names) == 1 else "are"
+        return f"{TableState._names(lease)} {verb} free again"
+
+    def _occ(self, besides: str | None = None) -> Occupancy:
+        """Who holds what; ``besides``: a holder whose foreign holds are not counted."""
+        foreign = [h for h in self._foreign.values() if h.holder != besides]
+        return Occupancy(self._units, self._health, self._settings, self._leases.values(), foreign)
+
+    def _planner(self, besides: str | None = None) -> Planner:
+        occ = self._occ(besides)
+
+        def load_of(unit: Unit) -> Load:
+            return (occ.sharers(unit), self._utilization.get(unit.gpu, 0))
+
+        return Planner(self._units, occ, self._conn, load_of)
+
+    def _verdicts(self, container_id: str | None = None) -> Verdicts:
+        """Verdicts for ``container_id``: what it holds without a lease does not stand in
+        its own way (it gives that up to run on its lease)."""
+        occ = self._occ(container_id)
+        planner = self._planner(container_id)
+        return Verdicts(self._units, occ, planner, self._leases, len(self._waiting), self._settings)

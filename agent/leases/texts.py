@@ -1,0 +1,75 @@
+"""The table's lines: what is taken, by which container, since when; bounded in length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from agent.health.rule import utc_text
+from agent.leases.answers import Hold, Taken
+from agent.leases.units import Unit
+
+SHOWN_TAKEN = 8  # holders named in one line; the rest are counted
+SHORT_ID = 12  # container ids are shown as Docker shows them
+
+
+def short_id(container_id: str) -> str:
+    return container_id[:SHORT_ID]
+
+
+def when(at_s: float | None) -> str:
+    return utc_text(at_s) if at_s is not None else "an unknown time"
+
+
+def unit_label(name: str) -> str:
+    """``GPU 3`` or ``MIG 0:1``, from a dev name."""
+    return f"MIG {name}" if ":" in name else f"GPU {name}"
+
+
+def units_text(units: Sequence[Unit]) -> str:
+    """``GPU 0, GPU 1`` (``none`` for no unit)."""
+    return ", ".join(u.label for u in units) or "none"
+
+
+def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
+    """One holder in words: ``GPU 0 by container 3f2a1b9c0d4e (lease-4) since …Z``;
+    ``units``: the dev names it holds, when more than ``taken.unit``."""
+    unit = ", ".join(unit_label(u) for u in (units or (taken.unit,)))
+    lease = f" ({taken.lease_id})" if taken.lease_id else ""
+    mode = "" if taken.exclusive else " shared"
+    if taken.hold is Hold.UNHEALTHY:
+        return f"{unit} unhealthy since {when(taken.since_s)}: {taken.why or 'unknown reason'}"
+    if taken.hold is Hold.PENDING:
+        owner = f", {taken.why}" if taken.why else ""
+        return (
+            f"{unit} pending{mode} for {taken.lease_id}{owner} since {when(taken.since_s)}, "
+            f"until {when(taken.until_s)}"
+        )
+    holder = taken.container_id or "an unknown container"
+    if taken.hold is Hold.FOREIGN:
+        what = holder if holder.startswith("pid ") else f"foreign container {short_id(holder)}"
+        how = f" ({taken.why})" if taken.why else ""
+        return f"{unit} by {what}{how} since {when(taken.since_s)}"
+    if taken.hold is Hold.STOPPED:
+        return (
+            f"{unit}{mode} by stopped container {short_id(holder)}{lease} since "
+            f"{when(taken.since_s)}, until {when(taken.until_s)}"
+        )
+    return f"{unit}{mode} by container {short_id(holder)}{lease} since {when(taken.since_s)}"
+
+
+def taken_list(taken: Sequence[Taken]) -> str:
+    """The holders in one line, each once with all the units it holds, at most
+    ``SHOWN_TAKEN`` of them named (``none`` for none)."""
+    groups: dict[Taken, list[str]] = {}
+    for t in taken:
+        groups.setdefault(replace(t, unit="", uuid=None), []).append(t.unit)
+    items = list(groups.items())
+    shown = [taken_text(t, units) for t, units in items[:SHOWN_TAKEN]]
+    if len(items) > SHOWN_TAKEN:
+        shown.append(f"and {len(items) - SHOWN_TAKEN} more (list the leases)")
+    return "; ".join(shown) or "none"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")

@@ -1,0 +1,239 @@
+"""Picking: the best-connected set first (NVLink, then one PCIe switch, then one NUMA node,
+then across sockets), the least loaded among equals, and the cpuset hint of the chosen GPUs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from agent.gpu import nodefile
+from agent.gpu.model import PciLink
+from agent.leases.answers import Refusal, Refused
+from agent.leases.asks import Ask
+from agent.leases.picking import EXHAUSTIVE, Connectivity, pick_gpus
+from agent.leases.settings import LeaseSettings
+from agent.leases.table import LeaseTable
+from agent.leases.units import NodeUnits
+
+from .nodes import T0, build_node, builtin, granted, healthy, names
+
+NV = (PciLink.SAME_CPU, 4)  # NVLink between two GPUs of one socket
+PIX = (PciLink.SINGLE_SWITCH, 0)
+NODE_LINK = (PciLink.SAME_CPU, 0)
+SYS = (PciLink.CROSS_CPU, 0)
+
+
+def _pairs_node() -> LeaseTable:
+    """8 GPUs, 0-3 on socket 0 and 4-7 on socket 1; NVLink pairs 0-1, 2-3, 4-5, 6-7; PCIe
+    switches 0+2, 1+3, 4+6, 5+7 (so an NVLink pair spans two switches)."""
+    links: dict[tuple[int, int], tuple[PciLink, int]] = {}
+    for a in range(8):
+        for b in range(a + 1, 8):
+            same_socket = a // 4 == b // 4
+            links[(a, b)] = NODE_LINK if same_socket else SYS
+    for pair in ((0, 1), (2, 3), (4, 5), (6, 7)):
+        links[pair] = NV
+    for pair in ((0, 2), (1, 3), (4, 6), (5, 7)):
+        links[pair] = PIX
+    node = build_node([0, 0, 0, 0, 1, 1, 1, 1], links)
+    return LeaseTable(node, healthy(node), now_s=T0)
+
+
+def _take(table: LeaseTable, devices: str) -> None:
+    granted(table.ask(Ask(devices=devices), T0))
+
+
+def test_hgx_a_two_gpu_ask_gets_an_nvlink_pair_on_one_socket() -> None:
+    table = LeaseTable(builtin("hgx-h200-8"), healthy(builtin("hgx-h200-8")), now_s=T0)
+    grant = granted(table.ask(Ask(count=2), T0))
+    assert names(grant) == ["0", "1"]
+    assert grant.numa_nodes == (0,)
+    assert "GPU 0, GPU 1; NUMA node 0" in grant.text
+
+
+def test_hgx_least_loaded_among_equals_leaves_the_busy_pair_for_last() -> None:
+    """GPUs 2 and 3 run a training job (97 %): every NVLink pair of one socket is equal, so
+    the idle ones go first, socket 1's before the busy pair of socket 0."""
+    file = nodefile.load("hgx-h200-8")
+    table = LeaseTable(file.info, healthy(file.info), now_s=T0)
+    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    got = [names(granted(table.ask(Ask(count=2), T0))) for _ in range(4)]
+    assert got == [["0", "1"], ["4", "5"], ["6", "7"], ["2", "3"]]
+
+
+def test_hgx_four_gpus_are_one_socket_the_idle_one() -> None:
+    file = nodefile.load("hgx-h200-8")
+    table = LeaseTable(file.info, healthy(file.info), now_s=T0)
+    assert names(granted(table.ask(Ask(count=4), T0))) == ["0", "1", "2", "3"]  # no load known
+    table = LeaseTable(file.info, healthy(file.info), now_s=T0)
+    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    grant = granted(table.ask(Ask(count=4), T0))
+    assert names(grant) == ["4", "5", "6", "7"]
+    assert grant.numa_nodes == (1,)
+
+
+def test_hgx_five_gpus_keep_four_on_one_socket_and_the_hint_names_both() -> None:
+    file = nodefile.load("hgx-h200-8")
+    table = LeaseTable(file.info, healthy(file.info), now_s=T0)
+    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    grant = granted(table.ask(Ask(count=5), T0))
+    assert names(grant) == ["0", "4", "5", "6", "7"]  # 4 cross-socket pairs, not 6
+    assert grant.numa_nodes == (0, 1)
+    assert "GPU 7; NUMA nodes 0,1; create" in grant.text
+
+
+def test_no_cpuset_leaves_the_hint_out() -> None:
+    node = builtin("hgx-h200-8")
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    grant = granted(table.ask(Ask(count=2, cpuset=False), T0))
+    assert grant.numa_nodes is None
+    assert "NUMA" not in grant.text
+
+
+def test_pairs_node_nvlink_first() -> None:
+    table = _pairs_node()
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["0", "1"]
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["2", "3"]
+
+
+def test_pairs_node_an_nvlink_pair_beats_one_pcie_switch() -> None:
+    table = _pairs_node()
+    _take(table, "1 3")  # 0 and 2 share a switch; 4-5 and 6-7 are NVLink pairs
+    grant = granted(table.ask(Ask(count=2), T0))
+    assert names(grant) == ["4", "5"]
+    assert grant.numa_nodes == (1,)
+
+
+def test_pairs_node_one_pcie_switch_beats_one_numa_node() -> None:
+    table = _pairs_node()
+    _take(table, "1 2 5 7")  # left: 0+3 (socket 0, no switch), 4+6 (socket 1, one switch)
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["4", "6"]
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["0", "3"]
+
+
+def test_pairs_node_one_numa_node_beats_across_sockets() -> None:
+    table = _pairs_node()
+    _take(table, "1 2 5 6 7")  # left: 0 and 3 (socket 0, no switch, no NVLink), 4 (socket 1)
+    grant = granted(table.ask(Ask(count=2), T0))
+    assert names(grant) == ["0", "3"]
+    assert grant.numa_nodes == (0,)
+
+
+def test_pairs_node_least_loaded_among_equals() -> None:
+    table = _pairs_node()
+    table.set_load([90, 90, 0, 0, 50, 50, 0, 0])
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["2", "3"]
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["6", "7"]
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["4", "5"]
+
+
+def test_across_sockets_when_nothing_better_is_left() -> None:
+    table = _pairs_node()
+    _take(table, "1 2 3 5 6 7")
+    grant = granted(table.ask(Ask(count=2), T0))
+    assert names(grant) == ["0", "4"]
+    assert grant.numa_nodes == (0, 1)
+
+
+def test_unknown_links_fall_back_to_the_numa_nodes() -> None:
+    node = build_node([0, 1, 1])  # no topology at all
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["1", "2"]
+
+
+def test_pcie_only_node_prefers_the_switch_pair() -> None:
+    links = {(0, 1): PIX, (2, 3): PIX, (0, 2): SYS, (0, 3): SYS, (1, 2): SYS, (1, 3): SYS}
+    node = build_node([0, 0, 1, 1], links)
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    _take(table, "0")
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["2", "3"]  # not 1 with 2 or 3
+
+
+def test_shared_asks_spread_over_the_least_shared_gpus_first() -> None:
+    node = builtin("hgx-h200-8")
+    table = LeaseTable(node, healthy(node), LeaseSettings(sharing=2), now_s=T0)
+    picks = [names(granted(table.ask(Ask(exclusive=False), T0))) for _ in range(9)]
+    assert picks == [["0"], ["1"], ["2"], ["3"], ["4"], ["5"], ["6"], ["7"], ["0"]]
+
+
+def test_a_large_node_is_searched_greedily_and_still_picks_nvlink_islands() -> None:
+    """16 GPUs in NVLink islands of 4 (two per socket): C(16, 8) sets are too many to
+    compare one by one, and the greedy search still keeps an 8-GPU ask on one socket."""
+    links: dict[tuple[int, int], tuple[PciLink, int]] = {}
+    for a in range(16):
+        for b in range(a + 1, 16):
+            same_socket = a // 8 == b // 8
+            links[(a, b)] = NODE_LINK if same_socket else SYS
+            if a // 4 == b // 4:
+                links[(a, b)] = NV
+    node = build_node([i // 8 for i in range(16)], links)
+    units = NodeUnits(node)
+    assert len(units.whole_gpus()) == 16
+    assert math.comb(16, 8) > EXHAUSTIVE
+    chosen = pick_gpus(units.whole_gpus(), 8, Connectivity(node), lambda u: (0, 0))
+    assert {u.numa_node for u in chosen} == {0} or {u.numa_node for u in chosen} == {1}
+    chosen = pick_gpus(units.whole_gpus(), 4, Connectivity(node), lambda u: (0, 0))
+    assert [u.gpu for u in chosen] == [0, 1, 2, 3]
+
+
+def test_mig_profile_ask_on_h200x2_mig() -> None:
+    node = builtin("h200x2-mig")
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    first = granted(table.ask(Ask(mig_profile="1g.18gb"), T0))
+    assert names(first) == ["0:2"]
+    assert first.units[0].uuid == node.devices[0].mig_devices[2].uuid
+    assert first.units[0].profile == "1g.18gb"
+    assert first.numa_nodes == (0,)
+    assert first.dev == node.devices[0].mig_devices[2].uuid
+    assert names(granted(table.ask(Ask(mig_profile="1g.18gb"), T0))) == ["0:3"]
+    third = table.ask(Ask(mig_profile="1g.18gb"), T0).answer
+    assert isinstance(third, Refused)
+    assert third.kind is Refusal.NOT_ENOUGH
+    assert third.text.startswith("not enough free MIG devices 1g.18gb: asked for 1, 0 free;")
+    assert names(granted(table.ask(Ask(mig_profile="3g.71gb"), T0))) == ["0:0"]
+    assert names(granted(table.ask(Ask(count=1), T0))) == ["1"]  # the GPU not in MIG mode
+
+
+def test_mig_profile_ask_for_two_takes_two_of_that_profile() -> None:
+    node = builtin("h200x2-mig")
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    assert names(granted(table.ask(Ask(count=2, mig_profile="1g.18gb"), T0))) == ["0:2", "0:3"]
+
+
+def test_mig_devices_go_least_loaded_first() -> None:
+    node = build_node([0, 1], migs={0: ["1g.10gb", "1g.10gb"], 1: ["1g.10gb", "1g.10gb"]})
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    table.set_load([80, 10])
+    assert names(granted(table.ask(Ask(mig_profile="1g.10gb"), T0))) == ["1:0"]
+
+
+@pytest.mark.parametrize(
+    ("ask", "line"),
+    [
+        (
+            Ask(count=2),
+            "asked for 2 GPUs: this node has 1 GPU to lease (in MIG mode: GPU 0; ask for a MIG "
+            "profile: 3g.71gb, 2g.35gb, 1g.18gb)",
+        ),
+        (
+            Ask(mig_profile="7g.141gb"),
+            "asked for MIG 7g.141gb: this node has 0 MIG devices of that profile (its profiles: "
+            "3g.71gb, 2g.35gb, 1g.18gb)",
+        ),
+        (
+            Ask(count=3, mig_profile="1g.18gb"),
+            "asked for MIG 1g.18gb x3: this node has 2 MIG devices of that profile (its "
+            "profiles: 3g.71gb, 2g.35gb, 1g.18gb)",
+        ),
+    ],
+)
+def test_more_than_the_node_has_is_impossible_at_once(ask: Ask, line: str) -> None:
+    node = builtin("h200x2-mig")
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    answer = table.ask(replace(ask, wait_s=30.0), T0).answer
+    assert isinstance(answer, Refused)
+    assert answer.kind is Refusal.IMPOSSIBLE
+    assert answer.text == line
+    assert table.view().waiting == ()

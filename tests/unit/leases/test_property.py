@@ -1,0 +1,444 @@
+"""THE property of the lease table, by a state machine that drives it as a node would.
+
+Any interleaving of asks (count, named devices, MIG profiles, shared, waiting), releases,
+withdrawals, time passing, container events (create, start, die, destroy; leased containers,
+clones of them, foreign containers with devices), missed events and resyncs, health changes,
+GPU processes, MIG changes and agent restarts (snapshot through JSON, restore, resync; or the
+snapshot lost) never gives an exclusive GPU to two holders, never exceeds a GPU's sharing
+count, never leases an unhealthy GPU, never grants what a foreign holder holds, never keeps
+a holder the world no longer has (so that, everyone gone, every GPU is free again: checked
+too at the end of every run), keeps every container's lease bound to it until it ends by a
+rule (removal, release, grace), keeps the documented timings, and serves the queue first
+come, first served with nothing overtaking it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from agent.gpu.model import NodeInfo, PciLink
+from agent.health.rule import HEALTHY
+from agent.leases.answers import (
+    Change,
+    ChangeKind,
+    Granted,
+    Outcome,
+    Queued,
+    Refused,
+    StartVerdict,
+)
+from agent.leases.asks import Ask, InvalidAsk
+from agent.leases.containers import Container, GpuUser
+from agent.leases.holders import ForeignSource, Lease, LeaseState
+from agent.leases.labels import LeaseLabel, labels_for, read_label
+from agent.leases.settings import LeaseSettings
+from agent.leases.snapshot import snapshot_from_json, snapshot_to_json
+from agent.leases.table import LeaseTable
+from agent.leases.units import NodeUnits
+from agent.leases.view import TableView, UnitState
+
+from .nodes import T0, build_node, cid, sick, uuid
+
+EXAMPLES = 200
+STEPS = 50
+DEADLINE_MS = 10_000  # per example: a hang fails, a slow shared machine does not
+
+SETTINGS = LeaseSettings(max_wait_s=300, max_waiting=6, gpu_sharing=(("2", 2),))
+_LINKS = {
+    (0, 1): (PciLink.SAME_CPU, 4),
+    (2, 3): (PciLink.SINGLE_SWITCH, 0),
+    (0, 2): (PciLink.CROSS_CPU, 0),
+}
+# GPU 3 in MIG mode, in one of two layouts (a MIG change switches them).
+NODES: dict[str, NodeInfo] = {
+    "a": build_node([0, 0, 1, 1], _LINKS, {3: ["1g.10gb", "1g.10gb", "2g.20gb"]}, "a"),
+    "b": build_node([0, 0, 1, 1], _LINKS, {3: ["3g.40gb", "1g.10gb"]}, "b"),
+}
+NAMES = ["0", "1", "2", "3", "3:0", "3:1", "3:2"]
+PROFILES = ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]
+FOREIGN_DEVICES = [
+    "0",
+    "1",
+    "3:1",
+    "all",
+    "/dev/nvidia2",
+    "nvidia.com/gpu=1",
+    uuid(0),
+    "/dev/nvidia-caps/nvidia-cap300",
+]
+STEPS_S = [0.0, 1.0, 10.0, 30.0, 59.0, 61.0, 200.0, 301.0, 601.0]
+WAITS = st.sampled_from([0.0, 0.0, 20.0, 400.0])
+# What a question (may_start) may change: only what the passing of time does.
+TIME_CHANGES = {
+    ChangeKind.EXPIRED,
+    ChangeKind.GRACE_ENDED,
+    ChangeKind.TIMED_OUT,
+    ChangeKind.DROPPED,
+    ChangeKind.GRANTED,
+}
+
+
+@dataclass
+class Box:
+    """A container of the world the table follows."""
+
+    id: str
+    lease: LeaseLabel | None
+    devices: tuple[str, ...]
+    running: bool = False
+    bound: str | None = None  # the lease the table bound it to (its changes said so)
+
+    def container(self) -> Container:
+        return Container(self.id, self.running, self.lease, self.devices, "--device")
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        self.node = NODES["a"]
+        self.health = [HEALTHY] * 4
+        self.table = LeaseTable(self.node, self.health, SETTINGS, now_s=self.now)
+        self.world: dict[str, Box] = {}
+        self.seen: list[Lease] = []  # every lease granted: what containers are created with
+        self.waiting: list[str] = []  # the tickets in line, first come first
+        self.pids: dict[int, int] = {}  # GPU processes outside containers: pid -> GPU
+        self.containers = 0
+
+    # --- driving the table, checking every answer and change ---------------------------
+
+    def _do(self, op: Callable[[], Outcome[Any]]) -> Any:
+        before = self.table.view()
+        outcome = op()
+        after = self.table.view()
+        for change in outcome.changes:
+            assert change.text.isprintable(), change.text
+            self._follow(change, before, after)
+        answer = outcome.answer
+        if isinstance(answer, Granted | Refused | Queued | StartVerdict):
+            assert answer.text.isprintable(), answer.text
+        if isinstance(answer, Queued):
+            assert self.waiting[-1] == answer.ticket
+            assert answer.position == len(self.waiting)
+        return answer
+
+    def _follow(self, change: Change, before: TableView, after: TableView) -> None:
+        if change.kind in (ChangeKind.GRANTED, ChangeKind.RELET):
+            grant = change.grant
+            assert grant is not None
+            if change.ticket is not None:  # first come, first served
+                assert self.waiting, change
+                assert self.waiting[0] == change.ticket, (change, list(self.waiting))
+                self.waiting.pop(0)
+            else:  # nothing overtakes a waiting ask
+                assert not self.waiting, (change.text, list(self.waiting))
+            for unit in grant.units:
+                assert self.health[unit.gpu].healthy, f"leased unhealthy GPU {unit.gpu}"
+            keys = set(grant.lease.units)
+            still = {(h.holder, h.source): h for h in after.foreign}
+            for hold in before.foreign:
+                kept = still.get((hold.holder, hold.source))
+                if kept is not None:
+                    assert not keys & set(hold.units) & set(kept.units), (change.text, hold)
+            self.seen.append(grant.lease)
+        if change.kind in (ChangeKind.BOUND, ChangeKind.RELET) and change.lease is not None:
+            box = self.world.get(change.container_id or "")
+            assert box is not None, change.text
+            assert box.bound in (None, change.lease.id), (change.text, box)
+            box.bound = change.lease.id
+        elif change.kind in (ChangeKind.ENDED, ChangeKind.GRACE_ENDED) and change.lease:
+            box = self.world.get(change.lease.container_id or "")
+            if box is not None and box.bound == change.lease.id:
+                box.bound = None
+        elif change.kind is ChangeKind.QUEUED:
+            assert change.ticket is not None
+            self.waiting.append(change.ticket)
+        elif change.kind in (ChangeKind.TIMED_OUT, ChangeKind.CANCELLED, ChangeKind.DROPPED):
+            assert change.ticket in self.waiting
+            self.waiting.remove(change.ticket)
+
+    def _new_box(self, lease: LeaseLabel | None, devices: tuple[str, ...]) -> Box:
+        self.containers += 1
+        box = Box(cid(self.containers), lease, devices)
+        self.world[box.id] = box
+        return box
+
+    def _pick(self, data: st.DataObject, running: bool | None = None) -> Box:
+        ids = sorted(i for i, b in self.world.items() if running is None or b.running == running)
+        return self.world[data.draw(st.sampled_from(ids))]
+
+    # --- asks ----------------------------------------------------------------------------
+
+    @rule(count=st.integers(1, 3), exclusive=st.booleans(), wait=WAITS)
+    def ask_count(self, count: int, exclusive: bool, wait: float) -> None:
+        ask = Ask(count=count, exclusive=exclusive, wait_s=wait)
+        self._do(lambda: self.table.ask(ask, self.now))
+
+    @rule(
+        devices=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3),
+        exclusive=st.booleans(),
+        wait=WAITS,
+    )
+    def ask_devices(self, devices: list[str], exclusive: bool, wait: float) -> None:
+        ask = Ask(devices=" ".join(devices), exclusive=exclusive, wait_s=wait)
+        before = self.table.view()
+        try:
+            self._do(lambda: self.table.ask(ask, self.now))
+        except InvalidAsk:  # a MIG device the layout does not have
+            assert self.table.view() == before
+
+    @rule(profile=st.sampled_from(PROFILES), count=st.integers(1, 2), wait=WAITS)
+    def ask_mig(self, profile: str, count: int, wait: float) -> None:
+        ask = Ask(count=count, mig_profile=profile, wait_s=wait)
+        self._do(lambda: self.table.ask(ask, self.now))
+
+    @precondition(lambda self: self.seen)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lease = data.draw(st.sampled_from(self.seen))
+        self._do(lambda: self.table.release(lease.id, self.now))
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(self.waiting))
+        self._do(lambda: self.table.cancel(ticket, self.now))
+
+    @rule(step_s=st.sampled_from(STEPS_S))
+    def time_passes(self, step_s: float) -> None:
+        self.now += step_s
+        self._do(lambda: self.table.tick(self.now))
+
+    # --- containers ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.seen)
+    @rule(
+        data=st.data(),
+        with_devices=st.booleans(),
+        extra=st.sampled_from([(), (), ("1",), ("all",)]),
+    )
+    def create_leased(self, data: st.DataObject, with_devices: bool, extra: tuple[str]) -> None:
+        """A container created with the labels of a lease seen granted (maybe since ended,
+        maybe bound to another container already: a clone)."""
+        lease = data.draw(st.sampled_from(self.seen))
+        devices = (lease.units if with_devices else ()) + extra
+        box = self._new_box(read_label(labels_for(lease)), devices)
+        self._do(lambda: self.table.created(box.container(), self.now))
+
+    @rule(devices=st.lists(st.sampled_from(FOREIGN_DEVICES), max_size=2))
+    def create_foreign(self, devices: list[str]) -> None:
+        box = self._new_box(None, tuple(devices))
+        self._do(lambda: self.table.created(box.container(), self.now))
+
+    @rule(
+        count=st.integers(1, 2),
+        named=st.none() | st.sampled_from(NAMES),
+        exclusive=st.booleans(),
+        extra=st.sampled_from([(), (), (), ("1",)]),
+    )
+    def docker_run(
+        self, count: int, named: str | None, exclusive: bool, extra: tuple[str, ...]
+    ) -> None:
+        """What the wrapper will do: ask, create the container with the grant's labels (and
+        devices), start it."""
+        ask = Ask(count=count, devices=named, exclusive=exclusive)
+        try:
+            grant = self._do(lambda: self.table.ask(ask, self.now))
+        except InvalidAsk:
+            return
+        if not isinstance(grant, Granted):
+            return
+        box = self._new_box(read_label(labels_for(grant.lease)), grant.lease.units + extra)
+        self._do(lambda: self.table.created(box.container(), self.now))
+        self._start(box, obey=True)
+
+    @rule(devices=st.lists(st.sampled_from(FOREIGN_DEVICES), min_size=1, max_size=2))
+    def foreign_run(self, devices: list[str]) -> None:
+        """``docker run --device ...`` past the table: it runs whatever the table says."""
+        box = self._new_box(None, tuple(devices))
+        self._do(lambda: self.table.created(box.container(), self.now))
+        self._start(box, obey=False)
+
+    @precondition(lambda self: any(not b.running for b in self.world.values()))
+    @rule(data=st.data(), obey=st.booleans())
+    def start(self, data: st.DataObject, obey: bool) -> None:
+        """Started if the table says yes, or (``obey`` False: no authorization plugin)
+        whatever it says."""
+        self._start(self._pick(data, running=False), obey)
+
+    def _start(self, box: Box, obey: bool) -> None:
+        before = self.table.view()
+        outcome = self.table.may_start(box.container(), self.now)
+        assert {c.kind for c in outcome.changes} <= TIME_CHANGES
+        self._do(lambda: outcome)  # what the passing of time did, checked as any change
+        if before.leases == self.table.view().leases:
+            assert self.table.view().foreign == before.foreign
+        if obey and not outcome.answer.allowed:
+            return
+        box.running = True
+        self._do(lambda: self.table.started(box.container(), self.now))
+
+    @precondition(lambda self: any(b.running for b in self.world.values()))
+    @rule(data=st.data())
+    def die(self, data: st.DataObject) -> None:
+        box = self._pick(data, running=True)
+        box.running = False
+        self._do(lambda: self.table.died(box.id, self.now))
+
+    @precondition(lambda self: self.world)
+    @rule(data=st.data())
+    def destroy(self, data: st.DataObject) -> None:
+        box = self._pick(data)
+        del self.world[box.id]
+        self._do(lambda: self.table.destroyed(box.id, self.now))
+
+    @precondition(lambda self: self.world)
+    @rule(data=st.data(), what=st.sampled_from(["destroy", "die", "start"]))
+    def missed_event_then_resync(self, data: st.DataObject, what: str) -> None:
+        box = self._pick(data)
+        if what == "destroy":
+            del self.world[box.id]
+        else:
+            box.running = what == "start"
+        self._resync()
+
+    def _resync(self) -> None:
+        live = [b.container() for b in self.world.values()]
+        self._do(lambda: self.table.resync(live, self.now))
+
+    @rule(pids=st.dictionaries(st.integers(100, 102), st.integers(0, 3), max_size=2))
+    def gpu_processes(self, pids: dict[int, int]) -> None:
+        self.pids = pids
+        users = [GpuUser(gpu, None, pid) for pid, gpu in sorted(pids.items())]
+        self._do(lambda: self.table.processes_seen(users, self.now))
+
+    # --- the node --------------------------------------------------------------------------
+
+    @rule(gpu=st.integers(0, 3), ok=st.booleans())
+    def health_changes(self, gpu: int, ok: bool) -> None:
+        self.health[gpu] = HEALTHY if ok else sick(since_s=self.now)
+        health = list(self.health)
+        self._do(lambda: self.table.set_health(health, self.now))
+
+    @rule()
+    def mig_change(self) -> None:
+        """GPU 3's MIG devices are made anew; the integrator resyncs after a node change."""
+        self.node = NODES["b" if self.node is NODES["a"] else "a"]
+        node, health = self.node, list(self.health)
+        self._do(lambda: self.table.set_node(node, health, self.now))
+        self._resync()
+
+    @rule(lose_snapshot=st.booleans())
+    def agent_restarts(self, lose_snapshot: bool) -> None:
+        """A new table from the snapshot (through JSON) and the container list; the queue
+        is not kept (its askers were the old process's connections)."""
+        saved = json.loads(json.dumps(snapshot_to_json(self.table.snapshot())))
+        self.table = LeaseTable(self.node, list(self.health), SETTINGS, now_s=self.now)
+        self.waiting.clear()
+        for box in self.world.values():
+            box.bound = None  # the new table binds them again (its changes say so)
+        if lose_snapshot:
+            self.pids = {}  # the processes' holds went with it; the next sweep finds them
+        else:
+            snapshot = snapshot_from_json(saved)
+            self._do(lambda: self.table.restore(snapshot, self.now))
+        self._resync()
+
+    # --- what must always hold ------------------------------------------------------------
+
+    @invariant()
+    def an_exclusive_gpu_has_one_holder_and_a_shared_one_no_more_than_its_count(self) -> None:
+        view = self.table.view()
+        by_key: dict[str, list[Lease]] = {}
+        for lease in view.leases:
+            for key in lease.units:
+                by_key.setdefault(key, []).append(lease)
+        units = {u.uuid: u for u in view.units}
+        for key, leases in by_key.items():
+            if any(x.exclusive for x in leases):
+                assert len(leases) == 1, (key, leases)
+            if key in units:
+                assert len(leases) <= units[key].sharing, (key, leases)
+
+    @invariant()
+    def every_holder_is_one_the_world_has(self) -> None:
+        """No GPU is lost: each lease and foreign hold stands for something that exists."""
+        view = self.table.view()
+        bound = [x.container_id for x in view.leases if x.container_id is not None]
+        assert len(bound) == len(set(bound))
+        gpus = NodeUnits(self.node)
+        for box in self.world.values():
+            if box.bound is not None:  # a container keeps the lease it was bound to
+                kept = self.table.lease(box.bound)
+                assert kept is not None, box
+                assert kept.container_id == box.id, (box, kept)
+        for lease in view.leases:
+            if lease.state is LeaseState.PENDING:
+                assert lease.container_id is None
+                assert lease.until_s == lease.since_s + SETTINGS.pending_s
+                for key in lease.units:
+                    unit = gpus.get(key)
+                    assert unit is not None
+                    assert self.health[unit.gpu].healthy
+                continue
+            holder = self.world.get(lease.container_id or "")
+            assert holder is not None, lease
+            if lease.state is LeaseState.RUNNING:
+                assert holder.running
+                assert lease.until_s is None
+            else:
+                assert not holder.running
+                assert lease.until_s is not None
+                assert view.now_s < lease.until_s <= view.now_s + SETTINGS.grace_s
+        for hold in view.foreign:
+            if hold.source is ForeignSource.CONTAINER:
+                assert hold.holder in self.world
+                assert self.world[hold.holder].running
+            else:
+                assert hold.holder in {f"pid {pid}" for pid in self.pids}
+
+    @invariant()
+    def the_queue_is_the_line_the_askers_stand_in(self) -> None:
+        assert [w.ticket for w in self.table.view().waiting] == self.waiting
+
+    def teardown(self) -> None:
+        self._all_leave()
+
+    def _all_leave(self) -> None:
+        """Every container removed, every ask withdrawn, every process gone, every grant
+        released: then every GPU is free, and every healthy one can be leased again."""
+        for box_id in sorted(self.world):
+            del self.world[box_id]
+            self._do(partial(self.table.destroyed, box_id, self.now))
+        for ticket in list(self.waiting):
+            self._do(partial(self.table.cancel, ticket, self.now))
+        self.pids = {}
+        self._do(lambda: self.table.processes_seen([], self.now))
+        for lease in self.table.view().leases:
+            self._do(partial(self.table.release, lease.id, self.now))
+        view = self.table.view()
+        assert (view.leases, view.foreign, view.waiting) == ((), (), ())
+        assert all(u.state is UnitState.FREE for u in view.units)
+        usable = [u.name for u in view.units if u.healthy]
+        if usable:
+            ask = Ask(devices=" ".join(usable))
+            grant = self._do(lambda: self.table.ask(ask, self.now))
+            assert isinstance(grant, Granted), grant
+            self._do(lambda: self.table.release(grant.lease.id, self.now))
+
+
+LeaseMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEPS,
+    deadline=DEADLINE_MS,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLeaseTableProperty = LeaseMachine.TestCase

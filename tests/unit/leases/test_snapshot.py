@@ -1,0 +1,212 @@
+"""The snapshot (JSON and back, refusals of what is not one), the container labels, and the
+rebuild after a restart: restore the snapshot, resync with the live containers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agent.leases.answers import ChangeKind
+from agent.leases.asks import Ask
+from agent.leases.containers import Container
+from agent.leases.holders import LeaseState
+from agent.leases.labels import (
+    LABEL_DEVICES,
+    LABEL_ID,
+    LABEL_MODE,
+    LABEL_OWNER,
+    LeaseLabel,
+    labels_for,
+    read_label,
+)
+from agent.leases.snapshot import (
+    SCHEMA,
+    Snapshot,
+    SnapshotError,
+    snapshot_from_json,
+    snapshot_to_json,
+)
+from agent.leases.table import LeaseTable
+from agent.leases.view import UnitState
+
+from .nodes import T0, build_node, cid, granted, healthy, leased_container
+
+NODE = build_node([0, 0, 1, 1])
+
+
+def _busy_table() -> LeaseTable:
+    """A pending lease, a running one, a stopped one, and a foreign container."""
+    table = LeaseTable(NODE, healthy(NODE), now_s=T0)
+    granted(table.ask(Ask(devices="0", owner=(("user", "ann"),)), T0))
+    for n, dev in ((1, "1"), (2, "2")):
+        lease = granted(table.ask(Ask(devices=dev, exclusive=False), T0)).lease
+        container = leased_container(n, lease, running=True)
+        table.created(container, T0)
+        table.started(container, T0)
+    table.died(cid(2), T0 + 1)
+    table.started(Container(cid(3), True, devices=("3",), how="--device /dev/nvidia3"), T0 + 2)
+    return table
+
+
+def _round_trip(snapshot: Snapshot) -> Snapshot:
+    return snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snapshot))))
+
+
+def test_a_snapshot_survives_json() -> None:
+    snapshot = _busy_table().snapshot()
+    assert [x.state for x in snapshot.leases] == [
+        LeaseState.PENDING,
+        LeaseState.RUNNING,
+        LeaseState.STOPPED,
+    ]
+    assert len(snapshot.foreign) == 1
+    assert _round_trip(snapshot) == snapshot
+    assert snapshot_to_json(snapshot)["schema"] == SCHEMA
+
+
+def test_a_restored_table_is_the_table_it_was() -> None:
+    table = _busy_table()
+    restored = LeaseTable(NODE, healthy(NODE), now_s=T0 + 3)
+    outcome = restored.restore(_round_trip(table.snapshot()), T0 + 3)
+    assert [c.text for c in outcome.changes] == [
+        "restored 3 leases and 1 foreign holder from the snapshot of 2026-09-21T14:13:22Z"
+    ]
+    assert restored.view().units == table.view().units
+    assert restored.view().leases == table.view().leases
+    restored.release("lease-1", T0 + 4)
+    assert granted(restored.ask(Ask(), T0 + 4)).lease.id == "lease-4"
+
+
+def test_rebuild_after_a_restart_restores_then_resyncs_with_the_live_containers() -> None:
+    """Down for 100 s: the pending grant expired meanwhile, container 1 was removed, 2 was
+    started again, and the foreign container 3 still runs."""
+    old = _busy_table()
+    snapshot = _round_trip(old.snapshot())
+    leases = {x.id: x for x in snapshot.leases}
+    table = LeaseTable(NODE, healthy(NODE), now_s=T0 + 100)
+    restored = table.restore(snapshot, T0 + 100)
+    assert [c.kind for c in restored.changes] == [ChangeKind.RESTORED, ChangeKind.EXPIRED]
+    live = [
+        leased_container(2, leases["lease-3"], running=True),
+        Container(cid(3), True, devices=("3",), how="--device /dev/nvidia3"),
+    ]
+    synced = table.resync(live, T0 + 100)
+    assert [c.kind for c in synced.changes] == [ChangeKind.ENDED, ChangeKind.STARTED]
+    assert [u.state for u in table.view().units] == [
+        UnitState.FREE,
+        UnitState.FREE,
+        UnitState.LEASED,
+        UnitState.FOREIGN,
+    ]
+
+
+def test_rebuild_without_a_snapshot_takes_the_running_containers_labels() -> None:
+    old = _busy_table()
+    leases = {x.id: x for x in old.snapshot().leases}
+    table = LeaseTable(NODE, healthy(NODE), now_s=T0 + 100)
+    live = [
+        leased_container(1, leases["lease-2"], running=True),
+        leased_container(2, leases["lease-3"]),  # stopped: it holds nothing now
+    ]
+    synced = table.resync(live, T0 + 100)
+    assert [c.kind for c in synced.changes] == [ChangeKind.RELET]
+    relet = table.lease("lease-2")
+    assert relet is not None
+    assert not relet.exclusive
+    assert relet.container_id == cid(1)
+    assert granted(table.ask(Ask(), T0 + 101)).lease.id == "lease-4"  # after every label
+
+
+def test_restore_needs_an_empty_table() -> None:
+    table = _busy_table()
+    with pytest.raises(RuntimeError, match="restored before it holds anything"):
+        table.restore(table.snapshot(), T0)
+
+
+def _valid() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(snapshot_to_json(_busy_table().snapshot())))
+    return data
+
+
+@pytest.mark.parametrize(
+    ("spoil", "line"),
+    [
+        (lambda d: [], "snapshot: not an object"),
+        (lambda d: {**d, "schema": "other/1"}, "schema: not nvidia-docker-leases/1: 'other/1'"),
+        (lambda d: {**d, "next_lease": 0}, "next_lease: not a whole number from 1"),
+        (lambda d: {**d, "saved_s": "now"}, "saved_s: not a time in seconds"),
+        (lambda d: {**d, "leases": {}}, "leases: not a list of at most 4096"),
+        (lambda d: {**d, "leases": [{}] * 4097}, "leases: not a list of at most 4096"),
+        (lambda d: _lease(d, id="lease-x"), "leases[0].id: not a lease id: 'lease-x'"),
+        (lambda d: _lease(d, state="gone"), "leases[0].state: not a lease state: 'gone'"),
+        (lambda d: _lease(d, units=[]), "leases[0].units: one or more, and a name for each"),
+        (lambda d: _lease(d, container_id=cid(1)), "leases[0]: a pending lease has no container"),
+        (lambda d: _lease(d, until_s=None), "leases[0].until_s: set unless its container runs"),
+        (lambda d: _lease(d, exclusive=1), "leases[0].exclusive: not true or false"),
+        (lambda d: _lease(d, owner={"bad key": "x"}), "leases[0].owner: not owner labels"),
+        (lambda d: _lease(d, asked="a\nb"), "leases[0].asked: not a printable string"),
+        (lambda d: {**d, "leases": d["leases"][:1] * 2}, "leases: a lease id is given twice"),
+        (lambda d: _foreign(d, holder="../x"), "foreign[0].holder: not a container id: '../x'"),
+        (
+            lambda d: _foreign(d, holder="pid x", container=False),
+            "foreign[0].holder: not a container id or pid: 'pid x'",
+        ),
+        (lambda d: _foreign(d, source="magic"), "foreign[0].source: not a source: 'magic'"),
+    ],
+)
+def test_what_is_not_a_snapshot_is_refused_naming_the_field(spoil: Any, line: str) -> None:
+    with pytest.raises(SnapshotError) as caught:
+        snapshot_from_json(spoil(_valid()))
+    assert str(caught.value).startswith(line)
+
+
+def _lease(data: dict[str, Any], **fields: object) -> dict[str, Any]:
+    return {**data, "leases": [{**data["leases"][0], **fields}, *data["leases"][1:]]}
+
+
+def _foreign(data: dict[str, Any], **fields: object) -> dict[str, Any]:
+    return {**data, "foreign": [{**data["foreign"][0], **fields}]}
+
+
+def test_labels_name_the_lease_its_devices_its_mode_and_its_owner() -> None:
+    lease = granted(
+        LeaseTable(NODE, healthy(NODE)).ask(
+            Ask(count=2, exclusive=False, owner=(("user", "ann"), ("job", "7"))), T0
+        )
+    ).lease
+    labels = labels_for(lease)
+    assert labels == {
+        LABEL_ID: "lease-1",
+        LABEL_DEVICES: ",".join(lease.units),
+        LABEL_MODE: "shared",
+        LABEL_OWNER: '{"user":"ann","job":"7"}',
+    }
+    assert read_label(labels) == LeaseLabel("lease-1", lease.units, False, lease.owner)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        {LABEL_ID: None},
+        {LABEL_ID: "lease-0"},
+        {LABEL_ID: "L1"},
+        {LABEL_DEVICES: None},
+        {LABEL_DEVICES: ""},
+        {LABEL_DEVICES: "GPU-a,GPU-a"},
+        {LABEL_DEVICES: "GPU-a, GPU-b"},
+        {LABEL_DEVICES: ",".join(f"GPU-{i}" for i in range(600))},
+        {LABEL_MODE: "mine"},
+    ],
+)
+def test_a_label_not_of_the_tables_form_is_no_label(spoil: dict[str, str | None]) -> None:
+    labels = {LABEL_ID: "lease-3", LABEL_DEVICES: "GPU-a", LABEL_MODE: "exclusive"}
+    labels.update(spoil)  # type: ignore[arg-type]
+    assert read_label({k: v for k, v in labels.items() if v is not None}) is None
+
+
+@pytest.mark.parametrize("owner", ["", "[1]", '{"a": 1}', '{"bad key": "x"}', "{" * 9000])
+def test_malformed_owner_labels_read_as_none(owner: str) -> None:
+    labels = {LABEL_ID: "lease-3", LABEL_DEVICES: "GPU-a", LABEL_OWNER: owner}
+    assert read_label(labels) == LeaseLabel("lease-3", ("GPU-a",), True, ())
