@@ -177,6 +177,23 @@ def _await_engine(
     return engine, proc
 
 
+def restart_engine(
+    engine: DockerEngine,
+    proc: subprocess.Popen[bytes],
+    *,
+    dockerd: str = "dockerd",
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """Stop dockerd and start it again on the same directory (data root, socket, containers
+    and images kept: containers that ran are stopped); the new process, which the caller
+    stops with ``stop_engine``."""
+    stop_process(proc, timeout_s=30)
+    sock = Path(engine.host.removeprefix("unix://"))
+    with (engine.root / "dockerd.log").open("ab") as log:
+        new = _spawn_dockerd(engine.root, sock, log, dict(os.environ), dockerd, extra_args)
+    return _await_engine(engine, new)[1]
+
+
 def stop_engine(engine: DockerEngine, proc: subprocess.Popen[bytes]) -> None:
     """Remove every container, stop dockerd, delete its directory.
 

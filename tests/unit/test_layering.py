@@ -8,9 +8,10 @@ for them); only ``agent/gpu/`` imports pynvml and only ``agent/metrics/``
 prometheus_client; in ``controller``, paramiko only in the SSH tunnel (and its ``~/.ssh/config``
 reader) and aiohttp only in the HTTP client; the wrapper's fast path imports nothing but the
 standard library at module level; the lease table (``agent.leases``) only the GPU model, the
-health rule, the device selection and the standard library, none of its I/O or clocks. Every
-import counts, also one inside a function (a lazy import is still a dependency), and
-``if TYPE_CHECKING`` blocks too.
+health rule, the device selection and the standard library, none of its I/O or clocks; the
+engines' edge (``agent.engines``) none of the parts that use it (the API, the lease wiring,
+attribution, the server). Every import counts, also one inside a function (a lazy import is
+still a dependency), and ``if TYPE_CHECKING`` blocks too.
 """
 
 from __future__ import annotations
@@ -231,6 +232,16 @@ def test_the_agents_modules_import_each_other_without_a_cycle() -> None:
         visit(module, [])
 
 
+# The engines' edge (their API client, containers and events) knows the engines and the
+# lease table's values, not the parts that use it: attribution and the lease wiring import
+# it, never the other way.
+ENGINES_MAY_NOT_IMPORT = (
+    "agent.api", "agent.leasing", "agent.server", "agent.cli", "agent.daemon",
+    "agent.attribution", "agent.node", "agent.metrics", "agent.health", "agent.cdi_spec",
+    "agent.gpu",
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("importer", "forbidden"),
     [
@@ -247,6 +258,7 @@ def test_the_agents_modules_import_each_other_without_a_cycle() -> None:
             ("agent.server", "agent.cli", "agent.daemon"),
         ),
         ("agent.node", ("agent.server", "agent.cli", "agent.daemon", "agent.edge")),
+        ("agent.engines", ENGINES_MAY_NOT_IMPORT),
     ],
 )
 def test_the_agents_rooms(importer: str, forbidden: tuple[str, ...]) -> None:
