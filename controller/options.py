@@ -133,6 +133,52 @@ def convert(setting: Setting, text: str, where: str, home: str) -> Any:
         raise OptionsError(f"{given} cannot be used: {err}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class AutoGpus:
+    """``NV_GPU=auto[:N]`` or ``auto:mig:PROFILE[:N]``: ask the node's agent for a lease of
+    ``count`` free GPUs (or MIG devices of ``mig_profile``) instead of naming them."""
+
+    count: int = 1
+    mig_profile: str | None = None
+
+    @property
+    def text(self) -> str:
+        """As ``NV_GPU`` writes it: ``auto:2``, ``auto:mig:1g.18gb:2``."""
+        mig = f":mig:{self.mig_profile}" if self.mig_profile is not None else ""
+        return f"{AUTO}{mig}:{self.count}"
+
+
+AUTO = "auto"
+MAX_AUTO_COUNT = 64  # no node has more GPUs (the agent's bound too)
+_MIG_PROFILE = re.compile(r"[0-9]+(?:c\.[0-9]+)?g\.[0-9]+gb(?:\+[a-z0-9]+)*")  # 1g.18gb, 1c.2g.35gb
+_AUTO_GRAMMAR = (
+    "auto, auto:N, auto:mig:PROFILE or auto:mig:PROFILE:N (e.g. auto:2, auto:mig:1g.18gb)"
+)
+
+
+def _gpus(text: str) -> str | AutoGpus:
+    """``NV_GPU``: a ``dev`` list (``env_text.gpu_list``: no lease, as SPEC section 4 has it)
+    or an ``auto`` form (a lease)."""
+    listed = env_text.gpu_list(text)
+    words = listed.lower().split()
+    if not any(word.split(":", 1)[0] == AUTO for word in words):
+        return listed
+    if len(words) > 1:
+        raise ValueError(f"auto asks for a lease alone, without GPU names: give {_AUTO_GRAMMAR}")
+    parts = words[0].split(":")[1:]
+    profile = None
+    if parts and parts[0] == "mig":
+        if len(parts) < 2 or not _MIG_PROFILE.fullmatch(parts[1]):
+            raise ValueError(f"name a MIG profile as nvidia-smi mig -lgip does: {_AUTO_GRAMMAR}")
+        profile, parts = parts[1], parts[2:]
+    if len(parts) > 1 or (parts and not parts[0].isdigit()):
+        raise ValueError(f"give {_AUTO_GRAMMAR}")
+    count = int(parts[0]) if parts else 1
+    if not 1 <= count <= MAX_AUTO_COUNT:
+        raise ValueError(f"the count of auto:N is 1 to {MAX_AUTO_COUNT}: give {_AUTO_GRAMMAR}")
+    return AutoGpus(count, profile)
+
+
 def _ssh_config(text: str) -> str | None:
     value = text.strip()
     return None if value.lower() == "none" else value
@@ -159,15 +205,48 @@ class Options:
         ctl=False,
         shown="docker",
     )
-    gpus: str = setting(
+    gpus: str | AutoGpus = setting(  # noqa: RUF009 (frozen: a str or a frozen AutoGpus)
         "",
-        "GPUs to give: indices, UUID prefixes (GPU-...), MIG devices (<gpu>:<mig>, MIG-...); "
-        "commas or spaces between them.",
+        "GPUs to give: indices, UUID prefixes (GPU-..., MIG-...) or MIG devices (<gpu>:<mig>), "
+        "commas or spaces between them, with no lease, or auto[:N], auto:mig:PROFILE[:N] for "
+        "a lease of N free GPUs (MIG devices of PROFILE) from the node's agent.",
         env="NV_GPU",
-        parse=env_text.gpu_list,
+        parse=_gpus,
         wrapper=True,
         ctl=False,
         shown="all",
+    )
+    gpu_wait_s: float = setting(
+        0.0,
+        "Seconds a lease ask (NV_GPU=auto..., --gpus) may wait in the node's queue for GPUs "
+        "to free; 0: refused at once when not enough are free.",
+        env="NV_GPU_WAIT",
+        kind="float",
+        minimum=0,
+        maximum=600,
+        wrapper=True,
+        ctl=False,
+        shown="0",
+    )
+    gpu_shared: bool = setting(
+        False,
+        "yes: a lease ask takes shared GPUs (as many leases at once as a GPU's sharing count "
+        "on the node allows).",
+        env="NV_GPU_SHARED",
+        kind="yes_no",
+        wrapper=True,
+        ctl=False,
+        shown="no",
+    )
+    cpuset: bool = setting(
+        True,
+        "no: a leased container gets no --cpuset-cpus/--cpuset-mems of its GPUs' NUMA nodes "
+        "(it never does when the command line gives either).",
+        env="NV_CPUSET",
+        kind="yes_no",
+        wrapper=True,
+        ctl=False,
+        shown="yes",
     )
     cdi: str = setting(
         "auto",

@@ -36,13 +36,14 @@ class AgentHttpError(NodeError):
         *,
         invalid_parameter: str | None = None,
         invalid_value: str | None = None,
+        method: str = "GET",
     ) -> None:
         self.status = status
         self.agent_message = text
         self.invalid_parameter = invalid_parameter
         self.invalid_value = invalid_value
         super().__init__(
-            node, f"the agent answered {status} to GET {path}: {text}", Failure.HTTP_STATUS
+            node, f"the agent answered {status} to {method} {path}: {text}", Failure.HTTP_STATUS
         )
 
     @property
@@ -53,16 +54,18 @@ class AgentHttpError(NodeError):
 class TokenRefusedError(AgentHttpError):
     """The agent answered 401: it wants a token, or not the one sent (``Failure.TOKEN_REFUSED``)."""
 
-    def __init__(self, node: str, path: str, text: str, *, token_file: str | None) -> None:
-        super().__init__(node, path, 401, text)
+    def __init__(
+        self, node: str, path: str, text: str, *, token_file: str | None, method: str = "GET"
+    ) -> None:
+        super().__init__(node, path, 401, text, method=method)
         if token_file is None:
             self.reason = (
-                f"the agent asks for a token (401 to GET {path}: {text}): give the token file "
-                "with --token-file FILE or NV_TOKEN_FILE"
+                f"the agent asks for a token (401 to {method} {path}: {text}): give the token "
+                "file with --token-file FILE or NV_TOKEN_FILE"
             )
         else:
             self.reason = (
-                f"the agent refused the token of {token_file} (401 to GET {path}: {text}): "
+                f"the agent refused the token of {token_file} (401 to {method} {path}: {text}): "
                 "is it one of the tokens in the agent's --token-file?"
             )
         self.failure = Failure.TOKEN_REFUSED
@@ -81,13 +84,14 @@ def http_error(
     headers: Mapping[str, str],
     body: bytes,
     token_file: str | None,
+    method: str = "GET",
 ) -> AgentHttpError:
     """The error for a non-200 answer (``headers`` looked up case-insensitively by the caller's
     mapping: aiohttp's, or lower-cased names)."""
     text = body.decode("utf-8", "replace").strip().splitlines()
     first = text[0] if text else reason_phrase
     if status == 401:
-        return TokenRefusedError(node, path, first, token_file=token_file)
+        return TokenRefusedError(node, path, first, token_file=token_file, method=method)
     parameter = headers.get(INVALID_PARAMETER_HEADER) or headers.get(
         INVALID_PARAMETER_HEADER.lower()
     )
@@ -99,6 +103,7 @@ def http_error(
         first,
         invalid_parameter=parameter,
         invalid_value=unquote(value) if parameter and value is not None else None,
+        method=method,
     )
 
 
@@ -131,17 +136,19 @@ def connect_error(node: str, agent_url: str, error: OSError, failure: Failure) -
     )
 
 
-def timeout_error(node: str, path: str, timeout_s: float) -> NodeError:
+def timeout_error(node: str, path: str, timeout_s: float, method: str = "GET") -> NodeError:
     return NodeError(
         node,
-        f"no answer to GET {path} within {timeout_s:g} s: is the agent "
+        f"no answer to {method} {path} within {timeout_s:g} s: is the agent "
         "(nvidia-docker-plugin) healthy?",
         Failure.TIMEOUT,
     )
 
 
-def disconnected_error(node: str, path: str, why: str, *, plain_http: bool) -> NodeError:
+def disconnected_error(
+    node: str, path: str, why: str, *, plain_http: bool, method: str = "GET"
+) -> NodeError:
     """The connection ended without an answer; over plain HTTP, an agent serving TLS does
     exactly that, so say so."""
     hint = " (an agent serving TLS closes plain HTTP connections: https://?)" if plain_http else ""
-    return NodeError(node, f"GET {path} failed: {why}{hint}", Failure.DISCONNECTED)
+    return NodeError(node, f"{method} {path} failed: {why}{hint}", Failure.DISCONNECTED)

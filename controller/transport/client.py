@@ -27,6 +27,10 @@ Public API::
   ``AgentHttpError`` (a ``NodeError``) for an answer other than 200, with ``status`` and the
   agent's message in ``reason``.
 - ``get_json(path, params=None)`` decodes the body as JSON.
+- ``request(method, path, payload=..., answers=(201, 409), timeout_s=...)``: any method,
+  with a JSON body; the answers whose status is one of ``answers`` come back as they are
+  (status, body, headers), the rest raise as ``get`` does (the wrapper's lease ask: a 409
+  is an answer to read, not a failure).
 - Timeouts: ``timeout_s`` (default 10 s) bounds each request, including connecting and the
   SSH login; ``connect_timeout_s`` can be shorter (the wrapper probes the local agent with a
   short one).
@@ -45,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -184,16 +188,45 @@ class AgentClient:
         self, path: str, params: Mapping[str, str] | None = None
     ) -> tuple[bytes, Mapping[str, str]]:
         """The body and headers of ``GET path`` (200 only); raises ``NodeError``."""
+        _status, body, headers = await self.request("GET", path, params=params)
+        return body, headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        payload: Any = None,
+        answers: Collection[int] = (200,),
+        timeout_s: float | None = None,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        """``method path`` (``payload``: a JSON body): the status, body and headers of an
+        answer whose status is one of ``answers``; any other raises ``AgentHttpError``, and
+        every failure to get an answer ``NodeError``. ``timeout_s`` replaces the client's
+        ``timeout_s`` for this request (an ask that may wait in the node's queue)."""
         if self._session is None:
             await self.open()
         assert self._session is not None
         url = self.endpoint.agent_url + path
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        timeout = (
+            self._session.timeout
+            if timeout_s is None
+            else aiohttp.ClientTimeout(total=timeout_s, connect=self.connect_timeout_s)
+        )
         try:
-            async with self._session.get(
-                url, params=params, ssl=self._ssl, headers=self._headers
+            async with self._session.request(
+                method,
+                url,
+                params=params,
+                json=payload,
+                ssl=self._ssl,
+                headers=self._headers,
+                timeout=timeout,
             ) as response:
                 body = await response.read()
-                if response.status != 200:
+                if response.status not in answers:
                     raise http_error(
                         self.node,
                         path,
@@ -202,12 +235,13 @@ class AgentClient:
                         response.headers,
                         body,
                         self.tls.token_file,
+                        method,
                     )
-                return body, response.headers
+                return response.status, body, response.headers
         except NodeError:
             raise
         except TimeoutError:
-            raise timeout_error(self.node, path, self.timeout_s) from None
+            raise timeout_error(self.node, path, limit, method) from None
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
             raise self._tls_error(exc.os_error) from exc
         except aiohttp.ClientConnectorError as exc:
@@ -218,13 +252,13 @@ class AgentClient:
             )
             raise connect_error(self.node, self.endpoint.agent_url, exc.os_error, failure) from exc
         except aiohttp.ClientError as exc:
-            raise self._request_error(path, exc) from exc
+            raise self._request_error(path, exc, method) from exc
 
     def _tls_error(self, error: BaseException) -> NodeError:
         failure, message = tls_failure(error, self.tls, self.endpoint.host)
         return NodeError(self.node, message, failure)
 
-    def _request_error(self, path: str, exc: aiohttp.ClientError) -> NodeError:
+    def _request_error(self, path: str, exc: aiohttp.ClientError, method: str) -> NodeError:
         """What a failed request means: the tunnel's reason, a TLS alert, a plain close."""
         tunnel = self._tunnel
         if tunnel is not None and tunnel.channel_error is not None:
@@ -235,9 +269,9 @@ class AgentClient:
         if isinstance(exc, aiohttp.ServerDisconnectedError):
             plain = self.endpoint.scheme == "http" and self.endpoint.transport == "http"
             return disconnected_error(
-                self.node, path, str(exc or type(exc).__name__), plain_http=plain
+                self.node, path, str(exc or type(exc).__name__), plain_http=plain, method=method
             )
-        return NodeError(self.node, f"GET {path} failed: {exc or type(exc).__name__}")
+        return NodeError(self.node, f"{method} {path} failed: {exc or type(exc).__name__}")
 
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         body = await self.get(path, params)

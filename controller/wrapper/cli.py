@@ -2,16 +2,18 @@
 
 Usage: ``nvidia-docker [docker arguments]`` (docs/nvidia-docker.md). This module is the
 wrapper's edge: the only one of the wrapper that reads the environment. Its settings are
-``controller.options``' declarations (``NV_GPU``, ``NV_HOST``, ``NV_CDI``, TLS, SSH, ...),
-built into one ``Options`` for ``run``/``create``; the pass-through path reads only
-``NV_DOCKER`` and ``NV_DEBUG``, with the same parsers (``controller.env_text``).
+``controller.options``' declarations (``NV_GPU``, ``NV_GPU_WAIT``, ``NV_CPUSET``, ``NV_HOST``,
+``NV_CDI``, TLS, SSH, ...), built into one ``Options`` for ``run``/``create``; the pass-through
+path reads only ``NV_DOCKER`` and ``NV_DEBUG``, with the same parsers (``controller.env_text``).
 
 Only ``run`` and ``create`` (also ``container run|create``) change: the GPU arguments go right
-after the command word, then docker replaces this process (``execvp``: same pid, so signals
-and the exit code are docker's). Everything else is handed to docker untouched; ``version``
-first prints ``NVIDIA Docker: <version>`` and a blank line; ``--help`` (and ``help``, or no
-argument) first prints what the wrapper adds and its variables, then docker's help. Errors
-are one line, ``nvidia-docker | <date> <time> Error: <message>``, exit code 1.
+after the command word (for a lease, ``NV_GPU=auto...`` or docker's ``--gpus``, also its
+labels and cpuset, and ``--gpus`` itself is dropped), then docker replaces this process
+(``execvp``: same pid, so signals and the exit code are docker's). Everything else is handed
+to docker untouched; ``version`` first prints ``NVIDIA Docker: <version>`` and a blank line;
+``--help`` (and ``help``, or no argument) first prints what the wrapper adds and its
+variables, then docker's help. Errors are one line,
+``nvidia-docker | <date> <time> Error: <message>``, exit code 1.
 
 Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``version`` through
 this wrapper many times per task. That path imports only this module, ``docker_args`` and
@@ -64,12 +66,17 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
         from controller.options import Options  # noqa: PLC0415
         from controller.wrapper.gpu_args import gpu_arguments  # noqa: PLC0415
 
-        options = Options.build(environ, password_prompt=_terminal(sys.stdin), command="wrapper")
+        options = Options.build(
+            environ,
+            password_prompt=_terminal(sys.stdin),
+            progress=_terminal(sys.stderr),
+            command="wrapper",
+        )
         configure(PROG, options.debug)
-        extra, warnings = gpu_arguments(command, options)
-        for warning in warnings:
+        changes = gpu_arguments(command, options)
+        for warning in changes.warnings:
             _log("Warning", warning)
-        return [*options.docker, *command.with_inserted(extra)]
+        return [*options.docker, *command.with_inserted(changes.insert, changes.drop)]
     if command.command == "version" and command.command_index == command.global_end:
         from agent import __version__  # noqa: PLC0415
 

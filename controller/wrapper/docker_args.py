@@ -72,6 +72,7 @@ class DockerCommand:
         "image",
         "image_index",
         "options",
+        "spans",
     )
 
     def __init__(self, args: list[str]) -> None:
@@ -84,6 +85,8 @@ class DockerCommand:
         self.docker_host: str | None = None  # last -H/--host value
         self.docker_context: str | None = None  # last -c/--context value
         self.options: dict[str, str] = {}  # run/create long options with a value (last wins)
+        # run/create long options with a value, each as (name, first index, end index)
+        self.spans: list[tuple[str, int, int]] = []
         self.help = False  # --help among the run/create options
         self.global_help = False  # -h/--help among the global options
 
@@ -104,10 +107,21 @@ class DockerCommand:
             return self.global_help or not self.args
         return self.command == "help" and self.command_index == len(self.args) - 1
 
-    def with_inserted(self, extra: list[str]) -> list[str]:
-        """The arguments with ``extra`` right after the command word."""
+    def with_inserted(self, extra: list[str], drop: tuple[str, ...] = ()) -> list[str]:
+        """The arguments with ``extra`` right after the command word, without the run/create
+        long options named in ``drop`` (``gpus``: the wrapper gives the GPUs itself)."""
         at = self.command_index + 1
-        return [*self.args[:at], *extra, *self.args[at:]]
+        args = self.args
+        if drop:
+            gone = {i for name, start, end in self.spans if name in drop for i in range(start, end)}
+            kept = [arg for i, arg in enumerate(args) if i not in gone]
+            at -= sum(1 for i in gone if i < at)
+            args = kept
+        return [*args[:at], *extra, *args[at:]]
+
+    def given(self, name: str) -> int:
+        """How many times the run/create long option ``name`` (with a value) is given."""
+        return sum(1 for span in self.spans if span[0] == name)
 
     def __repr__(self) -> str:
         return (
@@ -139,9 +153,11 @@ def _skip_options(
     bool_short: frozenset[str],
     short_names: dict[str, str],
     seen: dict[str, str],
+    spans: list[tuple[str, int, int]] | None = None,
 ) -> tuple[int, bool]:
     """Index of the first positional argument at or after ``start``, and whether --help was
-    among the options. Options with a value are recorded in ``seen`` (long name -> value)."""
+    among the options. Options with a value are recorded in ``seen`` (long name -> value),
+    and, given ``spans``, the long ones' places (name, first index, end index)."""
     i, n, wants_help = start, len(args), False
     while i < n:
         arg = args[i]
@@ -151,11 +167,14 @@ def _skip_options(
             name, eq, value = arg[2:].partition("=")
             if name == "help":
                 wants_help = True
+            first = i
             if not eq and name not in bool_long:
                 i += 1
                 value = args[i] if i < n else ""
             if name not in bool_long:
                 seen[name] = value
+                if spans is not None:
+                    spans.append((name, first, min(i, n - 1) + 1))
         elif arg.startswith("-") and len(arg) > 1:
             for at in range(1, len(arg)):
                 letter = arg[at]
@@ -196,7 +215,13 @@ def scan(args: list[str]) -> DockerCommand:
     if command not in GPU_COMMANDS:
         return found
     image_at, found.help = _skip_options(
-        args, command_index + 1, RUN_BOOL_LONG, RUN_BOOL_SHORT, _RUN_SHORT_ALIASES, found.options
+        args,
+        command_index + 1,
+        RUN_BOOL_LONG,
+        RUN_BOOL_SHORT,
+        _RUN_SHORT_ALIASES,
+        found.options,
+        found.spans,
     )
     if image_at < len(args):
         found.image, found.image_index = args[image_at], image_at

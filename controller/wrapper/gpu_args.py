@@ -23,6 +23,14 @@ after the label says GPUs are wanted), the GPU arguments are the CDI form instea
 (``GET /docker/cli?format=cdi``), and the node's spec brings the control nodes and the driver
 volume. An agent that writes no spec (or predates CDI) gets the volume form, with a warning.
 
+A lease (``NV_GPU=auto[:N]``, ``auto:mig:PROFILE[:N]``, docker's ``--gpus``: ``leases``)
+changes steps 3 and 4: it wants GPUs whatever the image's label says (without the label,
+every driver volume), and after the CUDA check the agent is asked for the lease
+(``POST /leases``) in the same connection; the grant's ``Dev`` is what ``/docker/cli`` is
+asked for, its labels, cpuset and ``NVIDIA_VISIBLE_DEVICES`` are inserted too, and
+``--gpus`` is dropped (``GpuArguments.drop``). It needs the node's agent: the local NVML
+path knows the GPUs, not who holds them. ``NV_GPU=0,1`` and no selection ask for none.
+
 Every failure is a ``ControllerError`` with one line; no container is created.
 """
 
@@ -32,9 +40,10 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from controller.errors import DockerError, GpuError, NodeError
 from controller.options import Options
@@ -42,8 +51,10 @@ from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.tls import TlsOptions
 from controller.wrapper.docker_args import DockerCommand
 from controller.wrapper.engine_cdi import engine_cdi, is_podman
+from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
 if TYPE_CHECKING:
+    from controller.transport.client import AgentClient
     from controller.transport.ssh_tunnel import SshOptions
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
@@ -60,6 +71,18 @@ class GpuFacts:
     cuda_version: str  # "13.0"
     docker_args: tuple[str, ...]  # ("--volume-driver=...", "--volume=...", "--device=...")
     cdi: bool = False  # docker_args are the CDI form ("--device=nvidia.com/gpu=...")
+    warnings: tuple[str, ...] = ()
+    grant: Grant | None = None  # the lease these devices are (NV_GPU=auto..., --gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuArguments:
+    """What ``gpu_arguments`` changes in the command line: arguments inserted right after
+    ``run``/``create``, the run options dropped (``--gpus``: the lease gives the GPUs), and
+    the warnings to print."""
+
+    insert: list[str]
+    drop: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
@@ -182,8 +205,10 @@ async def _facts_from_agent(
     probe: bool,
     cdi: bool = False,
     reach: Reach | None = None,
+    lease: LeaseAsk | None = None,
+    terminal: bool = False,
 ) -> GpuFacts:
-    from controller.transport.client import AgentClient, AgentHttpError  # noqa: PLC0415
+    from controller.transport.client import AgentClient  # noqa: PLC0415
 
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
     how = reach or Reach(TlsOptions())
@@ -197,39 +222,55 @@ async def _facts_from_agent(
             raise NodeError(agent.node, "GET /gpu/info/json has no Version.CUDA") from None
         if cuda_needed is not None:
             check_cuda(cuda, cuda_needed)
-        count = len(info.get("Devices") or [])
-        params = {"vol": volumes, "dev": devices}
-        warnings: list[str] = []
+        if lease is None:
+            return await _device_args(agent, info, cuda, volumes, devices, cdi=cdi)
+        grant = await ask_lease(agent, lease, info, terminal=terminal)
         try:
-            if cdi:
-                try:
-                    body = await agent.get("/docker/cli", params={**params, "format": "cdi"})
-                    args = tuple(body.decode().split())
-                    if not args:
-                        raise GpuError(
-                            f"{agent.node} has no CDI device for the GPUs asked for "
-                            f"(NV_GPU={devices or 'all'}): see GET /cdi/spec on the node"
-                        )
-                    if all(arg.startswith(CDI_DEVICE_ARG) for arg in args):
-                        return GpuFacts(cuda, args, cdi=True)
-                    warnings.append(_NO_CDI.format(node=agent.node, why="predates CDI"))
-                    return GpuFacts(cuda, args, warnings=tuple(warnings))
-                except AgentHttpError as err:
-                    if err.status != 400 or err.invalid_parameter != "format":
-                        raise
-                warnings.append(_NO_CDI.format(node=agent.node, why="writes no CDI spec"))
-            body = await agent.get("/docker/cli", params=params)
-        except AgentHttpError as err:
-            if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
-                raise _refused(
-                    err.invalid_parameter, err.invalid_value, count, agent.node, err.agent_message
-                ) from None
-            if err.status == 409:  # the GPU exists but is unhealthy: the agent says why
-                raise GpuError(
-                    f"NV_GPU names a GPU that {agent.node} does not hand out now: "
-                    f"{err.agent_message}"
-                ) from None
+            facts = await _device_args(agent, info, cuda, volumes, grant.dev, cdi=cdi)
+        except Exception:  # not on Ctrl-C: the pending lease then ends by itself
+            await release(agent, grant.lease)
             raise
+        return replace(facts, grant=grant, warnings=(*facts.warnings, *grant.warnings()))
+
+
+async def _device_args(
+    agent: AgentClient, info: Any, cuda: str, volumes: str, devices: str, *, cdi: bool
+) -> GpuFacts:
+    """``/docker/cli`` for ``devices`` (``dev``), in the CDI form when the engine reads it."""
+    from controller.transport.client import AgentHttpError  # noqa: PLC0415
+
+    count = len(info.get("Devices") or [])
+    params = {"vol": volumes, "dev": devices}
+    warnings: list[str] = []
+    try:
+        if cdi:
+            try:
+                body = await agent.get("/docker/cli", params={**params, "format": "cdi"})
+                args = tuple(body.decode().split())
+                if not args:
+                    raise GpuError(
+                        f"{agent.node} has no CDI device for the GPUs asked for "
+                        f"(NV_GPU={devices or 'all'}): see GET /cdi/spec on the node"
+                    )
+                if all(arg.startswith(CDI_DEVICE_ARG) for arg in args):
+                    return GpuFacts(cuda, args, cdi=True)
+                warnings.append(_NO_CDI.format(node=agent.node, why="predates CDI"))
+                return GpuFacts(cuda, args, warnings=tuple(warnings))
+            except AgentHttpError as err:
+                if err.status != 400 or err.invalid_parameter != "format":
+                    raise
+            warnings.append(_NO_CDI.format(node=agent.node, why="writes no CDI spec"))
+        body = await agent.get("/docker/cli", params=params)
+    except AgentHttpError as err:
+        if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
+            raise _refused(
+                err.invalid_parameter, err.invalid_value, count, agent.node, err.agent_message
+            ) from None
+        if err.status == 409:  # the GPU exists but is unhealthy: the agent says why
+            raise GpuError(
+                f"NV_GPU names a GPU that {agent.node} does not hand out now: {err.agent_message}"
+            ) from None
+        raise
     return GpuFacts(cuda, tuple(body.decode().split()), warnings=tuple(warnings))
 
 
@@ -312,21 +353,46 @@ async def _node_facts(
     cuda_needed: str | None,
     cdi: bool = False,
     reach: Reach | None = None,
+    lease: LeaseAsk | None = None,
+    terminal: bool = False,
 ) -> GpuFacts:
     if not endpoint.is_local:
         return await _facts_from_agent(
-            endpoint, volumes, devices, cuda_needed, probe=False, cdi=cdi, reach=reach
+            endpoint,
+            volumes,
+            devices,
+            cuda_needed,
+            probe=False,
+            cdi=cdi,
+            reach=reach,
+            lease=lease,
+            terminal=terminal,
         )
     local_agent = Endpoint(transport="http", host="localhost", source="local agent")
     try:
         return await _facts_from_agent(
-            local_agent, volumes, devices, cuda_needed, probe=True, cdi=cdi, reach=reach
+            local_agent,
+            volumes,
+            devices,
+            cuda_needed,
+            probe=True,
+            cdi=cdi,
+            reach=reach,
+            lease=lease,
+            terminal=terminal,
         )
     except NodeError as err:
         from controller.transport.client import AgentHttpError  # noqa: PLC0415
 
         if isinstance(err, AgentHttpError):
             raise
+        if lease is not None:  # NVML knows the GPUs, not who holds them
+            raise GpuError(
+                f"{lease.source} asks the node's agent for a GPU lease, but none answers on "
+                f"localhost:3476 ({err.reason}): start the agent on this node "
+                "(nvidia-docker-plugin), or name a GPU node's agent in NV_HOST (e.g. "
+                "NV_HOST=ssh://user@gpu-node:)"
+            ) from None
     return await asyncio.to_thread(_facts_from_nvml, volumes, devices, cuda_needed, cdi)
 
 
@@ -344,8 +410,8 @@ def reach(endpoint: Endpoint, options: Options) -> Reach:
     return Reach(tls, SshOptions.from_options(options, prompt=True))
 
 
-def gpu_arguments(command: DockerCommand, options: Options) -> tuple[list[str], list[str]]:
-    """The arguments to insert after ``run``/``create`` (empty: run unchanged), and warnings."""
+def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
+    """What to change in the command line (nothing inserted: run unchanged), and warnings."""
     docker = options.docker
     endpoint, warning = resolve(
         options,
@@ -353,10 +419,13 @@ def gpu_arguments(command: DockerCommand, options: Options) -> tuple[list[str], 
         docker_context_option=command.docker_context,
         docker_reads_docker_host=not is_podman(docker),
     )
+    lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
     labels = image_labels(docker, command)
-    if labels is None or VOLUMES_LABEL not in labels:
-        return [], []
-    wanted_volumes = " ".join(labels[VOLUMES_LABEL].split())
+    if labels is None or (VOLUMES_LABEL not in labels and lease is None):
+        return GpuArguments([])
+    # An ask for a lease wants GPUs whatever the image says: without the label, every volume
+    wanted_volumes = " ".join(labels.get(VOLUMES_LABEL, "").split())
+    devices_only = VOLUMES_LABEL in labels and not wanted_volumes
     cuda_needed = labels.get(CUDA_LABEL) or None
     engine = engine_cdi(docker, command, options.cdi)
     if options.debug:
@@ -364,22 +433,33 @@ def gpu_arguments(command: DockerCommand, options: Options) -> tuple[list[str], 
             f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
             f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms)\n"
         )
+    started = time.perf_counter()
+    gpus = options.gpus if isinstance(options.gpus, str) else ""
     facts = asyncio.run(
         _node_facts(
             endpoint,
             wanted_volumes,
-            options.gpus,
+            gpus,
             cuda_needed,
             cdi=engine.reads_cdi,
             reach=reach(endpoint, options),
+            lease=lease,
+            terminal=options.progress,
         )
     )
-    warnings = [*([warning] if warning else []), *facts.warnings]
+    if options.debug and facts.grant is not None:
+        sys.stderr.write(
+            f"nvidia-docker | lease: {facts.grant.text or facts.grant.lease} (node asked in "
+            f"{(time.perf_counter() - started) * 1000:.1f} ms)\n"
+        )
+    warnings = (*([warning] if warning else []), *facts.warnings)
     args = list(facts.docker_args)
     if facts.cdi:  # the node's spec brings the control nodes and the driver volume
-        return args, warnings
-    if not wanted_volumes:  # the label is there but names no volume: devices only
+        pass
+    elif devices_only:  # the label is there but names no volume: devices only
         args = [a for a in args if a.startswith("--device=")]
     elif endpoint.is_local:
         args = drop_volume_driver_when_present(args, docker, command)
-    return args, warnings
+    if facts.grant is None:
+        return GpuArguments(args, warnings=warnings)
+    return GpuArguments([*args, *facts.grant.docker_args()], (GPUS_OPTION,), warnings)

@@ -13,6 +13,8 @@ nvidia-docker: docker, with GPUs for the containers of images that ask for them.
 Only `run` and `create` change, and only for an image labelled com.nvidia.volumes.needed:
 the GPU devices and the driver volume are added (or, when the engine reads CDI: Podman 4+,
 Docker 25+ with CDI on, --device=nvidia.com/gpu=<UUID>), then docker runs in its place.
+NV_GPU=auto[:N] and docker's --gpus N|all|device=... lease free GPUs from the node's agent
+first, for any image: the container gets them, the lease's labels and their NUMA cpuset.
 Everything else is docker's own; `version` prints ours first.
 
 """

@@ -18,7 +18,17 @@ By default docker talks to a daemon that is not there (``unix:///nonexistent.soc
 pass-through must work with the daemon down, and a failing daemon connection keeps the
 docker side short and steady. ``NVD_BENCH_DOCKER_HOST`` points it at a live daemon instead.
 
-    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
+``--lease`` times ``nvidia-docker run`` of a GPU image instead, the same way, against the
+node's agent as ``tests.support.lease_agent`` plays it (on loopback, in this process: the
+leases REST API of docs/leases.md, ``/gpu/info/json``, ``/docker/cli``), with a docker that
+is a shell script (it answers ``image inspect`` with the image's labels and does nothing
+for ``run``), so that what is left is the wrapper's own time: ``docker`` (the script's
+``run`` alone), ``python exec``, ``NV_GPU=0`` (today's run path: no lease), and the lease
+forms ``NV_GPU=auto``, ``--gpus 1``, ``--gpus all``. What the lease costs is a lease form
+minus ``NV_GPU=0``. ``NV_CDI=no``: the engine is not asked (its ``docker version`` is the
+engine's cost, the same with or without a lease).
+
+    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5] [--lease]
 """
 
 from __future__ import annotations
@@ -79,6 +89,109 @@ def _launcher(python: Path, where: Path, *, pip_template: bool = False) -> list[
     return [str(script)]
 
 
+FAKE_DOCKER = """#!/bin/sh
+# docker for the run path's benchmark: the image's labels, and nothing else to do
+labels='{"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}'
+case "$1 $2" in
+  "image inspect") echo "$labels" ;;
+  *) echo "$@" ;;
+esac
+exit 0
+"""
+LEASE_VARIANTS: tuple[tuple[str, dict[str, str], list[str]], ...] = (
+    ("NV_GPU=0", {"NV_GPU": "0"}, []),
+    ("NV_GPU=auto", {"NV_GPU": "auto"}, []),
+    ("--gpus 1", {}, ["--gpus", "1"]),
+    ("--gpus all", {}, ["--gpus", "all"]),
+)
+
+
+def _site_packages() -> str:
+    import sysconfig  # noqa: PLC0415
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def lease_path(opts: argparse.Namespace) -> int:
+    """``--lease``: the run path, with and without a lease (see the module docstring)."""
+    from tests.support.lease_agent import LeaseAgent, served_in_thread  # noqa: PLC0415
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPATH", None)
+    with (
+        tempfile.TemporaryDirectory(prefix="nvd-bench-") as tmp,
+        served_in_thread(LeaseAgent(forgetful=True)) as port,
+    ):
+        python = _plain_venv(Path(tmp))
+        # the libraries (aiohttp) of this environment, without its editable-install finder
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        Path(purelib, "nvidia_docker_libs.pth").write_text(f"{_site_packages()}\n")
+        docker = Path(tmp) / "docker"
+        docker.write_text(FAKE_DOCKER)
+        docker.chmod(0o755)
+        env.update(
+            NV_DOCKER=str(docker),
+            NV_CDI="no",
+            NV_HOST=f"http://127.0.0.1:{port}",
+            DOCKER_HOST="tcp://127.0.0.1:2375",
+        )
+        run = ["run", "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
+        launcher = _launcher(python, Path(tmp))
+        exec_only = f"import os, sys; os.execvp({str(docker)!r}, ['docker', *sys.argv[1:]])"
+        variants: dict[str, tuple[list[str], dict[str, str]]] = {
+            "docker": ([str(docker), *run], env),
+            "python exec": ([str(python), "-c", exec_only, *run], env),
+        }
+        for name, extra_env, flags in LEASE_VARIANTS:
+            variants[name] = ([*launcher, run[0], *flags, *run[1:]], {**env, **extra_env})
+        leasing = {name for name, _, _ in LEASE_VARIANTS[1:]}
+        for name, (argv, variant_env) in variants.items():  # each works, leases or not
+            done = subprocess.run(
+                argv, env=variant_env, capture_output=True, text=True, check=False
+            )
+            leased = "--label=nvidia-docker.lease=" in done.stdout
+            if done.returncode != 0 or leased is not (name in leasing):
+                print(
+                    f"bench_wrapper | {name}: {done.stderr.strip() or done.stdout}", file=sys.stderr
+                )
+                return 1
+        print(f"bench_wrapper | run path: a plain venv ({python}), the fake agent on "
+              f"127.0.0.1:{port}, a shell-script docker, NV_CDI=no")  # fmt: skip
+        print(f"bench_wrapper | python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+              f"{opts.runs} runs each, interleaved")  # fmt: skip
+        print()
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(opts.warmup):
+            for argv, variant_env in variants.values():
+                _time(argv, variant_env)
+        for _ in range(opts.runs):
+            order = list(variants.items())
+            random.shuffle(order)
+            for name, (argv, variant_env) in order:
+                samples[name].append(_time(argv, variant_env))
+        base = statistics.median(samples["docker"])
+        plain = statistics.median(samples["NV_GPU=0"])
+        print(f"{'variant':<14} {'median ms':>10} {'p90 ms':>8} {'+ms vs docker':>14} "
+              f"{'+ms vs NV_GPU=0':>16}")  # fmt: skip
+        for name, values in samples.items():
+            med = statistics.median(values)
+            p90 = statistics.quantiles(values, n=10)[-1]
+            print(f"{name:<14} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} {(med - base) * 1e3:>+14.1f} "
+                  f"{(med - plain) * 1e3:>+16.1f}")  # fmt: skip
+        worst = max(statistics.median(samples[name]) for name, _, _ in LEASE_VARIANTS[1:])
+        print()
+        print(f"what a lease adds to the run path (worst form, median): "
+              f"{(worst - plain) * 1e3:+.1f} ms; the run path with a lease over docker: "
+              f"{(worst - base) * 1e3:+.1f} ms")  # fmt: skip
+    return 0
+
+
 def _time(argv: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
@@ -89,7 +202,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30, help="timed runs per variant and command")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (pyc, caches)")
+    parser.add_argument(
+        "--lease", action="store_true", help="time run with and without a lease instead"
+    )
     opts = parser.parse_args()
+    if opts.lease:
+        return lease_path(opts)
     docker = shutil.which("docker")
     if docker is None:
         print("bench_wrapper | the docker client is not installed", file=sys.stderr)
