@@ -133,7 +133,7 @@ def command(dump_target: str | None, **settings: Any) -> None:
 # What a simulated node must not share with the machine unless asked: Docker finds a plugin
 # socket in /run/docker/plugins, Podman and Docker 25+ read /var/run/cdi, a real agent keeps
 # its volumes in the volume directory, and the host's linker cache names another driver.
-MACHINE_WIDE = ("socket_dir", "volume_dir", "cdi_spec_dir", "ldcache")
+MACHINE_WIDE = ("socket_dir", "volume_dir", "cdi_spec_dir", "ldcache", "state_dir")
 
 
 def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Path | None:
@@ -156,24 +156,37 @@ def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Pa
     replaced = {
         "socket_dir": private / "plugins",
         "volume_dir": private / "volumes",
+        "state_dir": private / "state",
         "cdi_spec_dir": None,
         "ldcache": None,
     }
     for name in defaulted:
         settings[name] = replaced[name]
     flags = {"socket_dir": "-s", "volume_dir": "-d", "cdi_spec_dir": "--cdi-spec-dir",
-             "ldcache": "--ldcache"}  # fmt: skip
+             "ldcache": "--ldcache", "state_dir": "--state-dir"}  # fmt: skip
+    moved = [what for name, what in _PRIVATE_WORDS if name in defaulted]
+    said = [f"{_and(moved)} in {private}"] if moved else []
+    said += ["no CDI spec"] if "cdi_spec_dir" in defaulted else []
+    said += ["no driver files"] if "ldcache" in defaulted else []
     log.info(
         "Simulated node: nothing machine-wide is touched (%s) but the REST port; give %s to "
         "use the machine's",
-        "; ".join(
-            [f"plugin socket and volumes in {private}"]
-            + (["no CDI spec"] if "cdi_spec_dir" in defaulted else [])
-            + (["no driver files"] if "ldcache" in defaulted else [])
-        ),
+        "; ".join(said),
         ", ".join(flags[n] for n in defaulted),
     )
     return private
+
+
+_PRIVATE_WORDS = (
+    ("socket_dir", "plugin socket"),
+    ("volume_dir", "volumes"),
+    ("state_dir", "state"),
+)
+
+
+def _and(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _serve(config: Config) -> None:

@@ -230,6 +230,35 @@ class Config:
         kind="file",
         metavar="FILE",
     )
+    state_dir: Path = _setting(
+        Path("/var/lib/nvidia-docker/state"),
+        "--state-dir",
+        help="Where the agent keeps what must survive a restart: the lease table's state "
+        "(leases.json, docs/leases.md).",
+        kind="dir",
+    )
+    lease_pending_s: float = _setting(
+        60.0,
+        "--lease-pending",
+        help="Seconds a granted lease waits for its container to be created before it ends.",
+        kind="float",
+        minimum=1.0,
+    )
+    lease_grace_s: float = _setting(
+        600.0,
+        "--lease-grace",
+        help="Seconds a stopped container keeps its lease (its GPUs) before it loses it.",
+        kind="float",
+        minimum=0.0,
+    )
+    gpu_sharing: int = _setting(
+        1,
+        "--gpu-sharing",
+        help="How many shared leases one GPU takes at once (1: even a shared ask gets a GPU "
+        "alone); an exclusive lease always takes a GPU alone.",
+        kind="int",
+        minimum=1,
+    )
     plain_loopback: bool = _setting(
         True,
         "--plain-loopback/--no-plain-loopback",

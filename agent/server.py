@@ -49,6 +49,9 @@ from agent.errors import (
 )
 from agent.gpu.backend import GpuBackendError
 from agent.gpu.worker_client import WorkerClient
+from agent.leases.settings import LeaseSettings
+from agent.leasing.engine_feed import EngineFeed
+from agent.leasing.service import LeaseService
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.service import MetricsService
 from agent.node.drivers import prepare_volumes
@@ -100,8 +103,14 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     store.build_listeners.append(counters.observe_volume_build)
     await _serve_plugin(config, store, parts)
     cdi = await _write_cdi_spec(config, store, state, parts)
+    engines = _engines(config)  # one client per engine: its request limit is the engine's
+    leases = await _leases(config, state, engines, parts)
     metrics = MetricsService(
-        state, status, attributor=_attributor(config), agent=counters, health=life.health
+        state,
+        status,
+        attributor=Attributor(engines[0], podman=engines[1]),
+        agent=counters,
+        health=life.health,
     )
     parts.push_async_callback(metrics.close)
     guard = ConnectionGuard(
@@ -117,6 +126,8 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         around=[guard.wrap, *access.wrappers],
         metrics=metrics,
         cdi=cdi,
+        leases=leases,
+        remote_lease_writes=access.authenticated,
     )
     bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
@@ -227,10 +238,45 @@ async def _write_cdi_spec(
     return cdi
 
 
-def _attributor(config: Config) -> Attributor:
-    return Attributor(
+async def _leases(
+    config: Config,
+    state: NodeState,
+    engines: tuple[DockerEngine, DockerEngine],
+    parts: contextlib.AsyncExitStack,
+) -> LeaseService:
+    """The lease table: restored from the state directory, following the node's health and
+    driver changes and the engines' container events (docs/leases.md)."""
+    settings = LeaseSettings(
+        pending_s=config.lease_pending_s, grace_s=config.lease_grace_s, sharing=config.gpu_sharing
+    )
+    facts = state.facts
+    leases = LeaseService.open(facts.node, facts.health, settings, config.state_dir)
+    parts.push_async_callback(leases.close)
+    log.info("Leases: %s (state in %s)", leases.describe(), leases.state_file)
+    seen = [facts.node]
+
+    def on_node_change(facts: NodeFacts) -> None:
+        if facts.node is seen[0]:
+            leases.set_health(facts.health)
+        else:
+            seen[0] = facts.node
+            leases.set_node(facts.node, facts.health)
+
+    state.subscribe(on_node_change)
+    feed = EngineFeed(leases)
+    for engine in engines:
+        feed.follow(engine)
+    parts.push_async_callback(feed.close)
+    feed.start()
+    return leases
+
+
+def _engines(config: Config) -> tuple[DockerEngine, DockerEngine]:
+    """The Docker engine's client and Podman's, shared by the scrape's lookups and the
+    lease table's feed."""
+    return (
         DockerEngine(config.docker_socket),
-        podman=DockerEngine(config.podman_socket, what="Podman's API service"),
+        DockerEngine(config.podman_socket, what="Podman's API service"),
     )
 
 

@@ -16,11 +16,13 @@ from urllib.parse import quote
 from aiohttp import web
 
 from agent.api import render_json, render_text
+from agent.api.leases import LEASES, make_routes
 from agent.api.query import query_checked
 from agent.cdi_spec.writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health import render as health_routes
 from agent.health.selection import UnhealthyDevice
+from agent.leasing.service import LeaseService
 from agent.metrics.service import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent.metrics.service import MetricsService
 from agent.node.selection import InvalidParameter
@@ -270,19 +272,23 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
 
 Wrapper = Callable[[Handler], Handler]
 UNMATCHED = "unmatched"  # the name of the route of every path the API does not serve
-_METHODS = ("GET", "HEAD")
 
 
 async def _not_found(_request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound
 
 
-def _methods_checked(handler: Handler) -> Handler:
-    """GET and HEAD only, answered as aiohttp answers a route's other methods (405)."""
+def _methods_checked(handlers: dict[str, Handler]) -> Handler:
+    """The handler of each method (HEAD: GET's), answered as aiohttp answers a route's other
+    methods (405) for any other."""
+    if "GET" in handlers:
+        handlers = {**handlers, "HEAD": handlers["GET"]}
+    allowed = tuple(sorted(handlers))
 
     async def checked(request: web.Request) -> web.StreamResponse:
-        if request.method not in _METHODS:
-            raise web.HTTPMethodNotAllowed(request.method, _METHODS)
+        handler = handlers.get(request.method)
+        if handler is None:
+            raise web.HTTPMethodNotAllowed(request.method, allowed)
         return await handler(request)
 
     return checked
@@ -295,6 +301,8 @@ def create_app(
     around: Sequence[Wrapper] = (),
     metrics: MetricsService | None = None,
     cdi: CdiSpecWriter | None = None,
+    leases: LeaseService | None = None,
+    remote_lease_writes: bool = False,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -302,7 +310,8 @@ def create_app(
     then its token check where it has tokens): wrappers rather than middlewares, because
     aiohttp builds every middleware's call anew for each request. Every path the API does
     not serve has a route of its own (``unmatched``: 404, counted under that one name) and
-    every route takes every method (405 but for GET and HEAD), so that what wraps the
+    every route takes every method (405 but for its own: GET and HEAD, and the lease
+    routes' POST and DELETE), so that what wraps the
     routes sees every request, as a middleware would. ``metrics`` serves ``/metrics`` and
     ``/gpu/processes/json`` (the daemon's has the Docker engine and its counters; without
     one, a plain one over ``node`` and ``status``). The query checks (agent.api.query) are
@@ -314,14 +323,20 @@ def create_app(
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
     if cdi is not None:
         app[CDI] = cdi
+    paths: dict[str, dict[str, Handler]] = {path: {"GET": h} for path, h in ROUTES}
+    if leases is not None:  # the lease routes (docs/leases.md, "The REST API")
+        app[LEASES] = leases
+        for method, path, handler in make_routes(remote_writes=remote_lease_writes):
+            paths.setdefault(path, {})[method] = handler
 
     def wrapped(handler: Handler) -> Handler:
         for wrap in reversed(around):
             handler = wrap(handler)
         return handler
 
-    for path, handler in ROUTES:
-        served = wrapped(_methods_checked(query_checked(handler, _bad_request)))
+    for path, handlers in paths.items():
+        checked = {m: query_checked(h, _bad_request) for m, h in handlers.items()}
+        served = wrapped(_methods_checked(checked))
         app.router.add_route("*", path, served)
         for version in API_VERSIONS:
             app.router.add_route("*", f"/{version}{path}", served)

@@ -80,6 +80,12 @@ class RemoteAccess:
             )
         ]
 
+    @property
+    def authenticated(self) -> bool:
+        """Whether clients beyond loopback must prove who they are (a token or a client
+        certificate): then they may change what the API lets change (leases)."""
+        return self.tokens is not None or (self.tls is not None and self.tls.mutual)
+
     def describe(self) -> str:
         """``plain HTTP`` or ``TLS (...), bearer tokens``, for the start-up log line."""
         parts = ["plain HTTP" if self.tls is None else self.tls.describe()]
@@ -104,7 +110,7 @@ class RemoteAccess:
         if not exposed:
             return
         where = ", ".join(f"{a or '*'}:{port}" for a in exposed)
-        authenticated = self.tokens is not None or (self.tls is not None and self.tls.mutual)
+        authenticated = self.authenticated
         if self.tls is None and self.tokens is None:
             why = (
                 "without TLS or a token: anyone who can reach it reads this node's GPUs and "

@@ -63,6 +63,11 @@ class TableState:
         self._next_ticket = 1
         self._changes: list[Change] = []
 
+    @property
+    def settings(self) -> LeaseSettings:
+        """What the table was built with (timeouts, sharing, the queue's bounds)."""
+        return self._settings
+
     def _start(self, container: Container) -> StartVerdict:
         decision = self._verdicts(container.id).decide(container)
         lease = decision.lease

@@ -314,6 +314,13 @@ def run_case(base: Path, containers: Containers, answer: Answer) -> Seen:
     return seen
 
 
+# What the lease table's engine feed asks every engine (agent/leasing/engine_feed.py).
+FEED_PATHS = frozenset(
+    {
+        "/events?filters=%7B%22type%22%3A%5B%22container%22%5D%7D",
+        "/containers/json?all=1",
+    }
+)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -345,13 +352,17 @@ def test_hostile_answer(tmp_path: Path, containers: Containers, case: Case) -> N
     assert isinstance(seen.processes, tuple), seen.processes
     assert seen.processes[0] == 200
     assert seen.plugin == 200
-    assert seen.docker_asked == (f"/containers/{DOCKER_ID}/json",)
-    assert seen.podman_asked == (f"/containers/{PODMAN_ID}/json",)
-    # the log: no traceback, at most one line per engine, each one printable line
+    # the scrape inspected each engine's container; the lease table's feed listed and
+    # followed their containers (the same hostile answer), and asked nothing else
+    for asked, container in ((seen.docker_asked, DOCKER_ID), (seen.podman_asked, PODMAN_ID)):
+        assert f"/containers/{container}/json" in asked
+        assert set(asked) <= {f"/containers/{container}/json", *FEED_PATHS}, asked
+    # the log: no traceback, at most one line per engine and reader (the scrape's lookup,
+    # the feed), each one printable line
     assert "Traceback" not in seen.log
     for engine in ("docker.sock", "podman.sock"):
         lines = [line for line in seen.log.splitlines() if str(tmp_path / engine) in line]
-        assert len(lines) <= 1, lines
+        assert len(lines) <= 2, lines
         assert all(len(line) < 1000 and line.isprintable() for line in lines)
     # what is served: the containers by id; bounded, printable names where answered
     body = seen.metrics[1]
@@ -379,5 +390,6 @@ def test_hostile_answer(tmp_path: Path, containers: Containers, case: Case) -> N
         ("Podman's API service", "podman"),
     ):
         where = f"{engine} at unix://{tmp_path / socket_name}.sock"
-        (line,) = [line for line in seen.log.splitlines() if where in line]
+        lookups = [line for line in seen.log.splitlines() if where in line]
+        (line,) = [line for line in lookups if "container events" not in line]  # the scrape's
         assert case.refused in line, line

@@ -131,7 +131,7 @@ def test_the_quick_start_works_as_written_and_touches_nothing_machine_wide(
     finally:
         stop_process(proc)
     text = log.read_text()
-    (private,) = re.findall(r"plugin socket and volumes in (\S+);", text)
+    (private,) = re.findall(r"plugin socket, volumes and state in (\S+);", text)
     assert Path(private).name.startswith("nvidia-docker-simulated-")
     assert not Path(private).exists()  # removed when the agent stopped
     assert "Traceback" not in text

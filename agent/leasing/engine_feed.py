@@ -1,0 +1,186 @@
+"""What the engines say about containers, fed to the lease service in order.
+
+``EngineFeed`` takes the callbacks of one ``agent.engines.events.EngineEvents`` per engine
+(dockerd, Podman's API service) and turns them into the lease service's calls:
+
+- ``created`` and ``started`` events inspect the container (its lease label and the GPU
+  devices it was given) and call ``created(container)`` / ``started(container)``; a
+  container gone by the time it is inspected is left to its ``destroyed`` event;
+- ``died`` and ``destroyed`` call ``died(id)`` / ``destroyed(id)``;
+- a resync (the stream opened, every container listed) replaces that engine's containers
+  and calls ``resync`` with the containers of *every* engine: the table's resync takes a
+  full list, and a Docker resync must not end the leases of Podman's containers.
+
+The events of all engines go through one queue, handled one at a time by one task, so that
+an event is applied after the ones before it even when its inspect takes a while. The
+queue is bounded (``MAX_QUEUED``): an engine that sends more events than can be inspected
+makes the feed drop what is queued and list every engine's containers again (a resync),
+which costs a list but loses nothing. An inspect that fails (the engine went away) is one
+line; the stream's reopening resyncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agent.engines.containers import inspect_container, list_containers
+from agent.engines.events import EngineEvents, EventKind
+from agent.engines.http import EngineClient, EngineError
+from agent.leases.containers import Container
+from agent.leasing.service import LeaseService
+
+log = logging.getLogger("nvidia-docker-plugin.leases")
+
+MAX_QUEUED = 4096  # events waiting for their turn, all engines together
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    engine: int
+    kind: EventKind
+    container_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Resync:
+    engine: int
+    containers: tuple[Container, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Relist:
+    engine: int
+
+
+Inspect = Callable[[EngineClient, str], Awaitable[Container | None]]
+
+
+async def _inspect(engine: EngineClient, container_id: str) -> Container | None:
+    return await inspect_container(engine, container_id)
+
+
+class EngineFeed:
+    """The engines' container events, applied to ``service`` one at a time (see module)."""
+
+    def __init__(self, service: LeaseService, *, inspect: Inspect = _inspect) -> None:
+        self._service = service
+        self._inspect = inspect
+        self._engines: list[EngineClient] = []
+        self._events: list[EngineEvents] = []
+        self._known: list[dict[str, Container]] = []  # per engine: its containers now
+        self._queue: asyncio.Queue[_Event | _Resync | _Relist] = asyncio.Queue(MAX_QUEUED + 64)
+        self._task: asyncio.Task[None] | None = None
+        self.applied = 0  # events and resyncs applied, since start
+
+    def follow(self, engine: EngineClient, **options: object) -> EngineEvents:
+        """Follow ``engine``'s events (``options``: ``EngineEvents``' keyword arguments)."""
+        index = len(self._engines)
+        self._engines.append(engine)
+        self._known.append({})
+
+        def on_event(kind: EventKind, container_id: str) -> None:
+            self._put(_Event(index, kind, container_id))
+
+        def on_resync(containers: list[Container]) -> None:
+            self._put(_Resync(index, tuple(containers)))
+
+        events = EngineEvents(engine, on_event, on_resync, **options)  # type: ignore[arg-type]
+        self._events.append(events)
+        return events
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="lease feed")
+        for events in self._events:
+            events.start()
+
+    async def close(self) -> None:
+        for events in self._events:
+            await events.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def drained(self) -> None:
+        """Wait until every event queued so far is applied (tests)."""
+        await self._queue.join()
+
+    def _put(self, item: _Event | _Resync) -> None:
+        if self._queue.qsize() < MAX_QUEUED:
+            self._queue.put_nowait(item)
+        else:
+            self._overflowed(item.engine)
+
+    def _overflowed(self, engine: int) -> None:
+        """Too many events: drop the queue and list every engine's containers again."""
+        dropped = 0
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
+            dropped += 1
+        log.warning(
+            "Leases: %d container events (the latest of %s) arrived faster than they could "
+            "be applied; they are dropped and the containers listed again",
+            dropped,
+            self._engines[engine].where,
+        )
+        for index in range(len(self._engines)):
+            self._queue.put_nowait(_Relist(index))
+
+    async def _run(self) -> None:
+        while True:
+            item = await self._queue.get()
+            try:
+                await self._apply(item)
+            except Exception:  # a bug: the feed must go on
+                log.exception("Leases: applying a container event failed")
+            finally:
+                self._queue.task_done()
+            self.applied += 1
+
+    async def _apply(self, item: _Event | _Resync | _Relist) -> None:
+        known = self._known[item.engine]
+        if isinstance(item, _Relist):
+            engine = self._engines[item.engine]
+            try:
+                listed = await list_containers(engine)
+            except EngineError as err:
+                log.warning("Leases: the containers of %s not listed: %s", engine.where, err)
+                return
+            item = _Resync(item.engine, tuple(listed))
+        if isinstance(item, _Resync):
+            known.clear()
+            known.update((c.id, c) for c in item.containers)
+            self._service.resync([c for each in self._known for c in each.values()])
+            return
+        if item.kind in (EventKind.DIED, EventKind.DESTROYED):
+            if item.kind is EventKind.DESTROYED:
+                known.pop(item.container_id, None)
+                self._service.destroyed(item.container_id)
+            else:
+                self._service.died(item.container_id)
+            return
+        engine = self._engines[item.engine]
+        try:
+            container = await self._inspect(engine, item.container_id)
+        except EngineError as err:
+            log.warning(
+                "Leases: container %s of %s not inspected (%s); its lease follows the next resync",
+                item.container_id[:12],
+                engine.where,
+                err,
+            )
+            return
+        if container is None:
+            return  # removed already: its destroyed event follows
+        known[container.id] = container
+        if item.kind is EventKind.CREATED:
+            self._service.created(container)
+        else:
+            self._service.started(container)

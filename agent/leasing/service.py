@@ -1,0 +1,266 @@
+"""The node's lease table at work: one owner in the event loop, its state on disk, its timer.
+
+``LeaseService`` is the only code that calls the ``agent.leases.LeaseTable`` (a pure model):
+every ask, release, engine event, health or node change and the passing of time goes
+through it, one call at a time, in the event loop, with ``now_s`` the wall clock. After
+every call it:
+
+- logs each change's line (``Change.text``);
+- answers the asks that wait in the queue: a ``GRANTED``, ``TIMED_OUT`` or ``DROPPED``
+  change names the ticket, whose waiting request gets the grant or the refusal;
+- writes the table's snapshot to ``<state dir>/leases.json`` (0600, through
+  ``agent.files.write_atomically``: never a half file), when the call changed it, at most
+  one write in flight (later changes fold into one more write);
+- sets its timer for the table's next deadline (a pending lease's expiry, a stopped
+  container's end of grace, a waiting ask's end).
+
+At start (``open``) the snapshot is read back, within ``MAX_STATE_BYTES``, without following
+links; one that cannot be read is one line, and the table starts empty: what the engines
+list then (``resync``) rebuilds the leases of live containers from their labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from agent import files
+from agent.gpu.model import NodeInfo
+from agent.health.rule import DeviceHealth
+from agent.leases.answers import Change, ChangeKind, Granted, Outcome, Queued, Refused, Released
+from agent.leases.asks import Ask
+from agent.leases.containers import Container, GpuUser
+from agent.leases.holders import Lease
+from agent.leases.settings import LeaseSettings
+from agent.leases.snapshot import Snapshot, SnapshotError, snapshot_from_json, snapshot_to_json
+from agent.leases.table import LeaseTable
+from agent.leases.view import TableView
+
+log = logging.getLogger("nvidia-docker-plugin.leases")
+
+STATE_NAME = "leases.json"
+MAX_STATE_BYTES = 8 * 1024 * 1024  # 4,096 leases and foreign holders, each a few hundred bytes
+STATE_MODE = 0o600
+
+Answered = Granted | Refused
+
+
+class LeaseService:
+    """The lease table of a running agent; see the module docstring."""
+
+    def __init__(
+        self,
+        table: LeaseTable,
+        state_dir: Path | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._table = table
+        self._state_dir = state_dir
+        self._clock = clock
+        self._waiting: dict[str, asyncio.Future[Answered]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._save: asyncio.Task[None] | None = None
+        self._dirty = False
+        self.saves = 0  # snapshots written, since start
+
+    @classmethod
+    def open(
+        cls,
+        node: NodeInfo,
+        health: Sequence[DeviceHealth],
+        settings: LeaseSettings,
+        state_dir: Path | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> LeaseService:
+        """The table of ``node``, restored from the state file if there is a usable one."""
+        now = clock()
+        service = cls(LeaseTable(node, health, settings, now), state_dir, clock=clock)
+        snapshot = service._read_state()
+        if snapshot is not None:
+            service._apply(service._table.restore(snapshot, now))
+        return service
+
+    @property
+    def state_file(self) -> Path | None:
+        return None if self._state_dir is None else self._state_dir / STATE_NAME
+
+    def describe(self) -> str:
+        """One line for the start log: units, sharing, timeouts and what was restored."""
+        view, settings = self._table.view(), self._table.settings
+        gpus = len({u.gpu for u in view.units})
+        return (
+            f"{gpus} GPUs ({len(view.units)} leasable devices), {settings.sharing} shared "
+            f"lease(s) per GPU, pending {settings.pending_s:g} s, grace {settings.grace_s:g} s, "
+            f"{len(view.leases)} lease(s) and {len(view.foreign)} foreign holder(s) now"
+        )
+
+    # -- asks and releases (the REST API) -------------------------------------------------
+
+    async def ask(self, ask: Ask) -> Answered:
+        """Grant or refuse ``ask``; one that waits is answered when the queue serves it or
+        its time is up. ``InvalidAsk`` (nothing changed) for a malformed ask. A caller that
+        goes away while waiting (a cancelled task) leaves the queue."""
+        outcome = self._table.ask(ask, self._clock())
+        answer = outcome.answer
+        future: asyncio.Future[Answered] | None = None
+        if isinstance(answer, Queued):
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[answer.ticket] = future
+        self._apply(outcome)
+        if not isinstance(answer, Queued):
+            return answer
+        assert future is not None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiting.pop(answer.ticket, None)
+            self._apply(self._table.cancel(answer.ticket, self._clock()))
+            raise
+
+    def release(self, lease_id: str) -> Released | Refused:
+        outcome = self._table.release(lease_id, self._clock())
+        self._apply(outcome)
+        return outcome.answer
+
+    def view(self) -> TableView:
+        return self._table.view()
+
+    def lease(self, lease_id: str) -> Lease | None:
+        return self._table.lease(lease_id)
+
+    # -- what the node and the engines say -----------------------------------------------
+
+    def created(self, container: Container) -> None:
+        self._apply(self._table.created(container, self._clock()))
+
+    def started(self, container: Container) -> None:
+        self._apply(self._table.started(container, self._clock()))
+
+    def died(self, container_id: str) -> None:
+        self._apply(self._table.died(container_id, self._clock()))
+
+    def destroyed(self, container_id: str) -> None:
+        self._apply(self._table.destroyed(container_id, self._clock()))
+
+    def resync(self, containers: Iterable[Container]) -> None:
+        """Every container the engine has now (at start, when its event stream reopens)."""
+        self._apply(self._table.resync(containers, self._clock()))
+
+    def processes_seen(self, users: Iterable[GpuUser]) -> None:
+        self._apply(self._table.processes_seen(users, self._clock()))
+
+    def set_health(self, health: Sequence[DeviceHealth]) -> None:
+        self._apply(self._table.set_health(health, self._clock()))
+
+    def set_node(self, node: NodeInfo, health: Sequence[DeviceHealth]) -> None:
+        self._apply(self._table.set_node(node, health, self._clock()))
+
+    def set_load(self, utilization: Sequence[int | None]) -> None:
+        self._table.set_load(utilization)
+
+    # -- after every call ------------------------------------------------------------------
+
+    def _apply(self, outcome: Outcome[object]) -> None:
+        for change in outcome.changes:
+            self._log(change)
+            self._answer_waiting(change)
+        if outcome.changes:
+            self._save_soon()
+        self._arm()
+
+    @staticmethod
+    def _log(change: Change) -> None:
+        quiet = change.kind in (ChangeKind.QUEUED, ChangeKind.CANCELLED)
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s", change.text)
+
+    def _answer_waiting(self, change: Change) -> None:
+        if change.ticket is None or (change.grant is None and change.refusal is None):
+            return  # QUEUED, CANCELLED: nobody to answer yet, or any more
+        future = self._waiting.pop(change.ticket, None)
+        if future is None or future.done():
+            return
+        if change.grant is not None:
+            future.set_result(change.grant)
+        elif change.refusal is not None:
+            future.set_result(change.refusal)
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self._table.next_deadline_s()
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, deadline - self._clock()) + 0.001  # just past it
+        self._timer = loop.call_later(delay, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._apply(self._table.tick(self._clock()))
+
+    # -- the state file ----------------------------------------------------------------------
+
+    def _read_state(self) -> Snapshot | None:
+        path = self.state_file
+        if path is None or not path.exists():
+            return None
+        try:
+            raw = json.loads(
+                files.read_regular(path, limit=MAX_STATE_BYTES, what="lease state", follow=False)
+            )
+            return snapshot_from_json(raw)
+        except (files.UnusableFile, SnapshotError) as err:
+            why = str(err)
+        except (ValueError, RecursionError):
+            why = "not JSON"
+        log.error(
+            "Leases: the state file %s cannot be used (%s): starting from the containers' "
+            "labels alone",
+            path,
+            why,
+        )
+        return None
+
+    def _save_soon(self) -> None:
+        if self._state_dir is None:
+            return
+        self._dirty = True
+        if self._save is None or self._save.done():
+            self._save = asyncio.get_running_loop().create_task(self._saving(), name="leases")
+
+    async def _saving(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            data = (json.dumps(snapshot_to_json(self._table.snapshot())) + "\n").encode()
+            assert self._state_dir is not None
+            try:
+                await asyncio.to_thread(
+                    files.write_atomically, self._state_dir, STATE_NAME, data, mode=STATE_MODE
+                )
+                self.saves += 1
+            except OSError as err:
+                log.error("Leases: the state file %s not written: %s", self.state_file, err)
+
+    async def settled(self) -> None:
+        """Wait until the state file holds every change so far (tests, shutdown)."""
+        while self._save is not None and not self._save.done():
+            await asyncio.shield(self._save)
+
+    async def close(self) -> None:
+        """Stop the timer, answer nobody more, and write the last state."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for future in self._waiting.values():
+            future.cancel()
+        self._waiting.clear()
+        with contextlib.suppress(Exception):
+            await self.settled()
