@@ -111,6 +111,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         attributor=Attributor(engines[0], podman=engines[1]),
         agent=counters,
         health=life.health,
+        leases=leases.view,
     )
     parts.push_async_callback(metrics.close)
     guard = ConnectionGuard(
@@ -253,19 +254,20 @@ async def _leases(
     leases = LeaseService.open(facts.node, facts.health, settings, config.state_dir)
     parts.push_async_callback(leases.close)
     log.info("Leases: %s (state in %s)", leases.describe(), leases.state_file)
+    feed = EngineFeed(leases)
+    for engine in engines:
+        feed.follow(engine)
     seen = [facts.node]
 
     def on_node_change(facts: NodeFacts) -> None:
         if facts.node is seen[0]:
             leases.set_health(facts.health)
-        else:
+        else:  # a new driver, a MIG change: the containers' devices are read anew
             seen[0] = facts.node
             leases.set_node(facts.node, facts.health)
+            feed.relist()
 
     state.subscribe(on_node_change)
-    feed = EngineFeed(leases)
-    for engine in engines:
-        feed.follow(engine)
     parts.push_async_callback(feed.close)
     feed.start()
     return leases

@@ -9,7 +9,11 @@
 - ``died`` and ``destroyed`` call ``died(id)`` / ``destroyed(id)``;
 - a resync (the stream opened, every container listed) replaces that engine's containers
   and calls ``resync`` with the containers of *every* engine: the table's resync takes a
-  full list, and a Docker resync must not end the leases of Podman's containers.
+  full list, and a Docker resync must not end the leases of Podman's containers. So the
+  table is resynced only once every engine has listed its containers, or has no socket at
+  all (no such engine on this node): while an engine that is there has not answered yet
+  (after a restart of the agent, say), the leases of its containers are kept as the state
+  file had them, and the others' events still apply one by one.
 
 The events of all engines go through one queue, handled one at a time by one task, so that
 an event is applied after the ones before it even when its inspect takes a while. The
@@ -72,6 +76,7 @@ class EngineFeed:
         self._engines: list[EngineClient] = []
         self._events: list[EngineEvents] = []
         self._known: list[dict[str, Container]] = []  # per engine: its containers now
+        self._listed: list[bool] = []  # per engine: whether it has listed them yet
         self._queue: asyncio.Queue[_Event | _Resync | _Relist] = asyncio.Queue(MAX_QUEUED + 64)
         self._task: asyncio.Task[None] | None = None
         self.applied = 0  # events and resyncs applied, since start
@@ -81,6 +86,7 @@ class EngineFeed:
         index = len(self._engines)
         self._engines.append(engine)
         self._known.append({})
+        self._listed.append(False)
 
         def on_event(kind: EventKind, container_id: str) -> None:
             self._put(_Event(index, kind, container_id))
@@ -107,11 +113,17 @@ class EngineFeed:
                 await self._task
             self._task = None
 
+    def relist(self) -> None:
+        """List every engine's containers again and resync the table with them (after a
+        node change: the units the containers' devices name have changed)."""
+        for index in range(len(self._engines)):
+            self._put(_Relist(index))
+
     async def drained(self) -> None:
         """Wait until every event queued so far is applied (tests)."""
         await self._queue.join()
 
-    def _put(self, item: _Event | _Resync) -> None:
+    def _put(self, item: _Event | _Resync | _Relist) -> None:
         if self._queue.qsize() < MAX_QUEUED:
             self._queue.put_nowait(item)
         else:
@@ -144,6 +156,13 @@ class EngineFeed:
                 self._queue.task_done()
             self.applied += 1
 
+    def _every_engine_listed(self) -> bool:
+        """Whether every engine that is there has listed its containers (see module)."""
+        return all(
+            listed or not engine.socket_path.exists()
+            for listed, engine in zip(self._listed, self._engines, strict=True)
+        )
+
     async def _apply(self, item: _Event | _Resync | _Relist) -> None:
         known = self._known[item.engine]
         if isinstance(item, _Relist):
@@ -157,7 +176,9 @@ class EngineFeed:
         if isinstance(item, _Resync):
             known.clear()
             known.update((c.id, c) for c in item.containers)
-            self._service.resync([c for each in self._known for c in each.values()])
+            self._listed[item.engine] = True
+            if self._every_engine_listed():
+                self._service.resync([c for each in self._known for c in each.values()])
             return
         if item.kind in (EventKind.DIED, EventKind.DESTROYED):
             if item.kind is EventKind.DESTROYED:
