@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -28,8 +28,10 @@ from agent import __version__
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import DeviceInfo
 from agent.health.monitor import HealthView
+from agent.leases.view import TableView
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.gpu_families import gpu_families
+from agent.metrics.lease_families import lease_families
 from agent.metrics.processes_json import processes_body
 from agent.node.state import NodeState
 from agent.node.status import StatusService, StatusUnavailable, Sweep
@@ -76,6 +78,7 @@ class MetricsService:
         agent: AgentMetrics | None = None,
         hostname: str | None = None,
         health: HealthView | None = None,
+        leases: Callable[[], TableView] | None = None,
     ) -> None:
         self.node = node
         self.status = status
@@ -83,6 +86,7 @@ class MetricsService:
         self.agent = agent if agent is not None else AgentMetrics()
         self.hostname = hostname or socket.gethostname()
         self.health = health
+        self.leases = leases  # the lease table's view, read at every scrape
         self._view: _SweepView | None = None
 
     async def scrape(self) -> bytes:
@@ -182,6 +186,8 @@ class MetricsService:
         lookups.add_metric(["answered"], self.attributor.lookups - failures)
         lookups.add_metric(["failed"], failures)
         families.append(lookups)
+        if self.leases is not None:
+            families += lease_families(self.leases(), self.hostname)
         return families
 
     async def close(self) -> None:
