@@ -15,9 +15,11 @@ list the leases, as they may read the node's GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -38,6 +40,9 @@ MAX_WAIT_S = 600.0
 MAX_OWNER_LABELS = 32
 MAX_LABEL_CHARS = 256
 SYSFS = Path("/sys")
+DISCONNECT_POLL_S = 0.25  # how soon a waiting ask notices that its client hung up
+
+T = TypeVar("T")
 
 LEASES = web.AppKey("leases", LeaseService)
 
@@ -229,6 +234,27 @@ def _from_the_node(request: web.Request) -> bool:
     return isinstance(local, tuple) and bool(local) and is_loopback(str(local[0]))
 
 
+async def _while_connected(request: web.Request, asking: Awaitable[T]) -> T | None:
+    """``asking``'s result, or None once the client has hung up (``asking`` is then
+    cancelled: a waiting ask leaves the queue). aiohttp does not cancel a handler whose
+    client goes away unless the server asks it to, for every route; this watches the one
+    route that can wait for minutes, every ``DISCONNECT_POLL_S``."""
+    task = asyncio.ensure_future(asking)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def make_routes(
     cpusets: Cpusets | None = None, *, remote_writes: bool = False
 ) -> list[tuple[str, str, Handler]]:
@@ -255,9 +281,11 @@ def make_routes(
         except _BadAsk as err:
             return _error(400, str(err), Field=err.field)
         try:
-            answer = await service.ask(the_ask)
+            answer = await _while_connected(request, service.ask(the_ask))
         except InvalidAsk as err:
             return _error(400, str(err), Field=err.field)
+        if answer is None:  # the client went away while its ask waited: it left the queue
+            return web.Response(status=499)
         if isinstance(answer, Granted):
             return _granted(answer, sets)
         return _refused(answer)

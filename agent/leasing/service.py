@@ -67,6 +67,7 @@ class LeaseService:
         self._timer: asyncio.TimerHandle | None = None
         self._save: asyncio.Task[None] | None = None
         self._dirty = False
+        self._closed = False
         self.saves = 0  # snapshots written, since start
 
     @classmethod
@@ -121,7 +122,12 @@ class LeaseService:
             return await future
         except asyncio.CancelledError:
             self._waiting.pop(answer.ticket, None)
-            self._apply(self._table.cancel(answer.ticket, self._clock()))
+            if future.done() and not future.cancelled():
+                served = future.result()  # served just as its asker left: give it back
+                if isinstance(served, Granted):
+                    self._apply(self._table.release(served.lease.id, self._clock()))
+            else:
+                self._apply(self._table.cancel(answer.ticket, self._clock()))
             raise
 
     def release(self, lease_id: str) -> Released | Refused:
@@ -168,6 +174,8 @@ class LeaseService:
     # -- after every call ------------------------------------------------------------------
 
     def _apply(self, outcome: Outcome[object]) -> None:
+        if self._closed:
+            return  # closing: the last state is written; waiters woken by it change nothing
         for change in outcome.changes:
             self._log(change)
             self._answer_waiting(change)
@@ -210,8 +218,8 @@ class LeaseService:
 
     def _read_state(self) -> Snapshot | None:
         path = self.state_file
-        if path is None or not path.exists():
-            return None
+        if path is None or not (path.is_symlink() or path.exists()):
+            return None  # a link, even to nowhere, is refused below with its line
         try:
             raw = json.loads(
                 files.read_regular(path, limit=MAX_STATE_BYTES, what="lease state", follow=False)
@@ -256,6 +264,7 @@ class LeaseService:
 
     async def close(self) -> None:
         """Stop the timer, answer nobody more, and write the last state."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -1,0 +1,155 @@
+"""Leases on a real NVIDIA GPU: the grant names the GPU NVML and nvidia-smi know, its device
+node and the CPUs of its NUMA node; the table survives the agent's kill -9.
+
+Run on a GPU machine: ``pytest -m gpu tests/gpu/test_leases_real.py``. The agent uses real
+NVML, its own port and directories (its lease state in a temporary directory); no container
+engine is needed (none answers: the table keeps what it has).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tests.support.services import free_port, port_open, stop_process, wait_until
+
+pytestmark = pytest.mark.gpu
+
+
+def _smi(*args: str) -> str:
+    return subprocess.run(
+        ["nvidia-smi", *args], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+def _call(port: int, method: str, path: str, body: object = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            status, raw = answer.status, answer.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    return status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+
+
+class Agent:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.root / "agent.log").open("ab") as log:
+            self.proc = self._spawn(log)
+        wait_until(lambda: port_open(self.port), what="the agent", timeout_s=120, proc=self.proc)
+
+    def _spawn(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agent.daemon", "-l", f"127.0.0.1:{self.port}",
+             "-s", str(self.root / "plugins"), "-d", str(self.root / "volumes"),
+             "--state-dir", str(self.root / "state"), "--cdi-spec-dir", "",
+             "--docker-socket", str(self.root / "no-docker.sock"),
+             "--podman-socket", str(self.root / "no-podman.sock")],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is not on PATH")
+    agent = Agent(tmp_path)
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        print((tmp_path / "agent.log").read_text(errors="replace"))
+
+
+def _numa_node(bus_id: str) -> int | None:
+    address = bus_id.lower()
+    if address.count(":") == 2 and len(address.split(":")[0]) == 8:
+        address = address[4:]  # nvidia-smi's 00000000:19:00.0 is sysfs's 0000:19:00.0
+    path = Path("/sys/bus/pci/devices") / address / "numa_node"
+    try:
+        node = int(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def test_a_grant_names_the_real_gpu_its_device_and_its_cpus(agent: Agent) -> None:
+    uuids = _smi("--query-gpu=uuid,pci.bus_id", "--format=csv,noheader").splitlines()
+    first_uuid, first_bus = (cell.strip() for cell in uuids[0].split(","))
+    status, grant = _call(agent.port, "POST", "/leases", {"count": 1, "owner": {"job": "gpu"}})
+    assert status == 201, grant
+    (device,) = grant["Devices"]
+    assert device["UUID"] == first_uuid
+    assert grant["Dev"] == first_uuid
+    assert Path(device["Path"]).is_char_device()
+    numa = _numa_node(first_bus)
+    if numa is None:
+        assert grant["CpusetCpus"] is None
+    else:
+        cpus = Path(f"/sys/devices/system/node/node{numa}/cpulist").read_text().strip()
+        assert (grant["CpusetCpus"], grant["CpusetMems"]) == (cpus, str(numa))
+    assert grant["Labels"]["nvidia-docker.lease.devices"] == first_uuid
+
+    # the one GPU is taken: an ask for it says by whom; more than the node has: impossible
+    gpus = len(uuids)
+    status, refused = _call(agent.port, "POST", "/leases", {"count": gpus})
+    assert status == 409
+    assert refused["Refusal"] == "not_enough", refused
+    assert grant["Lease"] in refused["Error"]
+    status, impossible = _call(agent.port, "POST", "/leases", {"count": gpus + 1})
+    assert (status, impossible["Refusal"]) == (409, "impossible")
+
+    # seen in /metrics with its owner, then released
+    with urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/metrics", timeout=30) as m:
+        text = m.read().decode()
+    leased = [line for line in text.splitlines() if line.startswith("nvidia_docker_gpu_leased{")]
+    assert len(leased) == 1, leased
+    assert f'UUID="{first_uuid}"' in leased[0]
+    assert 'owner="job=gpu"' in leased[0]
+    status, released = _call(agent.port, "DELETE", f"/leases/{grant['Lease']}")
+    assert (status, released["Released"]) == (200, grant["Lease"])
+    status, table = _call(agent.port, "GET", "/leases/json")
+    assert next(u["State"] for u in table["Units"]) == "free"
+
+
+def test_the_table_survives_kill_9(agent: Agent) -> None:
+    status, grant = _call(agent.port, "POST", "/leases", {"count": 1})
+    assert status == 201, grant
+    state = agent.root / "state" / "leases.json"
+    wait_until(lambda: state.exists() and grant["Lease"] in state.read_text(), what="the save")
+    assert state.stat().st_mode & 0o777 == 0o600
+    agent.kill()
+    agent.start()
+    status, table = _call(agent.port, "GET", "/leases/json")
+    assert [(lease["Lease"], lease["State"]) for lease in table["Leases"]] == [
+        (grant["Lease"], "pending")
+    ]
+    status, again = _call(agent.port, "POST", "/leases", {"devices": grant["Dev"]})
+    assert (status, again["Refusal"]) == (409, "taken"), again

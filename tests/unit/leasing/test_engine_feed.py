@@ -1,0 +1,260 @@
+"""The engine feed: container events of fake engines (tests.support.fake_engine) applied to
+a lease service in order; a flood of events dropped and replaced by one list."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent.engines.events import EventKind
+from agent.engines.http import EngineClient, EngineError
+from agent.leases.answers import Granted
+from agent.leases.asks import Ask
+from agent.leases.containers import Container
+from agent.leases.holders import Lease, LeaseState
+from agent.leases.labels import labels_for
+from agent.leases.settings import LeaseSettings
+from agent.leases.view import UnitState
+from agent.leasing.engine_feed import MAX_QUEUED, EngineFeed
+from agent.leasing.service import LeaseService
+from tests.support.fake_engine import FakeEngine, event_line, eventually
+from tests.unit.leases.nodes import build_node, cid, healthy
+
+LOGGER = "nvidia-docker-plugin.leases"
+NODE = build_node([0, 0])
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[LeaseService]:
+    leases = LeaseService.open(NODE, healthy(NODE), LeaseSettings(), None)
+    yield leases
+    await leases.close()
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[FakeEngine]:
+    fake = FakeEngine(tmp_path / "docker.sock")
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def feed(service: LeaseService) -> AsyncIterator[EngineFeed]:
+    followed = EngineFeed(service)
+    yield followed
+    await followed.close()
+
+
+def client(engine: FakeEngine) -> EngineClient:
+    return EngineClient(engine.socket_path, timeout_s=5)
+
+
+async def granted(service: LeaseService, count: int = 1) -> Lease:
+    answer = await service.ask(Ask(count=count))
+    assert isinstance(answer, Granted), answer
+    return answer.lease
+
+
+def state_of(service: LeaseService, lease: Lease) -> tuple[LeaseState, str | None] | None:
+    now = service.lease(lease.id)
+    return None if now is None else (now.state, now.container_id)
+
+
+async def test_created_and_started_bind_the_lease_destroyed_frees_it(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    lease = await granted(service)
+    feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    await feed.drained()
+
+    engine.add(cid(1), labels=labels_for(lease))
+    await engine.send(event_line("create", cid(1)))
+    await eventually(
+        lambda: state_of(service, lease) == (LeaseState.STOPPED, cid(1)), "created binds"
+    )
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    await engine.send(event_line("start", cid(1)))
+    await eventually(
+        lambda: state_of(service, lease) == (LeaseState.RUNNING, cid(1)), "started runs it"
+    )
+    await engine.send(event_line("die", cid(1)))
+    await eventually(
+        lambda: state_of(service, lease) == (LeaseState.STOPPED, cid(1)), "died stops it"
+    )
+    del engine.containers[cid(1)]
+    await engine.send(event_line("destroy", cid(1)))
+    await eventually(lambda: service.lease(lease.id) is None, "destroyed ends it")
+    assert service.view().unit("0").state is UnitState.FREE
+    assert f"/containers/{cid(1)}/json" in engine.requests  # inspected for its labels
+
+
+async def test_a_container_without_lease_labels_binds_nothing(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    lease = await granted(service)
+    feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    engine.add(cid(2), labels={"maintainer": "someone"})
+    await engine.send(event_line("create", cid(2)))
+    await eventually(lambda: feed.applied >= 2, "the event is applied")
+    await feed.drained()
+    assert state_of(service, lease) == (LeaseState.PENDING, None)
+
+
+async def test_the_first_list_binds_the_leases_of_existing_containers(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    lease = await granted(service)
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    await eventually(
+        lambda: state_of(service, lease) == (LeaseState.RUNNING, cid(1)), "the resync binds"
+    )
+
+
+async def test_one_engines_resync_keeps_the_other_engines_leases(
+    service: LeaseService, tmp_path: Path, feed: EngineFeed
+) -> None:
+    docker, podman = FakeEngine(tmp_path / "docker.sock"), FakeEngine(tmp_path / "podman.sock")
+    await docker.start()
+    await podman.start()
+    try:
+        lease = await granted(service)
+        podman.add(cid(7), running=True, labels=labels_for(lease))
+        feed.follow(client(docker), first_backoff_s=0.05)
+        feed.follow(client(podman), first_backoff_s=0.05)
+        feed.start()
+        await eventually(
+            lambda: state_of(service, lease) == (LeaseState.RUNNING, cid(7)), "podman's binds"
+        )
+        await eventually(lambda: docker.streams_opened == 1, "docker followed")
+        await docker.end_streams()  # docker restarts: its stream reopens, it lists again
+        await eventually(lambda: docker.streams_opened == 2, "docker followed again")
+        await eventually(lambda: feed.applied >= 3, "docker's second resync applied")
+        await feed.drained()
+        assert state_of(service, lease) == (LeaseState.RUNNING, cid(7))
+    finally:
+        await feed.close()
+        await docker.stop()
+        await podman.stop()
+
+
+async def test_a_container_gone_before_its_inspect_is_left_to_its_destroy(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    lease = await granted(service)
+    feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    await engine.send(event_line("create", cid(3)))  # not in the engine any more: 404
+    await engine.send(event_line("destroy", cid(3)))
+    await eventually(lambda: feed.applied >= 3, "both events applied")
+    await feed.drained()
+    assert state_of(service, lease) == (LeaseState.PENDING, None)
+
+
+async def test_an_inspect_that_fails_is_one_line_and_the_feed_goes_on(
+    service: LeaseService, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    lease = await granted(service)
+    calls: list[str] = []
+
+    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+        calls.append(container_id)
+        if len(calls) == 1:
+            raise EngineError("the engine went away")
+        return Container(container_id, False, None)
+
+    fake = FakeEngine(tmp_path / "e.sock")
+    feed = EngineFeed(service, inspect=inspect)
+    events = feed.follow(EngineClient(fake.socket_path, timeout_s=1))
+    events.on_event(EventKind.CREATED, cid(1))
+    events.on_event(EventKind.CREATED, cid(2))
+    try:
+        _start_queue_only(feed)
+        await asyncio.wait_for(feed.drained(), 5)
+    finally:
+        await feed.close()
+    assert calls == [cid(1), cid(2)]
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warnings) == 1
+    assert "not inspected" in warnings[0]
+    assert cid(1)[:12] in warnings[0]
+    assert state_of(service, lease) == (LeaseState.PENDING, None)
+
+
+def _start_queue_only(feed: EngineFeed) -> None:
+    """Start the feed's task but not the event streams (the test calls the callbacks)."""
+    streams = feed._events
+    feed._events = []
+    try:
+        feed.start()
+    finally:
+        feed._events = streams
+
+
+async def test_a_burst_over_the_bound_is_dropped_and_relisted(
+    service: LeaseService,
+    engine: FakeEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """More events than MAX_QUEUED before any is applied: the queue does not grow past the
+    bound, the events are dropped and the containers listed once instead, and what the list
+    says (here: a leased container that runs) is what the table holds."""
+    lease = await granted(service)
+    inspected: list[str] = []
+
+    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+        inspected.append(container_id)
+        return None  # gone
+
+    feed = EngineFeed(service, inspect=inspect)
+    events = feed.follow(client(engine))
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    sizes = []
+    for n in range(MAX_QUEUED + 10):
+        events.on_event(EventKind.CREATED, f"{n:064x}")
+        sizes.append(feed._queue.qsize())
+    assert max(sizes) <= MAX_QUEUED
+    try:
+        _start_queue_only(feed)
+        await asyncio.wait_for(feed.drained(), 10)
+    finally:
+        await feed.close()
+    assert engine.requests.count("/containers/json?all=1") == 1
+    assert len(inspected) < 20  # the events after the drop, not the thousands before
+    (warning,) = [r.getMessage() for r in caplog.records if "faster" in r.getMessage()]
+    assert warning.startswith(f"Leases: {MAX_QUEUED} container events")
+    assert state_of(service, lease) == (LeaseState.RUNNING, cid(1))
+
+
+async def test_a_relist_that_fails_is_one_line(
+    service: LeaseService, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    lease = await granted(service)
+
+    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+        return None
+
+    gone = FakeEngine(tmp_path / "gone.sock")  # never started: nothing answers
+    feed = EngineFeed(service, inspect=inspect)
+    events = feed.follow(EngineClient(gone.socket_path, timeout_s=1))
+    for n in range(MAX_QUEUED + 1):
+        events.on_event(EventKind.DIED, f"{n:064x}")
+    try:
+        _start_queue_only(feed)
+        await asyncio.wait_for(feed.drained(), 10)
+    finally:
+        await feed.close()
+    lines = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert any("not listed" in r.getMessage() for r in lines)
+    assert state_of(service, lease) == (LeaseState.PENDING, None)  # nothing ended by it
