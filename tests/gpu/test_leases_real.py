@@ -109,12 +109,17 @@ def test_a_grant_names_the_real_gpu_its_device_and_its_cpus(agent: Agent) -> Non
     assert device["UUID"] == first_uuid
     assert grant["Dev"] == first_uuid
     assert Path(device["Path"]).is_char_device()
+    # the GPU's NUMA node (as sysfs says, where the PCI device shows its numa_node), and
+    # the CPUs of that node as the host lists them
     numa = _numa_node(first_bus)
-    if numa is None:
-        assert grant["CpusetCpus"] is None
+    if numa is not None:
+        assert grant["NumaNodes"] == [numa]
+    if grant["NumaNodes"] is None:
+        assert (grant["CpusetCpus"], grant["CpusetMems"]) == (None, None)
     else:
-        cpus = Path(f"/sys/devices/system/node/node{numa}/cpulist").read_text().strip()
-        assert (grant["CpusetCpus"], grant["CpusetMems"]) == (cpus, str(numa))
+        (node,) = grant["NumaNodes"]
+        cpus = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
+        assert (grant["CpusetCpus"], grant["CpusetMems"]) == (cpus, str(node))
     assert grant["Labels"]["nvidia-docker.lease.devices"] == first_uuid
 
     # the one GPU is taken: an ask for it says by whom; more than the node has: impossible
