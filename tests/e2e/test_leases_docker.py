@@ -1,0 +1,444 @@
+"""GPU leases end to end with Docker: the real ``nvidia-docker`` wrapper, a private dockerd
+and a real agent process serving the simulated ``hgx-h200-8`` node (eight H200s) with its
+lease table (docs/leases.md, docs/nvidia-docker.md "Leases").
+
+The agent follows this module's own dockerd (``--docker-socket``), serves it the volume
+plugin (``--spec-file`` in the engine's own /etc/docker/plugins) and keeps its state in a
+directory of the test (``--state-dir``). Docker's ``--device`` needs the host's device node,
+and this machine has no GPU: a module fixture makes /dev/nvidia0..7, nvidiactl and
+nvidia-uvm with mknod where they are missing (under the machine-wide device lock that
+tests/e2e/test_wrapper.py and test_engine_events.py take too) and removes exactly those
+afterwards. Nothing opens them: the containers run busybox ``sleep``.
+
+Checked: eight concurrent ``NV_GPU=auto:1`` runs each get a GPU of their own and the agent
+binds each lease to its container; a ninth is refused in one line naming the holders, and
+with ``NV_GPU_WAIT`` gets the GPU that a ``docker rm -f`` frees; that removal frees the GPU
+within a second; the leases survive a ``kill -9`` of the agent (its state file, or without
+it the containers' labels); a container given ``--device /dev/nvidia3`` past the wrapper
+makes GPU 3 foreign, and no lease gets it; after a dockerd restart stopped containers keep
+their leases for the grace time and the agent follows the new dockerd's events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.dockerd import DockerEngine, restart_engine, start_engine, stop_engine
+from tests.support.prerequisites import require_root
+from tests.support.services import machine_lock, stop_process, wait_until
+
+# The first test may wait for another run on this machine to give back the device nodes.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "nvd-leases/busybox:1"
+GPUS = 8
+DEVICE_LOCK = "devices"  # the machine-wide lock of device nodes made in /dev by tests
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node nobody opens
+SHUTDOWN_ARGS = ("--shutdown-timeout", "1")  # dockerd's own wait at a restart
+FREED_WITHIN_S = 1.0  # docker rm -f returned -> its lease gone from GET /leases/json
+LEASE_LABEL = "nvidia-docker.lease"
+
+
+@pytest.fixture(scope="module")
+def nvidia_devices() -> Iterator[None]:
+    """Character device nodes /dev/nvidia0..7, nvidiactl, nvidia-uvm where missing."""
+    require_root()
+    wanted = {f"/dev/nvidia{i}": (NVIDIA_MAJOR, i) for i in range(GPUS)}
+    wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
+    wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
+    created: list[tuple[str, int]] = []
+    with machine_lock(DEVICE_LOCK):
+        try:
+            for path, (major, minor) in wanted.items():
+                if os.path.lexists(path):
+                    continue  # a real (or another run's) node: never touched
+                rdev = os.makedev(major, minor)
+                os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
+                created.append((path, rdev))
+            yield
+        finally:
+            for path, rdev in created:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.lstat(path).st_rdev == rdev:
+                        os.unlink(path)
+
+
+@dataclass
+class Dockerd:
+    """This module's dockerd (a test restarts it: ``proc`` is then the new process)."""
+
+    engine: DockerEngine
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def plugin_dir(self) -> Path:
+        """Where every agent of the module serves the volume plugin: dockerd keeps the
+        plugin's address once it has used it, so each agent's socket is at the same path."""
+        return self.engine.root / "nvidia-docker-plugin"
+
+    @property
+    def socket(self) -> str:
+        return self.engine.host.removeprefix("unix://")
+
+    def restart(self) -> None:
+        self.proc = restart_engine(self.engine, self.proc, extra_args=SHUTDOWN_ARGS)
+
+
+@pytest.fixture(scope="module")
+def dockerd(nvidia_devices: None) -> Iterator[Dockerd]:
+    """A private dockerd of this module's own, with the busybox image."""
+    engine, proc = start_engine(extra_args=SHUTDOWN_ARGS)
+    served = Dockerd(engine, proc)
+    try:
+        engine.import_busybox(IMAGE)
+        yield served
+    finally:
+        stop_engine(served.engine, served.proc)
+
+
+def wrapper_command() -> list[str]:
+    """The installed console script when there is one, else the module."""
+    script = Path(sys.executable).with_name("nvidia-docker")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
+
+
+@dataclass
+class Node:
+    """The agent of the simulated node, following ``dockerd``; restartable."""
+
+    dockerd: Dockerd
+    base: Path
+    grace_s: float
+    agent: AgentProcess
+
+    @property
+    def state_file(self) -> Path:
+        return self.base / "state" / "leases.json"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.agent.port}"
+
+    def table(self) -> dict[str, Any]:
+        """GET /leases/json."""
+        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
+            table: dict[str, Any] = json.loads(resp.read())
+        return table
+
+    def bound(self) -> dict[str, str]:
+        """Container id -> lease id, of every lease bound to a container."""
+        return {
+            lease["Container"]: lease["Lease"]
+            for lease in self.table()["Leases"]
+            if lease["Container"] is not None
+        }
+
+    def wrapper_env(self, **env: str) -> dict[str, str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
+        environ.update(DOCKER_HOST=self.dockerd.engine.host, NV_HOST=self.url, NV_CDI="no")
+        environ.update(PYTHONPATH=str(REPO), **env)
+        return environ
+
+    def nvidia_docker(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*wrapper_command(), *args],
+            env=self.wrapper_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+
+    def run_leased(self, *options: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """``NV_GPU=auto:1 nvidia-docker run -d OPTIONS IMAGE sleep 600``."""
+        return self.nvidia_docker(
+            "run", "-d", *options, IMAGE, "sleep", "600", NV_GPU="auto:1", **env
+        )
+
+    def run_leased_many(self, count: int, *options: str) -> list[str]:
+        """``count`` leased containers started at once; their ids."""
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            runs = list(pool.map(lambda _: self.run_leased(*options), range(count)))
+        for run in runs:
+            assert run.returncode == 0, run.stderr
+        return [run.stdout.strip() for run in runs]
+
+    def docker(self, *args: str) -> str:
+        return self.dockerd.engine.docker(*args).stdout.strip()
+
+    def gpu_of(self, container_id: str) -> tuple[str, str]:
+        """(the /dev/nvidiaN docker gave the container, its lease label)."""
+        raw = self.docker(
+            "inspect", "-f", "{{json .HostConfig.Devices}}\t{{json .Config.Labels}}", container_id
+        )
+        devices, labels = (json.loads(part) for part in raw.split("\t"))
+        gpus = [
+            d["PathOnHost"]
+            for d in devices
+            if d["PathOnHost"].removeprefix("/dev/nvidia").isdigit()
+        ]
+        assert len(gpus) == 1, devices
+        return gpus[0], labels[LEASE_LABEL]
+
+    def wait_bound(self, containers: list[str], what: str, timeout_s: float = 20) -> None:
+        """Until every container of ``containers`` (and no other) holds a lease."""
+        wait_until(
+            lambda: set(self.bound()) == set(containers),
+            what=what,
+            timeout_s=timeout_s,
+            proc=self.agent.proc,
+        )
+
+    def follows(self) -> int:
+        """How many times the agent has followed dockerd's events (at start, and once more
+        after each reconnection, each time with the containers listed: a resync)."""
+        log = self.log()
+        return log.count(f"container events of the Docker engine at {self.dockerd.engine.host}") + (
+            log.count(f"Docker engine at {self.dockerd.engine.host} answers again: following")
+        )
+
+    def wait_following(self, more_than: int, timeout_s: float = 30) -> None:
+        wait_until(
+            lambda: self.follows() > more_than,
+            what=f"the agent following dockerd (log: {self.agent.log_path})",
+            timeout_s=timeout_s,
+            proc=self.agent.proc,
+        )
+
+    def kill9(self) -> None:
+        self.agent.proc.send_signal(signal.SIGKILL)
+        self.agent.proc.wait(timeout=10)
+
+    def start(self) -> None:
+        """Start the agent again (on the same state directory, plugin socket and log)."""
+        follows = self.follows()
+        self.agent = _launch(self.dockerd, self.base, self.grace_s)
+        wait_ready(self.agent)
+        self.wait_following(follows)  # ready is the REST API; the table follows after it
+
+    def log(self) -> str:
+        return self.agent.log()
+
+
+def _launch(dockerd: Dockerd, base: Path, grace_s: float) -> AgentProcess:
+    return launch_agent(
+        base,
+        "--docker-socket", dockerd.socket,
+        "--podman-socket", str(base / "no-podman.sock"),
+        "--state-dir", str(base / "state"),
+        "--spec-file", str(dockerd.engine.plugin_specs / "nvidia-docker.spec"),
+        "--cdi-spec-dir", "",
+        "--lease-grace", f"{grace_s:g}",
+        simulate="hgx-h200-8",
+        socket_dir=dockerd.plugin_dir,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def node_of(dockerd: Dockerd, base: Path, grace_s: float = 600) -> Iterator[Node]:
+    """A ready agent following ``dockerd``; afterwards every container removed, the agent
+    stopped."""
+    node = Node(dockerd, base, grace_s, _launch(dockerd, base, grace_s))
+    try:
+        wait_ready(node.agent)
+        node.wait_following(0)
+        yield node
+    finally:
+        engine = dockerd.engine
+        ids = engine.docker("ps", "-aq", check=False).stdout.split()
+        if ids:
+            engine.docker("rm", "-f", *ids, check=False)
+        volumes = engine.docker(
+            "volume", "ls", "-q", "--filter", "driver=nvidia-docker", check=False
+        ).stdout.split()
+        if volumes:
+            engine.docker("volume", "rm", "-f", *volumes, check=False)
+        stop_process(node.agent.proc)
+
+
+@pytest.fixture
+def node(dockerd: Dockerd, tmp_path: Path) -> Iterator[Node]:
+    with node_of(dockerd, tmp_path / "agent") as served:
+        yield served
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_eight_concurrent_runs_get_a_gpu_each_and_a_ninth_waits_for_one(node: Node) -> None:
+    containers = node.run_leased_many(GPUS)
+
+    gpus = {cid: node.gpu_of(cid) for cid in containers}
+    assert len({dev for dev, _ in gpus.values()}) == GPUS
+    assert len({lease for _, lease in gpus.values()}) == GPUS
+    node.wait_bound(containers, "8 leases bound to their containers")
+    assert node.bound() == {cid: lease for cid, (_, lease) in gpus.items()}
+    assert {u["State"] for u in node.table()["Units"]} == {"leased"}
+
+    refused = node.run_leased()
+    assert refused.returncode != 0
+    line = one_line(refused.stderr)
+    assert "has no lease for 1 GPU now" in line, line
+    assert "NV_GPU_WAIT" in line, line
+    print(f"the ninth: {line}")
+    for cid, (dev, lease) in gpus.items():  # who holds what: GPU N by container C (lease-L)
+        assert f"GPU {dev.removeprefix('/dev/nvidia')} by container {cid[:12]} ({lease})" in line
+    assert len(node.docker("ps", "-aq").split()) == GPUS  # no container for the refused one
+
+    waiter = subprocess.Popen(
+        [*wrapper_command(), "run", "-d", IMAGE, "sleep", "600"],
+        env=node.wrapper_env(NV_GPU="auto:1", NV_GPU_WAIT="30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: len(node.table()["Waiting"]) == 1,
+            what="the ninth ask waiting in the queue",
+            timeout_s=20,
+        )
+        freed, (freed_gpu, _) = containers[3], gpus[containers[3]]
+        node.docker("rm", "-f", freed)
+        out, err = waiter.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            waiter.kill()
+        waiter.wait(timeout=10)
+    assert waiter.returncode == 0, err
+    ninth = out.strip()
+    assert node.gpu_of(ninth)[0] == freed_gpu
+    node.wait_bound([*(c for c in containers if c != freed), ninth], "the ninth lease bound")
+    assert node.table()["Waiting"] == []
+
+
+def test_docker_rm_f_frees_the_gpu_within_a_second(node: Node) -> None:
+    (container,) = node.run_leased_many(1)
+    node.wait_bound([container], "the lease bound")
+
+    started = time.monotonic()
+    node.docker("rm", "-f", container)
+    returned = time.monotonic()
+    wait_until(lambda: not node.table()["Leases"], what="the lease gone", timeout_s=10)
+    freed = time.monotonic()
+
+    print(  # the figure, for `pytest -s`
+        f"docker rm -f took {returned - started:.3f} s; its lease was gone "
+        f"{freed - returned:.3f} s after it returned"
+    )
+    assert freed - returned < FREED_WITHIN_S
+    assert {u["State"] for u in node.table()["Units"]} == {"free"}
+
+
+@pytest.mark.parametrize("state_file", ["kept", "deleted"])
+def test_leases_survive_a_kill_9_of_the_agent(node: Node, state_file: str) -> None:
+    containers = node.run_leased_many(GPUS)
+    node.wait_bound(containers, "8 leases bound")
+    before = node.bound()
+
+    def saved() -> set[str]:
+        snapshot = json.loads(node.state_file.read_text())
+        return {
+            lease["container_id"] for lease in snapshot["leases"] if lease["state"] == "running"
+        }
+
+    wait_until(lambda: saved() == set(containers), what="the state file: 8 running leases")
+    node.kill9()
+    if state_file == "deleted":
+        node.state_file.unlink()
+    node.start()
+
+    node.wait_bound(containers, "8 leases back after the restart")
+    assert node.bound() == before
+    leases = node.table()["Leases"]
+    assert {lease["State"] for lease in leases} == {"running"}
+    if state_file == "kept":
+        assert "restored 8 leases and 0 foreign holders from the snapshot" in node.log()
+    else:  # rebuilt from the labels by the resync; a missing file is no error
+        assert node.log().count("leased again to container") == GPUS
+        assert "cannot be used" not in node.log()
+    refused = node.run_leased()  # every GPU is held again: nothing to give
+    assert refused.returncode != 0
+    assert "not enough free GPUs" in one_line(refused.stderr)
+
+    # The restarted table follows the engine, and its new ids come after every id it knew.
+    node.docker("rm", "-f", containers[0])
+    wait_until(lambda: containers[0] not in node.bound(), what="the removed one's lease gone")
+    (newcomer,) = node.run_leased_many(1)
+    node.wait_bound([*containers[1:], newcomer], "the newcomer's lease bound")
+    assert node.bound()[newcomer] not in before.values()
+
+
+def test_a_container_given_dev_nvidia3_past_the_wrapper_makes_gpu_3_foreign(node: Node) -> None:
+    foreign = node.docker("run", "-d", "--device", "/dev/nvidia3", IMAGE, "sleep", "600")
+    wait_until(
+        lambda: node.table()["Units"][3]["State"] == "foreign",
+        what="GPU 3 foreign",
+        timeout_s=10,
+    )
+    units = node.table()["Units"]
+    assert [u["State"] for u in units].count("foreign") == 1
+    assert units[3]["Holders"][0]["Container"].startswith(foreign[:12])
+
+    containers = node.run_leased_many(GPUS - 1)
+    got = {node.gpu_of(cid)[0] for cid in containers}
+    assert "/dev/nvidia3" not in got
+    assert len(got) == GPUS - 1
+    refused = node.run_leased()
+    assert refused.returncode != 0
+    line = one_line(refused.stderr)
+    assert f"GPU 3 by foreign container {foreign[:12]} (--device /dev/nvidia3)" in line, line
+
+
+def test_a_dockerd_restart_keeps_stopped_leases_for_the_grace_time(
+    dockerd: Dockerd, tmp_path: Path
+) -> None:
+    grace_s = 8.0
+    with node_of(dockerd, tmp_path / "agent", grace_s=grace_s) as node:
+        # busybox sleep as PID 1 ignores dockerd's SIGTERM: killed after 1 s, not 10.
+        kept, removed = node.run_leased_many(2, "--stop-timeout", "1")
+        node.wait_bound([kept, removed], "2 leases bound")
+        follows = node.follows()
+
+        stopped_at = time.monotonic()
+        dockerd.restart()
+        node.wait_following(follows)  # the new dockerd's events, after a resync
+        leases = {lease["Container"]: lease for lease in node.table()["Leases"]}
+        assert set(leases) == {kept, removed}
+        assert {lease["State"] for lease in leases.values()} == {"stopped"}
+
+        node.docker("rm", removed)  # stopped already: no -f
+        returned = time.monotonic()
+        wait_until(lambda: set(node.bound()) == {kept}, what="the removed one's lease gone")
+        assert time.monotonic() - returned < FREED_WITHIN_S
+
+        wait_until(
+            lambda: not node.table()["Leases"],
+            what="the stopped container's lease ended after the grace time",
+            timeout_s=grace_s + 10,
+        )
+        assert time.monotonic() - stopped_at >= grace_s
+        assert node.docker("ps", "-aq") == kept[:12]  # the container is still there
