@@ -16,7 +16,9 @@ with ``NV_GPU_WAIT`` gets the GPU that a ``docker rm -f`` frees; that removal fr
 within a second; the leases survive a ``kill -9`` of the agent (its state file, or without
 it the containers' labels); a container given ``--device /dev/nvidia3`` past the wrapper
 makes GPU 3 foreign, and no lease gets it; after a dockerd restart stopped containers keep
-their leases for the grace time and the agent follows the new dockerd's events.
+their leases for the grace time and the agent follows the new dockerd's events; on a node
+of NVLink pairs across two sockets a 2-GPU ask gets a linked pair of one socket, with that
+socket's cpuset in ``docker inspect``.
 """
 
 from __future__ import annotations
@@ -239,7 +241,9 @@ class Node:
         return self.agent.log()
 
 
-def _launch(dockerd: Dockerd, base: Path, grace_s: float) -> AgentProcess:
+def _launch(
+    dockerd: Dockerd, base: Path, grace_s: float, simulate: str = "hgx-h200-8"
+) -> AgentProcess:
     return launch_agent(
         base,
         "--docker-socket", dockerd.socket,
@@ -248,16 +252,18 @@ def _launch(dockerd: Dockerd, base: Path, grace_s: float) -> AgentProcess:
         "--spec-file", str(dockerd.engine.plugin_specs / "nvidia-docker.spec"),
         "--cdi-spec-dir", "",
         "--lease-grace", f"{grace_s:g}",
-        simulate="hgx-h200-8",
+        simulate=simulate,
         socket_dir=dockerd.plugin_dir,
     )  # fmt: skip
 
 
 @contextlib.contextmanager
-def node_of(dockerd: Dockerd, base: Path, grace_s: float = 600) -> Iterator[Node]:
+def node_of(
+    dockerd: Dockerd, base: Path, grace_s: float = 600, simulate: str = "hgx-h200-8"
+) -> Iterator[Node]:
     """A ready agent following ``dockerd``; afterwards every container removed, the agent
     stopped."""
-    node = Node(dockerd, base, grace_s, _launch(dockerd, base, grace_s))
+    node = Node(dockerd, base, grace_s, _launch(dockerd, base, grace_s, simulate))
     try:
         wait_ready(node.agent)
         node.wait_following(0)
@@ -442,3 +448,67 @@ def test_a_dockerd_restart_keeps_stopped_leases_for_the_grace_time(
         )
         assert time.monotonic() - stopped_at >= grace_s
         assert node.docker("ps", "-aq") == kept[:12]  # the container is still there
+
+
+def two_socket_node(path: Path) -> Path:
+    """Four H200s on two sockets, joined in NVLink pairs across the index order: GPUs 0 and
+    2 on NUMA node 0, GPUs 1 and 3 on node 1; every other pair crosses the sockets."""
+    source = json.loads((REPO / "agent" / "gpu" / "nodes" / "hgx-h200-8.json").read_text())
+    devices = source["devices"][:4]
+    numa = [0, 1, 0, 1]
+    buses = [d["pci"]["bus_id"] for d in devices]
+    for index, device in enumerate(devices):
+        device["cpu_affinity"] = numa[index]
+        device["topology"] = [
+            {
+                "bus_id": buses[other],
+                "link": 2 if numa[other] == numa[index] else 1,  # NODE, or SYS
+                "nvlinks": 18 if numa[other] == numa[index] else 0,
+            }
+            for other in range(len(devices))
+            if other != index
+        ]
+    path.write_text(json.dumps({**source, "devices": devices}))
+    return path
+
+
+def host_cpus(numa_node: int) -> str:
+    """The CPUs of this host's NUMA node, as docker inspect shows --cpuset-cpus ("" when
+    the host has no such node: a simulated GPU's node the host lacks gets no cpuset)."""
+    cpulist = Path(f"/sys/devices/system/node/node{numa_node}/cpulist")
+    return cpulist.read_text().strip() if cpulist.exists() else ""
+
+
+def test_two_gpus_are_a_linked_pair_on_one_socket_with_its_cpuset(
+    dockerd: Dockerd, tmp_path: Path
+) -> None:
+    node_file = two_socket_node(tmp_path / "two-sockets.json")
+    with node_of(dockerd, tmp_path / "agent", simulate=str(node_file)) as node:
+        runs = [
+            node.nvidia_docker("run", "-d", IMAGE, "sleep", "600", NV_GPU="auto:2")
+            for _ in range(2)
+        ]
+        for run in runs:
+            assert run.returncode == 0, run.stderr
+        seen = []
+        for run in runs:
+            raw = node.docker(
+                "inspect",
+                "-f",
+                "{{json .HostConfig.Devices}}|{{.HostConfig.CpusetCpus}}|"
+                "{{.HostConfig.CpusetMems}}|",
+                run.stdout.strip(),
+            )
+            devices, cpus, mems, _ = raw.split("|")
+            gpus = sorted(
+                d["PathOnHost"]
+                for d in json.loads(devices)
+                if d["PathOnHost"].removeprefix("/dev/nvidia").isdigit()
+            )
+            seen.append((gpus, cpus, mems))
+    # not docker's "the first two": the NVLink pair of socket 0, then that of socket 1
+    expected = [
+        (["/dev/nvidia0", "/dev/nvidia2"], host_cpus(0), "0" if host_cpus(0) else ""),
+        (["/dev/nvidia1", "/dev/nvidia3"], host_cpus(1), "1" if host_cpus(1) else ""),
+    ]
+    assert seen == expected
