@@ -140,7 +140,7 @@ def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Pa
     """With ``--simulate``, every machine-wide setting left at its default is made private:
     the plugin socket and the volumes in a new temporary directory (returned, removed at
     exit), no CDI spec, no driver files (the node is fake; so would be what it hands out).
-    None when nothing had to be."""
+    None when no directory had to be made."""
     if settings["simulate"] is None:
         return None
     variables = {name: option.env_var for name, option, _ in options()}
@@ -152,11 +152,13 @@ def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Pa
     ]
     if not defaulted:
         return None
-    private = Path(tempfile.mkdtemp(prefix="nvidia-docker-simulated-"))
+    moved = [what for name, what in _PRIVATE_WORDS if name in defaulted]
+    # a directory only when something moves into it (a kill -9 would leave it behind)
+    private = Path(tempfile.mkdtemp(prefix="nvidia-docker-simulated-")) if moved else None
     replaced = {
-        "socket_dir": private / "plugins",
-        "volume_dir": private / "volumes",
-        "state_dir": private / "state",
+        "socket_dir": private / "plugins" if private else None,
+        "volume_dir": private / "volumes" if private else None,
+        "state_dir": private / "state" if private else None,
         "cdi_spec_dir": None,
         "ldcache": None,
     }
@@ -164,7 +166,6 @@ def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Pa
         settings[name] = replaced[name]
     flags = {"socket_dir": "-s", "volume_dir": "-d", "cdi_spec_dir": "--cdi-spec-dir",
              "ldcache": "--ldcache", "state_dir": "--state-dir"}  # fmt: skip
-    moved = [what for name, what in _PRIVATE_WORDS if name in defaulted]
     said = [f"{_and(moved)} in {private}"] if moved else []
     said += ["no CDI spec"] if "cdi_spec_dir" in defaulted else []
     said += ["no driver files"] if "ldcache" in defaulted else []

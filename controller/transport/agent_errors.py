@@ -1,14 +1,17 @@
 """What a node's answer other than 200 means, and the one-line messages of a failed connection.
 
-Shared by both HTTP clients of the controller: ``client.AgentClient`` (aiohttp; the wrapper
-and the Mesos helper, one node at a time) and ``fleet_http`` (lean, for thousands of nodes).
+Shared by the HTTP clients of the controller: ``client.AgentClient`` (aiohttp; the wrapper
+over HTTPS or SSH, and the Mesos helper, one node at a time), ``plain_http`` (the standard
+library's; the wrapper over plain HTTP) and ``fleet_http`` (lean, for thousands of nodes).
 This module imports no HTTP library.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
 from controller.errors import Failure, NodeError
@@ -105,6 +108,18 @@ def http_error(
         invalid_value=unquote(value) if parameter and value is not None else None,
         method=method,
     )
+
+
+def decode_json(node: str, path: str, body: bytes) -> Any:
+    """The body of a 200 answer to ``GET path``, decoded; ``NodeError`` when it is not JSON."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise NodeError(
+            node,
+            f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?",
+            Failure.NOT_AN_AGENT,
+        ) from None
 
 
 def node_label(endpoint: Endpoint) -> str:

@@ -40,6 +40,8 @@ Public API::
 
 Many requests may run concurrently on one client: over SSH they share the one SSH connection.
 A fleet query makes one client per node and runs them concurrently (``asyncio.gather``).
+``BlockingAgentClient`` drives one client from code without an event loop (the wrapper over
+HTTPS, with a token, or over SSH; over plain HTTP it uses ``plain_http`` instead).
 
 Only this module and ``ssh_tunnel`` import aiohttp / paramiko.
 """
@@ -47,7 +49,6 @@ Only this module and ``ssh_tunnel`` import aiohttp / paramiko.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from collections.abc import Collection, Mapping
 from types import TracebackType
@@ -63,6 +64,7 @@ from controller.transport.agent_errors import (
     TokenRefusedError,
     connect_error,
     connect_failure,
+    decode_json,
     disconnected_error,
     http_error,
     node_label,
@@ -86,6 +88,7 @@ __all__ = [
     "INVALID_VALUE_HEADER",
     "AgentClient",
     "AgentHttpError",
+    "BlockingAgentClient",
     "TokenRefusedError",
 ]
 
@@ -274,12 +277,63 @@ class AgentClient:
         return NodeError(self.node, f"{method} {path} failed: {exc or type(exc).__name__}")
 
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        body = await self.get(path, params)
+        return decode_json(self.node, path, await self.get(path, params))
+
+
+class BlockingAgentClient:
+    """``AgentClient`` for a caller without an event loop (the wrapper over HTTPS, with a
+    token, or over SSH): one loop (``asyncio.Runner``) for the client's whole life, so an SSH
+    tunnel lives from the first request to the last; the methods of
+    ``plain_http.PlainAgentClient``. Ctrl-C in a request cancels it, as ``asyncio.run`` does."""
+
+    def __init__(self, endpoint: Endpoint, **settings: Any) -> None:
+        self._client = AgentClient(endpoint, **settings)
+        self._runner = asyncio.Runner()
+
+    @property
+    def node(self) -> str:
+        return self._client.node
+
+    def __enter__(self) -> BlockingAgentClient:
         try:
-            return json.loads(body)
-        except ValueError:
-            raise NodeError(
-                self.node,
-                f"the answer to GET {path} is not JSON: is this an nvidia-docker agent?",
-                Failure.NOT_AN_AGENT,
-            ) from None
+            self._runner.run(self._client.open())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.close())
+        finally:
+            self._runner.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        payload: Any = None,
+        answers: Collection[int] = (200,),
+        timeout_s: float | None = None,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        return self._runner.run(
+            self._client.request(
+                method, path, params=params, payload=payload, answers=answers, timeout_s=timeout_s
+            )
+        )
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
+        return self._runner.run(self._client.get(path, params))
+
+    def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        return self._runner.run(self._client.get_json(path, params))

@@ -18,7 +18,10 @@ variables, then docker's help. Errors are one line,
 Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``version`` through
 this wrapper many times per task. That path imports only this module, ``docker_args`` and
 ``errors`` (all stdlib-free) and execs docker: it never asks the daemon anything, so it also
-works while the daemon is down. aiohttp, paramiko and NVML are imported for run/create only.
+works while the daemon is down. run/create import the GPU step; it asks a node's agent over
+plain HTTP with the standard library (``controller.transport.plain_http``: no aiohttp, no
+asyncio), and imports aiohttp only for HTTPS or a token, paramiko only for SSH, NVML only
+when no local agent answers.
 """
 
 from __future__ import annotations

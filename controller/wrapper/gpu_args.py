@@ -17,6 +17,11 @@ imports it only for run/create; ``options`` are the ones its edge built: ``NV_GP
    refuses is said with the agent's own reason (``GPU 0 is not in MIG mode``);
 5. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
 
+The agent is asked through one connection, synchronously (``open_agent``): over plain HTTP
+without a token, the local agent included, with the standard library's client
+(``controller.transport.plain_http``), so that this path imports neither aiohttp nor
+asyncio; over HTTPS, with a token or over SSH, with ``AgentClient`` (aiohttp, paramiko).
+
 When the engine reads CDI (``engine_cdi``: Podman, Docker 25+ with CDI on; asked only here,
 after the label says GPUs are wanted), the GPU arguments are the CDI form instead:
 ``--device=nvidia.com/gpu=<UUID>`` per selected GPU or MIG device
@@ -36,7 +41,6 @@ Every failure is a ``ControllerError`` with one line; no container is created.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -47,14 +51,15 @@ from typing import TYPE_CHECKING, Any
 
 from controller.errors import DockerError, GpuError, NodeError
 from controller.options import Options
+from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
+from controller.transport.plain_http import BlockingAgent, PlainAgentClient
 from controller.transport.tls import TlsOptions
 from controller.wrapper.docker_args import DockerCommand
 from controller.wrapper.engine_cdi import engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
 if TYPE_CHECKING:
-    from controller.transport.client import AgentClient
     from controller.transport.ssh_tunnel import SshOptions
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
@@ -196,7 +201,20 @@ class Reach:
     ssh: SshOptions | None = None  # for ssh:// nodes
 
 
-async def _facts_from_agent(
+def open_agent(endpoint: Endpoint, reach: Reach, connect_timeout_s: float | None) -> BlockingAgent:
+    """The client of the node's agent: over plain HTTP without a token (most runs) the
+    standard library's (``plain_http``: no aiohttp or asyncio to import), else
+    ``AgentClient`` (HTTPS, tokens, SSH) behind the same methods."""
+    if endpoint.transport == "http" and endpoint.scheme == "http" and reach.tls.token_file is None:
+        return PlainAgentClient(endpoint, connect_timeout_s=connect_timeout_s)
+    from controller.transport.client import BlockingAgentClient  # noqa: PLC0415 (aiohttp)
+
+    return BlockingAgentClient(
+        endpoint, connect_timeout_s=connect_timeout_s, ssh=reach.ssh, tls=reach.tls
+    )
+
+
+def _facts_from_agent(
     endpoint: Endpoint,
     volumes: str,
     devices: str,
@@ -208,14 +226,9 @@ async def _facts_from_agent(
     lease: LeaseAsk | None = None,
     terminal: bool = False,
 ) -> GpuFacts:
-    from controller.transport.client import AgentClient  # noqa: PLC0415
-
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
-    how = reach or Reach(TlsOptions())
-    async with AgentClient(
-        endpoint, connect_timeout_s=connect_s, ssh=how.ssh, tls=how.tls
-    ) as agent:
-        info = await agent.get_json("/gpu/info/json")
+    with open_agent(endpoint, reach or Reach(TlsOptions()), connect_s) as agent:
+        info = agent.get_json("/gpu/info/json")
         try:
             cuda = str(info["Version"]["CUDA"])
         except (KeyError, TypeError):
@@ -223,29 +236,27 @@ async def _facts_from_agent(
         if cuda_needed is not None:
             check_cuda(cuda, cuda_needed)
         if lease is None:
-            return await _device_args(agent, info, cuda, volumes, devices, cdi=cdi)
-        grant = await ask_lease(agent, lease, info, terminal=terminal)
+            return _device_args(agent, info, cuda, volumes, devices, cdi=cdi)
+        grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
-            facts = await _device_args(agent, info, cuda, volumes, grant.dev, cdi=cdi)
+            facts = _device_args(agent, info, cuda, volumes, grant.dev, cdi=cdi)
         except Exception:  # not on Ctrl-C: the pending lease then ends by itself
-            await release(agent, grant.lease)
+            release(agent, grant.lease)
             raise
         return replace(facts, grant=grant, warnings=(*facts.warnings, *grant.warnings()))
 
 
-async def _device_args(
-    agent: AgentClient, info: Any, cuda: str, volumes: str, devices: str, *, cdi: bool
+def _device_args(
+    agent: BlockingAgent, info: Any, cuda: str, volumes: str, devices: str, *, cdi: bool
 ) -> GpuFacts:
     """``/docker/cli`` for ``devices`` (``dev``), in the CDI form when the engine reads it."""
-    from controller.transport.client import AgentHttpError  # noqa: PLC0415
-
     count = len(info.get("Devices") or [])
     params = {"vol": volumes, "dev": devices}
     warnings: list[str] = []
     try:
         if cdi:
             try:
-                body = await agent.get("/docker/cli", params={**params, "format": "cdi"})
+                body = agent.get("/docker/cli", params={**params, "format": "cdi"})
                 args = tuple(body.decode().split())
                 if not args:
                     raise GpuError(
@@ -260,7 +271,7 @@ async def _device_args(
                 if err.status != 400 or err.invalid_parameter != "format":
                     raise
             warnings.append(_NO_CDI.format(node=agent.node, why="writes no CDI spec"))
-        body = await agent.get("/docker/cli", params=params)
+        body = agent.get("/docker/cli", params=params)
     except AgentHttpError as err:
         if err.status == 400 and err.invalid_parameter and err.invalid_value is not None:
             raise _refused(
@@ -346,7 +357,7 @@ def _facts_from_nvml(
     return GpuFacts(cuda_version=info.cuda_version, docker_args=tuple(cli.text().split()))
 
 
-async def _node_facts(
+def _node_facts(
     endpoint: Endpoint,
     volumes: str,
     devices: str,
@@ -357,7 +368,7 @@ async def _node_facts(
     terminal: bool = False,
 ) -> GpuFacts:
     if not endpoint.is_local:
-        return await _facts_from_agent(
+        return _facts_from_agent(
             endpoint,
             volumes,
             devices,
@@ -370,7 +381,7 @@ async def _node_facts(
         )
     local_agent = Endpoint(transport="http", host="localhost", source="local agent")
     try:
-        return await _facts_from_agent(
+        return _facts_from_agent(
             local_agent,
             volumes,
             devices,
@@ -382,8 +393,6 @@ async def _node_facts(
             terminal=terminal,
         )
     except NodeError as err:
-        from controller.transport.client import AgentHttpError  # noqa: PLC0415
-
         if isinstance(err, AgentHttpError):
             raise
         if lease is not None:  # NVML knows the GPUs, not who holds them
@@ -393,7 +402,7 @@ async def _node_facts(
                 "(nvidia-docker-plugin), or name a GPU node's agent in NV_HOST (e.g. "
                 "NV_HOST=ssh://user@gpu-node:)"
             ) from None
-    return await asyncio.to_thread(_facts_from_nvml, volumes, devices, cuda_needed, cdi)
+    return _facts_from_nvml(volumes, devices, cuda_needed, cdi)
 
 
 # --- the whole step -------------------------------------------------------------------------
@@ -435,17 +444,15 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         )
     started = time.perf_counter()
     gpus = options.gpus if isinstance(options.gpus, str) else ""
-    facts = asyncio.run(
-        _node_facts(
-            endpoint,
-            wanted_volumes,
-            gpus,
-            cuda_needed,
-            cdi=engine.reads_cdi,
-            reach=reach(endpoint, options),
-            lease=lease,
-            terminal=options.progress,
-        )
+    facts = _node_facts(
+        endpoint,
+        wanted_volumes,
+        gpus,
+        cuda_needed,
+        cdi=engine.reads_cdi,
+        reach=reach(endpoint, options),
+        lease=lease,
+        terminal=options.progress,
     )
     if options.debug and facts.grant is not None:
         sys.stderr.write(

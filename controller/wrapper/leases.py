@@ -28,11 +28,11 @@ pending time; one the wrapper cannot use (its own later step fails) it gives bac
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import csv
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,7 @@ from controller.errors import Failure, GpuError, NodeError
 from controller.options import AutoGpus, Options
 
 if TYPE_CHECKING:
-    from controller.transport.client import AgentClient
+    from controller.transport.plain_http import BlockingAgent
     from controller.wrapper.docker_args import DockerCommand
 
 GPUS_OPTION = "gpus"  # docker's --gpus: dropped from the command line when it asks
@@ -311,15 +311,15 @@ def _said(body: bytes) -> tuple[str, dict[str, Any]]:
     return (lines[0].strip() if lines else "no reason given"), {}
 
 
-async def every_gpu(agent: AgentClient, info: Any) -> str:
+def every_gpu(agent: BlockingAgent, info: Any) -> str:
     """``--gpus all``: the node's healthy GPUs, by UUID (an agent without health routes:
     every GPU of ``/gpu/info/json``)."""
-    from controller.transport.client import AgentHttpError  # noqa: PLC0415
+    from controller.transport.agent_errors import AgentHttpError  # noqa: PLC0415
 
     listed = [d.get("UUID") for d in (info.get("Devices") or []) if isinstance(d, dict)]
     uuids = [str(u) for u in listed if u]
     try:
-        health = await agent.get_json(HEALTH_PATH)
+        health = agent.get_json(HEALTH_PATH)
     except AgentHttpError as err:
         if err.status != 404:
             raise
@@ -339,18 +339,18 @@ async def every_gpu(agent: AgentClient, info: Any) -> str:
     return " ".join(uuids)
 
 
-async def ask_lease(
-    agent: AgentClient, ask: LeaseAsk, info: Any, *, terminal: bool = False
-) -> Grant:
+def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool = False) -> Grant:
     """``POST /leases`` for ``ask`` on ``agent`` (``info``: its ``/gpu/info/json``); the
     grant, or ``GpuError`` with the agent's reason (see the module docstring). ``terminal``:
     stderr is one, so a wait longer than a second is said there."""
-    devices = await every_gpu(agent, info) if ask.every_gpu else None
+    devices = every_gpu(agent, info) if ask.every_gpu else None
     note = None
     if terminal and ask.wait_s > 0:
-        note = asyncio.get_running_loop().call_later(WAIT_NOTE_AFTER_S, _waiting, agent.node, ask)
+        note = threading.Timer(WAIT_NOTE_AFTER_S, _waiting, (agent.node, ask))
+        note.daemon = True
+        note.start()
     try:
-        status, body, _headers = await agent.request(
+        status, body, _headers = agent.request(
             "POST",
             LEASES_PATH,
             payload=ask.body(devices),
@@ -397,9 +397,9 @@ def _waiting(node: str, ask: LeaseAsk) -> None:
     sys.stderr.flush()
 
 
-async def release(agent: AgentClient, lease: str) -> None:
+def release(agent: BlockingAgent, lease: str) -> None:
     """Give back a lease the wrapper cannot use (best effort: it also ends by itself)."""
     with contextlib.suppress(NodeError):
-        await agent.request(
+        agent.request(
             "DELETE", f"{LEASES_PATH}/{lease}", answers=(200, 404, 409), timeout_s=RELEASE_TIMEOUT_S
         )

@@ -1,0 +1,243 @@
+"""``nvidia-docker run`` over plain HTTP imports neither aiohttp nor asyncio
+(``controller.transport.plain_http``; docs/nvidia-docker.md, "Speed"), and its client says
+what ``AgentClient`` says.
+
+The wrapper runs as a process whose ``os.execvp`` (the moment it becomes docker) reports the
+argv and which of the heavy modules are loaded; docker is a shell script that answers
+``image inspect`` with a GPU image's labels; the node's agent is ``tests.support.lease_agent``
+on a loopback port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from controller.errors import Failure, NodeError
+from controller.transport.agent_errors import AgentHttpError
+from controller.transport.endpoint import parse_endpoint
+from controller.transport.plain_http import PlainAgentClient
+from tests.support.lease_agent import LeaseAgent, served_in_thread
+from tests.support.services import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+HEAVY = ("aiohttp", "asyncio", "paramiko", "yarl", "multidict", "controller.transport.client")
+DOCKER = """#!/bin/sh
+labels='{"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}'
+case "$1 $2" in
+  "image inspect") echo "$labels" ;;
+  *) echo "$@" ;;
+esac
+"""
+PROBE = (
+    "import json, os, sys\n"
+    "from controller.wrapper import cli\n"
+    f"heavy = {HEAVY!r}\n"
+    "def execvp(_file, argv):\n"
+    "    loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"
+    "    print(json.dumps({'argv': argv, 'loaded': loaded}))\n"
+    "    sys.exit(0)\n"
+    "os.execvp = execvp\n"
+    "sys.exit(cli.main())\n"
+)
+
+
+@pytest.fixture
+def agent() -> Iterator[tuple[LeaseAgent, int]]:
+    lease_agent = LeaseAgent()
+    with served_in_thread(lease_agent) as port:
+        yield lease_agent, port
+
+
+def _run(
+    tmp_path: Path, args: list[str], *python: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The wrapper with ``args`` (``python``: the interpreter's own options)."""
+    docker = tmp_path / "docker"
+    docker.write_text(DOCKER)
+    docker.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
+    return subprocess.run(
+        [sys.executable, *python, "-c", PROBE, *args],
+        env={**base, "PYTHONPATH": str(REPO), "NV_DOCKER": str(docker), "NV_CDI": "no", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [
+        ([], {"NV_GPU": "0"}),
+        ([], {"NV_GPU": "auto"}),
+        (["--gpus", "1"], {}),
+        (["--gpus", "all"], {}),
+    ],
+    ids=["NV_GPU=0", "NV_GPU=auto", "--gpus 1", "--gpus all"],
+)
+@pytest.mark.parametrize("scheme", ["http", "tcp"])
+def test_the_run_path_over_plain_http_imports_no_aiohttp_nor_asyncio(
+    tmp_path: Path,
+    agent: tuple[LeaseAgent, int],
+    flags: list[str],
+    env: dict[str, str],
+    scheme: str,
+) -> None:
+    lease_agent, port = agent
+    args = ["run", *flags, "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
+    done = _run(tmp_path, args, NV_HOST=f"{scheme}://127.0.0.1:{port}", **env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["loaded"] == []
+    assert "--device=/dev/nvidia0" in report["argv"]
+    leased = any(arg.startswith("--label=nvidia-docker.lease=") for arg in report["argv"])
+    assert leased is ("NV_GPU" not in env or env["NV_GPU"] == "auto")
+    assert ("POST /leases" in lease_agent.requests) is leased
+
+
+def test_a_refused_ask_is_one_line_without_aiohttp(
+    tmp_path: Path, agent: tuple[LeaseAgent, int]
+) -> None:
+    lease_agent, port = agent
+    lease_agent.hold("0", "1", "2")
+    args = ["run", "--gpus", "1", "nvidia/cuda:12.4"]
+    done = _run(tmp_path, args, "-X", "importtime", NV_HOST=f"http://127.0.0.1:{port}")
+    assert done.returncode == 1
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert not imported & {"aiohttp", "asyncio"}
+    errors = [line for line in done.stderr.splitlines() if "Error:" in line]
+    assert len(errors) == 1
+    assert f"--gpus 1: http://127.0.0.1:{port} has no lease for 1 GPU now: " in errors[0]
+
+
+def test_a_failed_step_after_the_grant_gives_the_lease_back(
+    tmp_path: Path, agent: tuple[LeaseAgent, int]
+) -> None:
+    lease_agent, port = agent
+    lease_agent.cli_status = 500
+    done = _run(tmp_path, ["run", "nvidia/cuda:12.4"], NV_GPU="auto", NV_HOST=f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    assert "the agent answered 500 to GET /docker/cli: the agent broke" in done.stderr
+    assert [r for r in lease_agent.requests if "/leases" in r][-1].startswith("DELETE /leases/")
+
+
+# --- the client itself: AgentClient's answers and lines ------------------------------------
+
+
+async def _slow(_: web.Request) -> web.Response:
+    import asyncio  # noqa: PLC0415
+
+    await asyncio.sleep(5)
+    return web.Response(text="late")
+
+
+async def _refuse(_: web.Request) -> web.Response:
+    return web.Response(
+        status=400,
+        text="invalid device: 9\n",
+        headers={"X-Invalid-Parameter": "dev", "X-Invalid-Value": "9"},
+    )
+
+
+async def _echo(request: web.Request) -> web.Response:
+    body = await request.read()
+    return web.json_response(
+        {"query": request.raw_path, "body": body.decode(), "type": request.content_type},
+        status=201,
+    )
+
+
+@pytest.fixture
+def plain_port() -> Iterator[int]:
+    class Routes(LeaseAgent):
+        def application(self) -> web.Application:
+            app = web.Application()
+            app.router.add_get("/slow", _slow)
+            app.router.add_get("/refuse", _refuse)
+            app.router.add_post("/echo", _echo)
+            app.router.add_get("/html", _html)
+            return app
+
+    with served_in_thread(Routes()) as port:
+        yield port
+
+
+async def _html(_: web.Request) -> web.Response:
+    return web.Response(text="<html>")
+
+
+def test_requests_keep_one_connection_and_send_json(plain_port: int) -> None:
+    with PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{plain_port}")) as agent:
+        first = agent.request("POST", "/echo", payload={"count": 2}, answers=(201,))
+        sock = agent._connection.sock
+        status, body, headers = agent.request(
+            "POST", "/echo", params={"dev": "0 GPU-1a"}, payload=[], answers=(201,)
+        )
+        assert agent._connection.sock is sock
+    assert first[0] == status == 201
+    assert json.loads(first[1]) == {
+        "query": "/echo",
+        "body": '{"count": 2}',
+        "type": "application/json",
+    }
+    assert json.loads(body)["query"] == "/echo?dev=0+GPU-1a"
+    assert headers["content-type"].startswith("application/json")
+
+
+def test_a_refusal_carries_status_and_the_named_entry(plain_port: int) -> None:
+    with (
+        PlainAgentClient(parse_endpoint(f"127.0.0.1:{plain_port}")) as agent,
+        pytest.raises(AgentHttpError) as info,
+    ):
+        agent.get("/refuse")
+    assert str(info.value) == (
+        f"http://127.0.0.1:{plain_port}: the agent answered 400 to GET /refuse: invalid device: 9"
+    )
+    assert (info.value.invalid_parameter, info.value.invalid_value) == ("dev", "9")
+
+
+def test_the_timeout_bounds_the_request(plain_port: int) -> None:
+    started = time.monotonic()
+    endpoint = parse_endpoint(f"http://127.0.0.1:{plain_port}")
+    with (
+        PlainAgentClient(endpoint, timeout_s=0.3) as agent,
+        pytest.raises(NodeError, match=r"no answer to GET /slow within 0\.3 s") as info,
+    ):
+        agent.get("/slow")
+    assert info.value.failure is Failure.TIMEOUT
+    assert time.monotonic() - started < 3
+
+
+def test_not_json_and_no_agent(plain_port: int) -> None:
+    with (
+        PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{plain_port}")) as agent,
+        pytest.raises(NodeError, match="GET /html is not JSON: is this an nvidia-docker agent"),
+    ):
+        agent.get_json("/html")
+    port = free_port()
+    with (
+        PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent,
+        pytest.raises(NodeError) as info,
+    ):
+        agent.get("/gpu/info/json")
+    assert info.value.failure is Failure.REFUSED
+    assert str(info.value) == (
+        f"http://127.0.0.1:{port}: cannot connect to the agent at http://127.0.0.1:{port} "
+        "(connection refused): is nvidia-docker-plugin running there, listening on that "
+        "address (-l HOST:PORT)?"
+    )
+
+
+def test_https_is_not_its_business() -> None:
+    with pytest.raises(ValueError, match="plain HTTP only"):
+        PlainAgentClient(parse_endpoint("https://node3:3476"))
