@@ -52,6 +52,7 @@ from agent.gpu.worker_client import WorkerClient
 from agent.leases.settings import LeaseSettings
 from agent.leasing.engine_feed import EngineFeed
 from agent.leasing.service import LeaseService
+from agent.leasing.start_gate import StartGate
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.service import MetricsService
 from agent.node.drivers import prepare_volumes
@@ -101,10 +102,13 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     counters.follow_certificate(access.certificate_expiry)  # TLS: its notAfter
     status.add_sweep_listener(counters.observe_sweep)
     store.build_listeners.append(counters.observe_volume_build)
-    await _serve_plugin(config, store, parts)
-    cdi = await _write_cdi_spec(config, store, state, parts)
     engines = _engines(config)  # one client per engine: its request limit is the engine's
+    # The authorization plugin's gate: it allows everything until the lease table is open.
+    table: asyncio.Future[LeaseService] = asyncio.get_running_loop().create_future()
+    await _serve_plugin(config, store, parts, StartGate(engines[0], table))
+    cdi = await _write_cdi_spec(config, store, state, parts)
     leases = await _leases(config, state, engines, parts)
+    table.set_result(leases)
     metrics = MetricsService(
         state,
         status,
@@ -206,7 +210,7 @@ async def _first_worker(watch: DriverWatch, parts: contextlib.AsyncExitStack) ->
 
 
 async def _serve_plugin(
-    config: Config, store: VolumeStore, parts: contextlib.AsyncExitStack
+    config: Config, store: VolumeStore, parts: contextlib.AsyncExitStack, gate: StartGate
 ) -> None:
     log.info("Serving the plugin API on unix://%s", config.socket_path)
     try:
@@ -215,6 +219,7 @@ async def _serve_plugin(
             config.socket_dir,
             spec_file=config.spec_file,
             limits=ConnectionLimits(config.header_timeout_s, config.idle_timeout_s),
+            authz_gate=gate,
         )
     except OSError as err:
         raise StartupError(f"cannot serve the plugin socket {config.socket_path}: {err}") from None

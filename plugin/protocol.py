@@ -8,6 +8,10 @@ HTTP 200 with ``{"Err": "<reason>: <volume name>"}``; a request that is not the 
 Bodies are bounded (``MAX_BODY_BYTES``, ``json_body.MAX_DEPTH`` levels, ``Name`` at most
 ``MAX_NAME_CHARS`` printable characters) and must arrive within ``BODY_TIMEOUT_S``.
 
+Given a gate (``create_app(..., authz_gate=...)``), the app is also Docker's authorization
+plugin (``plugin.authz``): ``Plugin.Activate`` names ``authz`` too, and the AuthZ bodies may
+be up to ``authz.MAX_AUTHZ_BODY_BYTES`` (a create body, base64, and its headers).
+
 Serve this app on a unix socket only (``agent.edge.plugin_socket``): it changes files on disk and
 has no authentication. Volume builds run in a worker thread; concurrent Creates of one volume
 share one build.
@@ -25,6 +29,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from plugin import authz
 from plugin.json_body import BodyError, parse_json
 from plugin.volumes import VolumeError, VolumeStore
 
@@ -40,6 +45,7 @@ BODY_TIMEOUT_S = 10.0  # dockerd sends its small bodies at once
 
 STORE_KEY = web.AppKey("store", VolumeStore)
 BUILDS_KEY = web.AppKey("builds", dict[str, "asyncio.Future[Path]"])
+GATE_KEY: web.AppKey[authz.Gate] = web.AppKey("gate")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -98,10 +104,12 @@ def _shown(text: str, limit_chars: int = 40) -> str:
     return head + ("..." if len(text) > limit_chars else "")
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _body(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):
-            raw = await request.read()
+            raw = await (
+                request.read() if max_bytes <= MAX_BODY_BYTES else _read(request, max_bytes)
+            )
     except TimeoutError:
         raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     if not raw.strip():
@@ -113,6 +121,18 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+async def _read(request: web.Request, max_bytes: int) -> bytes:
+    """The body, read past the app's ``client_max_size`` up to ``max_bytes``."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BadRequest(f"the body is larger than {max_bytes} bytes")
+    raw = bytearray()
+    while chunk := await request.content.read(max_bytes + 1 - len(raw)):
+        raw += chunk
+        if len(raw) > max_bytes:
+            raise BadRequest(f"the body is larger than {max_bytes} bytes")
+    return bytes(raw)
 
 
 async def _name(request: web.Request) -> str:
@@ -128,7 +148,25 @@ async def _name(request: web.Request) -> str:
 
 
 async def activate(request: web.Request) -> web.Response:
-    return answer({"Implements": ["VolumeDriver"]})
+    implements = ["VolumeDriver", authz.IMPLEMENTS] if GATE_KEY in request.app else ["VolumeDriver"]
+    return answer({"Implements": implements})
+
+
+async def authz_request(request: web.Request) -> web.Response:
+    """Allow or refuse one API request dockerd is about to serve (``plugin.authz``)."""
+    try:
+        body = await _body(request, authz.MAX_AUTHZ_BODY_BYTES)
+    except BadRequest as err:
+        return answer(
+            {"Allow": False, "Msg": f"bad AuthZ request: {err}", "Err": f"bad request: {err}"}
+        )
+    return answer(await authz.decide(body, request.app[GATE_KEY]))
+
+
+async def authz_response(request: web.Request) -> web.Response:
+    """Every answer dockerd served may go to its client."""
+    await _body(request, authz.MAX_AUTHZ_BODY_BYTES)
+    return answer({"Allow": True, "Msg": "", "Err": ""})
 
 
 async def capabilities(request: web.Request) -> web.Response:
@@ -206,11 +244,17 @@ ROUTES: dict[str, Handler] = {
 }
 
 
-def create_app(store: VolumeStore, *, middlewares: Sequence[Middleware] = ()) -> web.Application:
+def create_app(
+    store: VolumeStore,
+    *,
+    middlewares: Sequence[Middleware] = (),
+    authz_gate: authz.Gate | None = None,
+) -> web.Application:
     """The plugin application. Serve it on a unix socket only.
 
     ``middlewares`` (the daemon's connection tracking) wrap the protocol checks, which stay
-    the innermost.
+    the innermost. ``authz_gate``: also serve Docker's authorization plugin protocol, with
+    it answering container starts and creates.
     """
     app = web.Application(
         middlewares=[*middlewares, protocol_checks], client_max_size=MAX_BODY_BYTES
@@ -219,4 +263,8 @@ def create_app(store: VolumeStore, *, middlewares: Sequence[Middleware] = ()) ->
     app[BUILDS_KEY] = {}
     for route, handler in ROUTES.items():
         app.router.add_post(route, handler)
+    if authz_gate is not None:
+        app[GATE_KEY] = authz_gate
+        app.router.add_post(authz.REQUEST_ROUTE, authz_request)
+        app.router.add_post(authz.RESPONSE_ROUTE, authz_response)
     return app

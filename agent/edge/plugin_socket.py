@@ -37,6 +37,7 @@ from aiohttp import web
 from agent.config import SOCKET_NAME, default
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
+from plugin.authz import Gate
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
 
@@ -64,11 +65,13 @@ async def start_plugin_site(
     *,
     spec_file: Path | None = None,
     limits: ConnectionLimits = PLUGIN_LIMITS,
+    authz_gate: Gate | None = None,
 ) -> web.AppRunner:
     """Serve the plugin on ``<socket_dir>/nvidia-docker.sock``; cleanup removes the socket
     (and ``spec_file``, when one was asked for). ``limits`` are the header and idle
     timeouts (the socket has no connection bound: its only client is dockerd, and the
-    descriptors it needs are kept from the REST API, agent.edge.descriptors)."""
+    descriptors it needs are kept from the REST API, agent.edge.descriptors). With
+    ``authz_gate`` the socket is Docker's authorization plugin too (``plugin.authz``)."""
     path = socket_dir / SOCKET_NAME
     lock_fd = claim_socket(path)
     try:
@@ -78,7 +81,7 @@ async def start_plugin_site(
         raise
     inode = _inode(path)
     guard = ConnectionGuard("plugin socket", limits)
-    app = create_app(store, middlewares=[guard.middleware])
+    app = create_app(store, middlewares=[guard.middleware], authz_gate=authz_gate)
     app.on_cleanup.append(lambda _app: _cleanup(path, inode, spec_file, lock_fd))
     runner = web.AppRunner(
         app,

@@ -28,6 +28,10 @@ answer):
   A ``--gpus`` request overrides it (dockerd sets it from the request), so it is then not
   read.
 
+``created_container`` reads a create body (``POST /containers/create``, which the
+authorization plugin sees before the container exists) the same way: its ``Labels``,
+``Env`` and ``HostConfig`` are an inspect answer's ``Config`` and ``HostConfig``.
+
 Devices are given in the forms ``NodeUnits.given`` reads; the table keeps what names GPUs of
 the node. Bounded, failing safe: a container that names more than ``MAX_DEVICES`` entries
 (or more GPUs by count) is given ``all``; an entry longer than ``MAX_DEVICE_CHARS``, or not
@@ -225,6 +229,21 @@ def container_of(
         devices=given.devices,
         how=given.how or "its devices",
     )
+
+
+def created_container(name: str | None, body: Mapping[str, object]) -> Container:
+    """The ``Container`` a create body (``POST /containers/create``: ``Labels`` and ``Env``
+    at its top, ``HostConfig`` as inspect shows it) would make, before the engine makes it:
+    not running, named ``name`` (``new`` when it has none the table takes, or one that looks
+    like another container's full id), its lease label and GPU devices read as
+    ``container_of`` reads an inspect answer's."""
+    inspect = {
+        "Config": {"Labels": body.get("Labels"), "Env": body.get("Env")},
+        "HostConfig": body.get("HostConfig"),
+    }
+    if name is None or not _NAME.fullmatch(name) or _ID.fullmatch(name):
+        name = "new"
+    return container_of(name, inspect)
 
 
 async def inspect_container(

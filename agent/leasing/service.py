@@ -32,7 +32,16 @@ from pathlib import Path
 from agent import files
 from agent.gpu.model import NodeInfo
 from agent.health.rule import DeviceHealth
-from agent.leases.answers import Change, ChangeKind, Granted, Outcome, Queued, Refused, Released
+from agent.leases.answers import (
+    Change,
+    ChangeKind,
+    Granted,
+    Outcome,
+    Queued,
+    Refused,
+    Released,
+    StartVerdict,
+)
 from agent.leases.asks import Ask
 from agent.leases.containers import Container, GpuUser
 from agent.leases.holders import Lease
@@ -142,6 +151,13 @@ class LeaseService:
         return self._table.lease(lease_id)
 
     # -- what the node and the engines say -----------------------------------------------
+
+    def may_start(self, container: Container) -> StartVerdict:
+        """May ``container`` be created or started now (the authorization plugin asks before
+        the engine does it)? Only the passing of time changes the table."""
+        outcome = self._table.may_start(container, self._clock())
+        self._apply(outcome)
+        return outcome.answer
 
     def created(self, container: Container) -> None:
         self._apply(self._table.created(container, self._clock()))

@@ -261,7 +261,7 @@ def _race(shared: Path) -> None:
         assert line.endswith("stop it or choose another -s")
         wait_until(lambda: port_open(winner.port), what="the winner", timeout_s=60)
         answer = plugin_call(shared / "nvidia-docker.sock", "Plugin.Activate")
-        assert answer == (200, {"Implements": ["VolumeDriver"]})
+        assert answer == (200, {"Implements": ["VolumeDriver", "authz"]})
         assert winner.alive()
     finally:
         for agent in agents:
@@ -281,5 +281,5 @@ def test_a_second_daemon_on_a_served_directory_exits_1_with_one_line(tmp_path: P
         assert second.proc.wait(timeout=60) == 1
         line = _error_line(second)
         assert f"another agent (pid {first.proc.pid}) is serving {first.socket_path}" in line
-        assert first.plugin("Plugin.Activate") == (200, {"Implements": ["VolumeDriver"]})
+        assert first.plugin("Plugin.Activate") == (200, {"Implements": ["VolumeDriver", "authz"]})
         wait_ready(first)

@@ -78,7 +78,10 @@ class Watch:
     def done(self) -> None:
         assert self.agent.alive()
         assert self.agent.get("/gpu/info/json")[0] == 200
-        assert self.agent.plugin("Plugin.Activate") == (200, {"Implements": ["VolumeDriver"]})
+        assert self.agent.plugin("Plugin.Activate") == (
+            200,
+            {"Implements": ["VolumeDriver", "authz"]},
+        )
         log = self.new_log()
         assert "Traceback" not in log
         assert "Error handling request" not in log  # aiohttp's line for a handler that raised

@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -103,9 +103,12 @@ def start_engine(
     dockerd: str = "dockerd",
     extra_args: Sequence[str] = (),
     daemon_json: Mapping[str, object] | None = None,
+    before_start: Callable[[DockerEngine], None] | None = None,
 ) -> tuple[DockerEngine, subprocess.Popen[bytes]]:
     """Start a private dockerd (another build: ``dockerd``; ``daemon_json`` becomes its
-    ``/etc/docker/daemon.json``); the caller stops it with ``stop_engine``."""
+    ``/etc/docker/daemon.json``); the caller stops it with ``stop_engine``. ``before_start``
+    is called with the engine once its directory exists, before dockerd starts (to serve a
+    plugin that dockerd needs at start, such as an authorization plugin)."""
     if shutil.which(dockerd) is None:
         raise RuntimeError(f"{dockerd} is not installed: apt-get install docker.io")
     if not Path("/etc/docker").is_dir():
@@ -118,6 +121,12 @@ def start_engine(
     engine.plugin_specs.mkdir(parents=True)
     if daemon_json is not None:
         (root / "etc-docker" / "daemon.json").write_text(json.dumps(daemon_json))
+    if before_start is not None:
+        try:
+            before_start(engine)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
     with (root / "dockerd.log").open("wb") as log:
         proc = _spawn_dockerd(root, sock, log, dict(os.environ), dockerd, extra_args)
     return _await_engine(engine, proc)
