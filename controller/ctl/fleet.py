@@ -35,6 +35,7 @@ from controller.errors import EXIT_FAILED, EXIT_NO_ANSWER, EXIT_OK
 from controller.options import Options, setting
 
 if TYPE_CHECKING:
+    from controller.fleet.free_view import FreeAsk
     from controller.fleet.query import FleetNode, Query
 
 PROGRESS_MIN_NODES = 8  # a progress bar when more nodes than this are asked (on a terminal)
@@ -180,15 +181,24 @@ def gather_nodes(arguments: Sequence[str], nodes: FleetNodes, options: Options) 
 
 
 def run_fleet_command(
-    query: Query, arguments: Sequence[str], nodes: FleetNodes, options: Options
+    query: Query,
+    arguments: Sequence[str],
+    nodes: FleetNodes,
+    options: Options,
+    *,
+    free: FreeAsk | None = None,
 ) -> int:
     """Gather the nodes, ask them, print; returns the exit code. Usage errors (a NODE, file
     or inventory that cannot be read, TLS files that cannot be used) raise before any node is
-    asked; the edge (``controller.ctl.main``) prints them."""
+    asked; the edge (``controller.ctl.main``) prints them.
+
+    ``free``: the ``free`` command's ask; its table (the qualifying nodes, best first) is
+    printed once every node is done, and the exit code says whether any node qualifies."""
     from controller.fleet.health_view import StatusNotes, gpu_problems  # noqa: PLC0415
     from controller.fleet.output import Progress, ProgressAware  # noqa: PLC0415
     from controller.fleet.query import NodeResult, ask_fleet  # noqa: PLC0415
     from controller.fleet.report import (  # noqa: PLC0415
+        CountingSink,
         JsonDocumentSink,
         JsonLinesSink,
         OrderedWindow,
@@ -216,13 +226,20 @@ def run_fleet_command(
         progress = Progress(query.name, len(asked))
         out = ProgressAware(sys.stdout, progress)
 
-    sink: JsonLinesSink | JsonDocumentSink | TableSink | ProblemSink
+    tally = None
+    if free is not None:
+        from controller.fleet.free_view import FreeTally  # noqa: PLC0415 (the agent's picker)
+
+        tally = FreeTally(free)
+    sink: JsonLinesSink | JsonDocumentSink | TableSink | ProblemSink | CountingSink
     if options.output == "jsonl":
         sink = JsonLinesSink(out)
     elif options.output == "json":
-        sink = JsonDocumentSink(query, out)
+        sink = JsonDocumentSink(query, out, tally)
     elif query.name == "health":
         sink = ProblemSink(out)
+    elif tally is not None:
+        sink = CountingSink()
     else:
         sink = TableSink(query, asked, out, options.table_width, _ellipsis())
     window = OrderedWindow(sink.add, max(1024, 4 * options.parallel)) if sink.ordered else None
@@ -238,6 +255,8 @@ def run_fleet_command(
             notes.add(result)
         if query.name == "health" and result.ok:
             unhealthy += len(gpu_problems(result))
+        if tally is not None:
+            tally.add(result, index)
         if window is None:
             sink.add(result)
         else:
@@ -265,7 +284,15 @@ def run_fleet_command(
 
     counts = sink.summary
     if options.output == "table":
-        for line in notes.lines() if notes is not None else []:
+        if tally is not None:
+            out.write(
+                "".join(line + "\n" for line in tally.lines(options.table_width, _ellipsis()))
+            )
+            out.flush()
+        for line in [
+            *(notes.lines() if notes is not None else []),
+            *(tally.notes() if tally else []),
+        ]:
             click.echo(f"{PROG}: {line}", err=True)
         for name, message in counts.errors:
             click.echo(f"{PROG}: {name}: {message}", err=True)
@@ -282,6 +309,10 @@ def run_fleet_command(
             f"{counts.answered} answered ({counts.gpus} GPUs), {counts.failed} failed{refused}",
             err=True,
         )
+    if tally is not None:  # free: whether any node qualifies, unless no agent was reached
+        if counts.failed and counts.reached == 0:
+            return EXIT_NO_ANSWER
+        return EXIT_OK if tally.found else EXIT_FAILED
     if counts.failed == 0:
         return EXIT_FAILED if unhealthy else EXIT_OK
     return EXIT_NO_ANSWER if counts.reached == 0 else EXIT_FAILED

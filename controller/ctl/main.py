@@ -32,6 +32,7 @@ from agent import __version__
 from controller.ctl.endpoint import endpoint
 from controller.ctl.fleet import docker_cli, info, status
 from controller.ctl.health import health
+from controller.ctl.leases import free, leases
 from controller.ctl.mesos import mesos
 from controller.env_text import DEBUG_VAR, switch
 from controller.errors import (
@@ -212,6 +213,8 @@ main.add_command(info)
 main.add_command(status)
 main.add_command(docker_cli)
 main.add_command(health)
+main.add_command(leases)
+main.add_command(free)
 
 if __name__ == "__main__":
     main()

@@ -1,10 +1,11 @@
 """What a fleet query shows: one table across the fleet, one JSON document, JSON lines.
 
-- ``table_lines(query, results, width)``: one row per GPU (``info``, ``status``) or per node
-  (``docker-cli``); a node that failed gets one row with its reason in a few words (and
-  the agent's own one-line reason when it answered an error: ``error: HTTP 409: GPU 3 is
-  unhealthy ...``). Fits ``width`` columns on a terminal (node and model names cut with
-  ``…``); ``width`` None (not a terminal) cuts nothing.
+- ``table_lines(query, results, width)``: one row per GPU (``info``, ``status``), per unit
+  (``leases``: ``lease_view``) or per node (``docker-cli``); a node that failed gets one
+  row with its reason in a few words (and the agent's own one-line reason when it answered
+  an error: ``error: HTTP 409: GPU 3 is unhealthy ...``). Fits ``width`` columns on a
+  terminal (node and model names cut with ``…``); ``width`` None (not a terminal) cuts
+  nothing.
 - ``json_document(query, results)``: ``{"command", "nodes": {name: {"endpoint", <the agent's
   JSON as-is under its key>, "error", "reason", "elapsed_s"}}, "summary"}``.
 - ``json_line(result)``: the same entry for one node, with ``"node"``, on one line.
@@ -102,7 +103,7 @@ DOCKER_COLUMNS = (
 )
 
 
-def _failed(result: NodeResult) -> Span:
+def failed_row(result: NodeResult) -> Span:
     # the reason in a few words (an agent's answer: its own one line too); the whole
     # message follows the table on stderr
     said = f": {result.agent_message}" if result.agent_message else ""
@@ -111,7 +112,7 @@ def _failed(result: NodeResult) -> Span:
 
 def status_rows(result: NodeResult) -> list[Row]:
     if not result.ok:
-        return [_failed(result)]
+        return [failed_row(result)]
     info, status = result.answers.get("info"), result.answers.get("status")
     driver, cuda = _versions(info)
     infos, statuses = _devices(info), _devices(status)
@@ -197,7 +198,7 @@ def process_owner(process: Any) -> str:
 
 def info_rows(result: NodeResult) -> list[Row]:
     if not result.ok:
-        return [_failed(result)]
+        return [failed_row(result)]
     info = result.answers.get("info")
     driver, cuda = _versions(info)
     devices = _devices(info)
@@ -223,7 +224,7 @@ def info_rows(result: NodeResult) -> list[Row]:
 
 def docker_rows(result: NodeResult) -> list[Row]:
     if not result.ok:
-        return [_failed(result)]
+        return [failed_row(result)]
     cli = result.answers.get("docker_cli")
     devices = [d for d in _devices(cli) if isinstance(d, str)]
     gpus = [d.removeprefix("/dev/nvidia") for d in devices if d[len("/dev/nvidia") :].isdigit()]
@@ -260,6 +261,11 @@ def table_lines(
     columns: tuple[Column, ...]
     if query.name == "health":  # the problems only, whole lines; nothing when there are none
         return problem_lines(results)
+    if query.name == "leases":
+        from controller.fleet.lease_view import LEASE_COLUMNS, lease_rows  # noqa: PLC0415 (a cycle)
+
+        columns, make = LEASE_COLUMNS, lease_rows
+        return render(columns, [row for r in results for row in make(r)], width, ellipsis=ellipsis)
     if query.name == "status" and any(r.key == "processes" for r in query.requests):
         columns, make = STATUS_PROCESS_COLUMNS, status_process_rows
     elif query.name == "status":
@@ -282,11 +288,15 @@ def node_entry(result: NodeResult) -> dict[str, Any]:
 
 
 def gpu_count(result: NodeResult) -> int:
-    """GPUs the node reported (info), or GPU devices it handed to docker (docker-cli)."""
+    """GPUs the node reported (info), the GPUs of its lease units (leases), or GPU devices it
+    handed to docker (docker-cli)."""
     if not result.ok:
         return 0
     if "info" in result.answers:
         return len(_devices(result.answers["info"]))
+    if "leases" in result.answers:  # the GPUs its units are on (None: an older agent)
+        units = _get(result.answers["leases"], "Units")
+        return len({_get(u, "GPU") for u in units}) if isinstance(units, list) else 0
     devices = _devices(result.answers.get("docker_cli"))
     return sum(1 for d in devices if isinstance(d, str) and d[len("/dev/nvidia") :].isdigit())
 

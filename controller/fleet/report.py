@@ -15,6 +15,9 @@ it prints as soon as the node is done, and drops the answer:
   longest node name of all), then kept: on a terminal a later value that is longer is cut
   with ``…`` where its column may shrink; without a width (not a terminal) it is kept
   whole. Up to that many nodes the table is exactly ``output.table_lines``'s.
+- ``CountingSink``: only the summary, for ``free``, whose table is sorted and so printed
+  once every node is done (``free_view.FreeTally`` keeps the qualifying nodes' few facts);
+  ``JsonDocumentSink`` takes its list (a ``Digest``) to end the document with.
 - ``Summary`` counts nodes, answers, GPUs and failures by reason as they come (and how many
   of the failed nodes' agents answered, with an error); the whole messages of the first
   ``MAX_ERROR_LINES`` failures are kept for standard error, the rest counted by reason.
@@ -31,9 +34,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller.fleet.health_view import problem_lines, problems
+from controller.fleet.lease_view import LEASE_COLUMNS, lease_rows
 from controller.fleet.output import (
     DOCKER_COLUMNS,
     INFO_COLUMNS,
@@ -175,6 +179,15 @@ class JsonLinesSink:
         self.out.flush()
 
 
+class Digest(Protocol):
+    """What a command adds to its ``--json`` document after the nodes (``free``: the
+    qualifying nodes, best first): a list under ``key``, fed by the command as nodes answer."""
+
+    key: str
+
+    def json(self) -> list[dict[str, Any]]: ...
+
+
 class JsonDocumentSink:
     """``--json``: one document, each node's entry on one line of it, written node by node.
 
@@ -184,9 +197,10 @@ class JsonDocumentSink:
 
     ordered = True
 
-    def __init__(self, query: Query, out: Output) -> None:
+    def __init__(self, query: Query, out: Output, digest: Digest | None = None) -> None:
         self.out = out
         self.summary = Summary()
+        self._digest = digest
         self._first = True
         # health: the document lists the problems too (only they are kept, not the answers)
         self._problems: list[dict[str, object]] | None = [] if query.name == "health" else None
@@ -208,8 +222,29 @@ class JsonDocumentSink:
             self.out.write(',\n  "problems": [')
             self.out.write(",".join(f"\n    {json.dumps(p)}" for p in self._problems))
             self.out.write("\n  ]" if self._problems else "]")
+        if self._digest is not None:
+            items = self._digest.json()
+            self.out.write(f",\n  {json.dumps(self._digest.key)}: [")
+            self.out.write(",".join(f"\n    {json.dumps(item)}" for item in items))
+            self.out.write("\n  ]" if items else "]")
         self.out.write(f',\n  "summary": {summary}\n}}\n')
         self.out.flush()
+
+
+class CountingSink:
+    """Only the summary: for a command that prints its rows once every node is done
+    (``free``, sorted best first)."""
+
+    ordered = False
+
+    def __init__(self) -> None:
+        self.summary = Summary()
+
+    def add(self, result: NodeResult) -> None:
+        self.summary.add(result)
+
+    def close(self) -> None:
+        pass
 
 
 class ProblemSink:
@@ -235,6 +270,8 @@ class ProblemSink:
 
 
 def table_layout(query: Query) -> tuple[tuple[Column, ...], Callable[[NodeResult], list[Row]]]:
+    if query.name == "leases":
+        return LEASE_COLUMNS, lease_rows
     if query.name == "status" and any(r.key == "processes" for r in query.requests):
         return STATUS_PROCESS_COLUMNS, status_process_rows
     if query.name == "status":

@@ -14,6 +14,12 @@ are real OpenSSH sshds (``tests.support.ssh_fleet``: four sshds of 16 ports, eac
 login), each node tunnelling to a different agent. Measured in the same run, for scale: the
 ctl's start-up alone (``--help``), a tenth of the HTTP nodes (memory must not grow with the
 fleet), the JSON document and JSON lines outputs, and one node at a time (``--parallel 1``).
+
+``--commands leases`` (the default runs both sets) measures ``leases`` and ``free`` instead,
+against a second farm whose nodes serve the lease routes (hgx-h200-8 nodes, one lease of
+three GPUs on each; ``--tls``: every node over TLS, with a test CA, ``status`` measured
+there too for scale): the table, ``--json``, ``free --gpus 2`` (every node qualifies) and
+``free --gpus 6`` (none does: exit 1).
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ import argparse
 import json
 import os
 import resource
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from tests.support.agent_farm import raise_fd_limit, start_farm
+from tests.support.certs import make_pki
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +151,12 @@ def main() -> None:
     parser.add_argument("--ssh-nodes", type=int, default=1000)
     parser.add_argument("--ssh-servers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--commands", default="status,leases", help="status, leases (and free), or both"
+    )
+    parser.add_argument("--tls", action="store_true", help="the leases runs over TLS")
     args = parser.parse_args()
+    commands = {c.strip() for c in args.commands.split(",")}
     raise_fd_limit(max(args.http_nodes, args.ssh_nodes) * 4 + 1024)
     print(
         f"bench_fleet: {os.cpu_count()} CPUs, fd limit "
@@ -151,6 +165,62 @@ def main() -> None:
         flush=True,
     )
     work = Path(tempfile.mkdtemp(prefix="nvd-bench-fleet-"))
+    try:
+        if "status" in commands:
+            status_runs(args, work)
+        if "leases" in commands:
+            lease_runs(args, work)
+    finally:
+        for path in sorted(work.rglob("*"), reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+        work.rmdir()
+
+
+def lease_runs(args: argparse.Namespace, work: Path) -> None:
+    """``leases`` and ``free`` on nodes with the lease routes (over TLS with ``--tls``)."""
+    pki = make_pki(work / "pki") if args.tls else None
+    tls = (pki.pem("server"), pki.key("server")) if pki is not None else None
+    farm = start_farm(args.http_nodes, ("hgx-h200-8",), timeout_s=300, leases=True, tls=tls)
+    try:
+        scheme = "https" if pki is not None else "http"
+        context = ssl.create_default_context(cafile=pki.pem("ca")) if pki is not None else None
+        ask = urllib.request.Request(
+            f"{scheme}://127.0.0.1:{farm.ports[0]}/leases",
+            data=b'{"count": 3, "owner": {"user": "bench"}}',
+            method="POST",
+        )  # the nodes of one kind share one lease table: every node has this lease
+        with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
+            assert answer.status == 201
+        nodes = work / "lease-nodes"
+        nodes.write_text("".join(f"{scheme}://127.0.0.1:{p}\n" for p in farm.ports))
+        flags = ["--nodes", str(nodes)]
+        if pki is not None:
+            flags += ["--ca", str(pki.pem("ca"))]
+        env = ctl_env(work)
+        label = "TLS" if pki is not None else "HTTP"
+        count = args.http_nodes
+        runs = {
+            "status": (["status", *flags], 0),
+            "leases": (["leases", *flags], 0),
+            "leases --json": (["leases", "--json", *flags], 0),
+            "free --gpus 2": (["free", "--gpus", "2", *flags], 0),
+            "free --gpus 6 (none)": (["free", "--gpus", "6", *flags], 1),
+        }
+        for name, (argv, expected) in runs.items():
+            done = [run_ctl(argv, env) for _ in range(args.runs)]
+            report(f"{name}, {label}", done, count, HTTP_TARGET_S)
+            bad = [r for r in done if r.exit_code != expected or r.failed]
+            if bad:
+                print(f"WARNING: {name}, {label}: unexpected exit or failed nodes: {bad}")
+    finally:
+        farm.stop()
+
+
+def status_runs(args: argparse.Namespace, work: Path) -> None:
+    """``status`` over HTTP and SSH (the original figures)."""
     farm = start_farm(max(args.http_nodes, args.ssh_nodes), ("h200",), timeout_s=300)
     ssh_fleet: SshFleet | None = None
     try:
@@ -214,12 +284,6 @@ def main() -> None:
         if ssh_fleet is not None:
             ssh_fleet.stop()
         farm.stop()
-        for path in sorted(work.rglob("*"), reverse=True):
-            if path.is_dir() and not path.is_symlink():
-                path.rmdir()
-            else:
-                path.unlink()
-        work.rmdir()
 
 
 if __name__ == "__main__":

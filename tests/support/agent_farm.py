@@ -9,6 +9,10 @@ backend. Each node has its own listening socket (the kernel picks a free port; b
 cannot race another test run). When every socket listens, the farm writes ``F`` (atomically:
 one ``PORT KIND`` line per node) and prints ``ready N`` on stdout.
 
+``--leases`` gives the nodes the lease routes (``/leases/json``...: one lease table per kind,
+shared by its nodes as the status service is); without it they answer 404 there, as agents
+older than leases do. ``--tls-cert F --tls-key K`` serves every node over TLS.
+
 Several ``--simulate`` values are dealt out in turn (node 0 gets the first kind, node 1 the
 second, ...), so a test can tell which node answered. Nodes of one kind share one application,
 one ``StatusService`` and one PCIe sampler: the real agents would each run on their own
@@ -35,6 +39,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -46,6 +51,8 @@ from aiohttp import web
 from agent.api.docker_cli import control_devices
 from agent.api.routes import create_app
 from agent.gpu.simulated import SimulatedBackend
+from agent.leases.settings import LeaseSettings
+from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
@@ -63,11 +70,19 @@ def raise_fd_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
+async def _serve(
+    count: int,
+    kinds: list[str],
+    ports_file: Path,
+    *,
+    leases: bool = False,
+    tls: ssl.SSLContext | None = None,
+) -> None:
     raise_fd_limit(count * 4 + 256)
     loop = asyncio.get_running_loop()
     runners: dict[str, web.AppRunner] = {}
     services: list[StatusService] = []
+    tables: list[LeaseService] = []
     for kind in dict.fromkeys(kinds):
         backend = SimulatedBackend.from_file(kind)
         node = backend.node_info()
@@ -75,8 +90,13 @@ async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
         await status.sample_pcie()
         status.start_sampler()
         services.append(status)
+        facts = NodeFacts(node, control_devices())
+        table = None
+        if leases:  # pending grants last an hour: a test's or benchmark's leases stay
+            table = LeaseService.open(node, facts.health, LeaseSettings(pending_s=3600.0), None)
+            tables.append(table)
         runner = web.AppRunner(
-            create_app(NodeState(NodeFacts(node, control_devices())), status),
+            create_app(NodeState(facts), status, leases=table),
             access_log=None,
             handle_signals=False,
             shutdown_timeout=1.0,
@@ -92,7 +112,7 @@ async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LISTEN_HOST, 0))
         port: int = sock.getsockname()[1]
-        site = web.SockSite(runners[kind], sock, backlog=1024)
+        site = web.SockSite(runners[kind], sock, backlog=1024, ssl_context=tls)
         await site.start()
         sites[port] = site
         lines.append(f"{port} {kind}\n")
@@ -131,6 +151,8 @@ async def _serve(count: int, kinds: list[str], ports_file: Path) -> None:
         await runner.cleanup()
     for status in services:
         await status.close()
+    for table in tables:
+        await table.close()
 
 
 def main() -> None:
@@ -138,8 +160,15 @@ def main() -> None:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--simulate", action="append", required=True)
     parser.add_argument("--ports-file", type=Path, required=True)
+    parser.add_argument("--leases", action="store_true")
+    parser.add_argument("--tls-cert", type=Path)
+    parser.add_argument("--tls-key", type=Path)
     args = parser.parse_args()
-    asyncio.run(_serve(args.count, args.simulate, args.ports_file))
+    tls = None
+    if args.tls_cert is not None:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    asyncio.run(_serve(args.count, args.simulate, args.ports_file, leases=args.leases, tls=tls))
 
 
 @dataclass
@@ -175,14 +204,26 @@ class AgentFarm:
         self.root.rmdir()
 
 
-def start_farm(count: int, kinds: tuple[str, ...] = ("h200",), timeout_s: float = 60) -> AgentFarm:
-    """Start ``count`` agents in one process and wait until every one listens."""
+def start_farm(
+    count: int,
+    kinds: tuple[str, ...] = ("h200",),
+    timeout_s: float = 60,
+    *,
+    leases: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> AgentFarm:
+    """Start ``count`` agents in one process and wait until every one listens; ``leases``:
+    with the lease routes; ``tls``: (certificate, key) to serve TLS with."""
     root = Path(tempfile.mkdtemp(prefix="nvd-farm-"))
     ports_file = root / "ports"
     command = [sys.executable, "-m", "tests.support.agent_farm", "--count", str(count)]
     for kind in kinds:
         command += ["--simulate", kind]
     command += ["--ports-file", str(ports_file)]
+    if leases:
+        command.append("--leases")
+    if tls is not None:
+        command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = subprocess.Popen(

@@ -1,0 +1,258 @@
+"""``nvidia-docker-ctl leases`` and ``free`` against real agents on loopback.
+
+Real ``nvidia-docker-plugin`` processes (``--simulate``, ``tests.support.agent_process``):
+``busy`` (hgx-h200-8) with two leases asked over its REST API, ``full`` (hgx-h200-8) whose
+eight GPUs are all leased, ``mig`` (h200x2-mig: GPU 0 in MIG mode, two free ``1g.18gb``
+devices); ``old`` is the agent's REST app without the lease routes (an agent older than
+leases: 404), served by ``tests.support.agent_farm``; ``dead`` is a port nothing listens on.
+The ctl runs through click's runner, its two streams read as a person reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from controller.ctl.main import main
+from tests.support.agent_farm import start_farm
+from tests.support.agent_process import running_agent
+from tests.support.cli import cli_runner
+from tests.support.services import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    ports: dict[str, int]
+    inventory: Path
+
+    def node(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+
+def _ask(port: int, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/leases", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 201
+        granted: dict[str, object] = json.loads(answer.read())
+        return granted
+
+
+def _agent(base: Path, simulate: str) -> Generator[int, None, None]:
+    with running_agent(
+        base, "--state-dir", str(base / "state"), "--lease-pending", "600", simulate=simulate
+    ) as agent:
+        yield agent.port
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("lease-fleet")
+    busy = _agent(root / "busy", "hgx-h200-8")
+    full = _agent(root / "full", "hgx-h200-8")
+    mig = _agent(root / "mig", "h200x2-mig")
+    farm = start_farm(1, ("h200",))
+    try:
+        ports = {"busy": next(busy), "full": next(full), "mig": next(mig)}
+        ports["old"] = farm.ports[0]
+        ports["dead"] = free_port()
+        _ask(ports["busy"], {"count": 2, "owner": {"user": "alice", "job": "42"}})
+        _ask(ports["busy"], {"count": 1, "owner": {"user": "bob"}})
+        _ask(ports["full"], {"count": 8, "owner": {"user": "carol"}})
+        inventory = root / "fleet.yml"
+        hosts = "".join(
+            f"        {name}: {{nvidia_docker_agent_listen_port: {port}}}\n"
+            for name, port in ports.items()
+        )
+        inventory.write_text(
+            "all:\n  children:\n    gpu:\n      vars:\n        nvidia_docker_transport: http\n"
+            f"        ansible_host: 127.0.0.1\n      hosts:\n{hosts}"
+        )
+        yield Fleet(ports, inventory)
+    finally:
+        for started in (busy, full, mig):
+            started.close()  # leaves running_agent: SIGTERM, then SIGKILL
+        farm.stop()
+
+
+def ctl(*args: str) -> Result:
+    return cli_runner().invoke(main, list(args), env={"NV_HOST": "", "COLUMNS": "200"})
+
+
+def rows(result: Result, node: str) -> list[list[str]]:
+    return [line.split() for line in result.stdout.splitlines() if line.split()[:1] == [node]]
+
+
+def test_leases_show_who_holds_each_gpu_and_a_summary_per_node(fleet: Fleet) -> None:
+    result = ctl("leases", "-i", str(fleet.inventory), "-l", "busy,full,old")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0].split() == [
+        "NODE", "UNIT", "STATE", "LEASE", "CONTAINER", "OWNER", "SINCE",
+    ]  # fmt: skip
+    busy = rows(result, "busy")
+    units = [r for r in busy if r[1] != "-"]
+    assert [r[1] for r in units] == [str(i) for i in range(8)]
+    held = {r[1]: r for r in units if r[2] != "free"}
+    assert sorted(r[3] for r in held.values()) == ["lease-1", "lease-1", "lease-2"]
+    for row in held.values():
+        assert row[2] == "pending"  # granted, no container created with it yet
+        assert row[4] == "-"
+        assert row[5] == ("job=42,user=alice" if row[3] == "lease-1" else "user=bob")
+        assert row[6].endswith("Z")
+    assert all(r[2:] == ["free", "-", "-", "-", "-"] for r in units if r[1] not in held)
+    assert " ".join(busy[-1]) == "busy - 5 free of 8; 2 leases; queue 0"
+    assert " ".join(rows(result, "full")[-1]) == "full - 0 free of 8; 1 lease; queue 0"
+    assert " ".join(rows(result, "old")[0]) == (
+        "old - agent too old for leases (no /leases/json): upgrade nvidia-docker-plugin there"
+    )
+    assert len(rows(result, "old")) == 1
+    assert result.stderr.splitlines()[-1] == (
+        "nvidia-docker-ctl: 3 nodes, 3 answered (16 GPUs), 0 failed"  # old: unknown
+    )
+
+
+def test_leases_json_is_each_agents_answer_keyed_by_node(fleet: Fleet) -> None:
+    result = ctl("leases", "--json", "-i", str(fleet.inventory), "-l", "busy,old,dead")
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    assert document["command"] == "leases"
+    busy = document["nodes"]["busy"]
+    assert [lease["Owner"] for lease in busy["leases"]["Leases"]] == [
+        {"job": "42", "user": "alice"},
+        {"user": "bob"},
+    ]
+    assert len(busy["leases"]["Units"]) == 8
+    assert document["nodes"]["old"]["leases"] is None
+    assert document["nodes"]["old"]["error"] is None
+    assert document["nodes"]["dead"]["reason"] == "connection refused"
+    assert document["summary"] == {"nodes": 3, "answered": 2, "failed": 1, "gpus": 8}
+
+
+def test_free_lists_nodes_with_enough_free_gpus_and_omits_full_ones(fleet: Fleet) -> None:
+    result = ctl("free", "--gpus", "2", "-i", str(fleet.inventory), "-l", "full,busy,old,mig")
+    assert result.exit_code == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines[0] == ["NODE", "FREE", "SET", "LINK", "NUMA"]
+    (busy,) = lines[1:]  # full has none free; old cannot say; mig has one whole GPU
+    assert busy[:2] == ["busy", "5/8"]
+    chosen = busy[2].split(",")
+    assert len(chosen) == 2
+    assert busy[3] == "NVLink"  # every pair of an HGX board: NVSwitch
+    errors = result.stderr.splitlines()
+    assert "nvidia-docker-ctl: old: agent too old for leases (no /leases/json): upgrade " \
+        "nvidia-docker-plugin there" in errors  # fmt: skip
+    assert "nvidia-docker-ctl: 1 node with 2 free healthy GPUs" in errors
+
+
+def test_free_exits_1_when_no_node_qualifies(fleet: Fleet) -> None:
+    result = ctl("free", "--gpus", "6", "-i", str(fleet.inventory), "-l", "busy,full")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "nvidia-docker-ctl: 0 nodes with 6 free healthy GPUs" in result.stderr.splitlines()
+
+
+def test_free_counts_mig_devices_of_a_profile(fleet: Fleet) -> None:
+    result = ctl("free", "--gpus", "2", "--mig", "1g.18gb", fleet.node("mig"), fleet.node("busy"))
+    assert result.exit_code == 0, result.stderr
+    (mig,) = [line.split() for line in result.stdout.splitlines()[1:]]
+    assert mig == [fleet.node("mig"), "2/2", "0:2,0:3", "-", mig[-1]]
+    three = ctl("free", "--gpus", "3", "--mig", "1g.18gb", fleet.node("mig"))
+    assert three.exit_code == 1
+
+
+def test_free_json_has_the_qualifying_nodes_best_first(fleet: Fleet) -> None:
+    result = ctl("free", "--json", "--gpus", "1", "-i", str(fleet.inventory), "-l", "busy,mig")
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    assert [c["node"] for c in document["free"]] == ["busy", "mig"]
+    assert document["free"][0]["free"] == 5
+    assert set(document["nodes"]["busy"]) >= {"info", "leases", "error"}
+
+
+def test_unreachable_nodes_exit_3_and_a_qualifying_node_wins_over_a_dead_one(
+    fleet: Fleet,
+) -> None:
+    for command in ("leases", "free"):
+        dead = ctl(command, "-i", str(fleet.inventory), "-l", "dead")
+        assert dead.exit_code == 3, dead.stderr
+        assert "nvidia-docker-ctl: dead: cannot connect to the agent" in dead.stderr
+    assert ctl("leases", "-i", str(fleet.inventory), "-l", "dead").stdout.splitlines()[1] == (
+        "dead  -     error: connection refused"
+    )
+    mixed = ctl("free", "--gpus", "2", "-i", str(fleet.inventory), "-l", "busy,dead")
+    assert mixed.exit_code == 0
+    assert "nvidia-docker-ctl: 2 nodes, 1 answered (8 GPUs), 1 failed" in mixed.stderr
+
+
+def test_a_bad_gpu_count_is_a_usage_error() -> None:
+    result = ctl("free", "--gpus", "0", "localhost:1")
+    assert result.exit_code == 2
+    assert "--gpus" in result.stderr
+
+
+def _info(links: dict[tuple[int, int], tuple[int, int]], numa: list[int]) -> dict[str, object]:
+    """``/gpu/info/json`` of len(numa) GPUs; ``links[(a, b)] = (PCI link, NVLinks)``."""
+    bus = [f"00000000:{0x18 + i:02X}:00.0" for i in range(len(numa))]
+    devices = []
+    for index, node in enumerate(numa):
+        peers = []
+        for other in range(len(numa)):
+            if other != index:
+                link, nvlinks = links.get((min(index, other), max(index, other)), (1, 0))
+                peers.append({"BusID": bus[other], "Link": link, "NVLinks": nvlinks})
+        devices.append({"CPUAffinity": node, "PCI": {"BusID": bus[index]}, "Topology": peers})
+    return {"Version": {"Driver": "580.159.04", "CUDA": "13.0"}, "Devices": devices}
+
+
+def _leases(free: set[int], numa: list[int], sick: frozenset[int] = frozenset()) -> object:
+    return {
+        "Units": [
+            {"Name": str(i), "GPU": i, "MIG": None, "Profile": None, "NumaNode": n,
+             "State": "free" if i in free else "leased", "Healthy": i not in sick, "Holders": []}
+            for i, n in enumerate(numa)
+        ],
+        "Leases": [], "Foreign": [], "Waiting": [],
+    }  # fmt: skip
+
+
+def test_free_sorts_nodes_by_their_best_sets_connectivity() -> None:
+    from controller.fleet.free_view import FreeAsk, FreeTally  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+
+    numa = [0, 0, 1, 1]
+    shapes = {
+        # free GPUs 0 and 2 only: across the sockets
+        "sockets": ({}, {0, 2}, frozenset()),
+        # 0 and 1 under one PCIe switch (PIX), 2 free too: the picker takes the switch pair
+        "switch": ({(0, 1): (5, 0)}, {0, 1, 2}, frozenset()),
+        # 0 and 1 on one NUMA node through its host bridges (NODE)
+        "numa": ({(0, 1): (2, 0)}, {0, 1}, frozenset()),
+        # 2 and 3 joined by NVLink; 1 is free too
+        "nvlink": ({(2, 3): (1, 18)}, {1, 2, 3}, frozenset()),
+        # three free, but one of them unhealthy: not enough
+        "sick": ({}, {0, 1, 2}, frozenset({0, 1})),
+    }
+    tally = FreeTally(FreeAsk(2))
+    for order, (name, (links, free, sick)) in enumerate(shapes.items()):
+        answers = {"info": _info(links, numa), "leases": _leases(free, numa, sick)}
+        tally.add(NodeResult(FleetNode(name, parse_endpoint(f"{name}:")), answers), order)
+    best = [(c.node, c.names, c.link, c.numa) for c in tally.best_first()]
+    assert best == [
+        ("nvlink", ("2", "3"), "NVLink", (1,)),
+        ("switch", ("0", "1"), "PCIe switch", (0,)),
+        ("numa", ("0", "1"), "NUMA node", (0,)),
+        ("sockets", ("0", "2"), "across sockets", (0, 1)),
+    ]
+    lines = tally.lines(None)
+    assert lines[1].split() == ["nvlink", "3/4", "2,3", "NVLink", "1"]
+    assert lines[4].split() == ["sockets", "2/4", "0,2", "across", "sockets", "0,1"]
