@@ -22,10 +22,7 @@ is refused a ``docker start`` instead of sharing it silently.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import stat
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -35,15 +32,13 @@ from typing import Any
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
-from tests.support.prerequisites import require_root
-from tests.support.services import machine_lock, stop_process, wait_until
+from tests.support.services import stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 IMAGE = "nvd-authz/busybox:1"
-DEVICE_LOCK = "devices"  # the machine-wide lock of device nodes made in /dev by tests
-NVIDIA_MAJOR = 195
 GPU = 3
 DEVICE = ("--device", f"/dev/nvidia{GPU}")
 REFUSED = "authorization denied by plugin nvidia-docker"
@@ -53,23 +48,8 @@ GRACE_S = 2.0  # a stopped container's lease ends this long after it stopped
 @pytest.fixture(scope="module")
 def nvidia_devices() -> Iterator[None]:
     """Character device nodes /dev/nvidia3 and /dev/nvidiactl where missing."""
-    require_root()
-    wanted = {f"/dev/nvidia{GPU}": (NVIDIA_MAJOR, GPU), "/dev/nvidiactl": (NVIDIA_MAJOR, 255)}
-    created: list[tuple[str, int]] = []
-    with machine_lock(DEVICE_LOCK):
-        try:
-            for path, (major, minor) in wanted.items():
-                if os.path.lexists(path):
-                    continue  # a real (or another run's) node: never touched
-                rdev = os.makedev(major, minor)
-                os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
-                created.append((path, rdev))
-            yield
-        finally:
-            for path, rdev in created:
-                with contextlib.suppress(FileNotFoundError):
-                    if os.lstat(path).st_rdev == rdev:
-                        os.unlink(path)
+    with nvidia_nodes(wanted_nodes([GPU], uvm=False)):
+        yield
 
 
 @dataclass

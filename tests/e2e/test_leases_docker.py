@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -41,9 +40,9 @@ from typing import Any
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, restart_engine, start_engine, stop_engine
-from tests.support.prerequisites import require_root
-from tests.support.services import machine_lock, stop_process, wait_until
+from tests.support.services import stop_process, wait_until
 
 # The first test may wait for another run on this machine to give back the device nodes.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -51,9 +50,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "nvd-leases/busybox:1"
 GPUS = 8
-DEVICE_LOCK = "devices"  # the machine-wide lock of device nodes made in /dev by tests
-NVIDIA_MAJOR = 195
-UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node nobody opens
 SHUTDOWN_ARGS = ("--shutdown-timeout", "1")  # dockerd's own wait at a restart
 FREED_WITHIN_S = 1.0  # docker rm -f returned -> its lease gone from GET /leases/json
 LEASE_LABEL = "nvidia-docker.lease"
@@ -62,25 +58,8 @@ LEASE_LABEL = "nvidia-docker.lease"
 @pytest.fixture(scope="module")
 def nvidia_devices() -> Iterator[None]:
     """Character device nodes /dev/nvidia0..7, nvidiactl, nvidia-uvm where missing."""
-    require_root()
-    wanted = {f"/dev/nvidia{i}": (NVIDIA_MAJOR, i) for i in range(GPUS)}
-    wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
-    wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
-    created: list[tuple[str, int]] = []
-    with machine_lock(DEVICE_LOCK):
-        try:
-            for path, (major, minor) in wanted.items():
-                if os.path.lexists(path):
-                    continue  # a real (or another run's) node: never touched
-                rdev = os.makedev(major, minor)
-                os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
-                created.append((path, rdev))
-            yield
-        finally:
-            for path, rdev in created:
-                with contextlib.suppress(FileNotFoundError):
-                    if os.lstat(path).st_rdev == rdev:
-                        os.unlink(path)
+    with nvidia_nodes(wanted_nodes(range(GPUS))):
+        yield
 
 
 @dataclass

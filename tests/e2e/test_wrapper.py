@@ -16,7 +16,6 @@ import os
 import pty
 import select
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.certs import make_pki
+from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
 from tests.support.plugin_agent import PluginAgent
@@ -49,34 +49,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
-DEVICE_LOCK = "devices"  # machine-wide locks (tests.support.services.machine_lock)
 LOCAL_AGENT_LOCK = "agent-3476"
-NVIDIA_MAJOR = 195
-UVM_MAJOR = 510  # dynamic on real machines; any free major will do for a node nobody opens
 ERROR_PREFIX = "nvidia-docker | "
 
 
 @pytest.fixture(scope="module")
 def nvidia_devices() -> Iterator[None]:
     """Character device nodes /dev/nvidia0..7, nvidiactl, nvidia-uvm where missing."""
-    wanted = {f"/dev/nvidia{i}": (NVIDIA_MAJOR, i) for i in range(8)}
-    wanted["/dev/nvidiactl"] = (NVIDIA_MAJOR, 255)
-    wanted["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
-    created: list[tuple[str, int]] = []
-    with machine_lock(DEVICE_LOCK):
-        try:
-            for path, (major, minor) in wanted.items():
-                if os.path.lexists(path):
-                    continue  # a real (or another run's) node: never touched
-                rdev = os.makedev(major, minor)
-                os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
-                created.append((path, rdev))
-            yield
-        finally:
-            for path, rdev in created:
-                with contextlib.suppress(FileNotFoundError):
-                    if os.lstat(path).st_rdev == rdev:
-                        os.unlink(path)
+    with nvidia_nodes(wanted_nodes(range(8))):
+        yield
 
 
 @pytest.fixture(scope="module")
