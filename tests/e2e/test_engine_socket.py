@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -230,3 +231,99 @@ def test_a_half_sent_head_holds_only_its_own_connection(served: Served) -> None:
         assert b'"message"' in answer
     finally:
         broken.close()
+
+
+def run_in_a_terminal(served: Served, *args: str, typed: bytes) -> tuple[int, bytes]:
+    """``docker ARGS`` with a pseudo-terminal as its stdin and stdout (``-it`` needs one);
+    ``typed`` is written to the terminal once the container's shell is waiting. The exit
+    status and everything the terminal showed."""
+    controller, terminal = os.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    proc = subprocess.Popen(
+        ["docker", *args], stdin=terminal, stdout=terminal, stderr=terminal, env=env
+    )
+    os.close(terminal)
+    shown = bytearray()
+    deadline = time.monotonic() + 30
+    sent = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.2)
+            if ready:
+                try:
+                    piece = os.read(controller, 65536)
+                except OSError:  # EIO: the terminal's last user closed it
+                    break
+                if not piece:
+                    break
+                shown += piece
+            if not sent and b"ready>" in shown:
+                os.write(controller, typed)
+                sent = True
+            if proc.poll() is not None and not ready:
+                break
+        return proc.wait(timeout=10), bytes(shown)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(controller)
+
+
+def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path: Path) -> None:
+    script = "test -t 0 && echo is-a-tty; echo -n ready'>'; read line; echo got:$line; exit 3"
+    status, shown = run_in_a_terminal(
+        served, "run", "--rm", "-it", IMAGE, "sh", "-c", script, typed=b"hello\r"
+    )
+    assert status == 3, shown
+    assert b"is-a-tty" in shown
+    assert b"got:hello" in shown
+
+    # attach to a container started -d -i: its stdin stays open after ours ends (Docker's
+    # rule, the same on the engine's own socket), so the echo is read, then attach killed
+    waiting = served.ok("run", "-d", "-i", IMAGE, "cat").strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    attach = subprocess.Popen(
+        ["docker", "attach", waiting],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert attach.stdin is not None
+        assert attach.stdout is not None
+        attach.stdin.write(b"through attach\n")
+        attach.stdin.flush()
+        ready, _, _ = select.select([attach.stdout], [], [], 20)
+        assert ready, "no echo through docker attach"
+        assert attach.stdout.readline() == b"through attach\n"
+    finally:
+        attach.kill()
+        attach.communicate(timeout=10)  # and its pipes closed
+
+    holder = served.ok("run", "-d", IMAGE, "sleep", "600").strip()
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(3 * 1024 * 1024))
+    served.ok("cp", str(payload), f"{holder}:/tmp/payload.bin")
+    served.ok("cp", f"{holder}:/tmp/payload.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == payload.read_bytes()
+
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY note /note\nLABEL built=yes\n")
+    (context / "note").write_text("built through the engine socket\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env.update(DOCKER_HOST=f"unix://{served.engine_socket}", DOCKER_BUILDKIT="0")
+    built = subprocess.run(
+        ["docker", "build", "-q", "-t", "nvd-engine-socket/built:1", str(context)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    note = served.ok("run", "--rm", "nvd-engine-socket/built:1", "cat", "/note")
+    assert note == "built through the engine socket\n"
+    served.ok("rmi", "nvd-engine-socket/built:1")
