@@ -245,6 +245,8 @@ class Connection:
         if head.get(b"upgrade") is not None or head.has_token(b"connection", b"upgrade"):
             await copy_body(self._reader, engine_writer, head.framing)
             raise _Hijacked  # whatever comes next is the stream's, or the engine's to read
+        if head.framing.body is Body.NONE:  # most calls: no body to copy beside the answer
+            return _keeps_alive(head, await self._answer(head.method))
         body = asyncio.ensure_future(copy_body(self._reader, engine_writer, head.framing))
         answering = asyncio.ensure_future(self._answer(head.method))
         try:
