@@ -8,7 +8,10 @@ module fixture (mknod where missing, under the machine-wide device lock). Checke
 ``docker logs -f``, ``docker run -i`` and ``docker exec -i`` (hijacked streams, stdin echoed
 back), ``docker events`` (bounded) work through the socket; with all eight GPUs leased a
 ``docker run --gpus 1`` fails in one line and leaves no container; ``docker rm -f`` frees
-the lease; the REST API answers while a client holds a half-sent head on the socket.
+the lease; the REST API answers while a client holds a half-sent head on the socket;
+``docker run -it`` (on a pseudo-terminal), ``attach``, ``cp`` and ``build`` work through it;
+Debian 13's Compose v2 (``.cache/compose``, fetched by scripts/test-all; skipped without it)
+gives 4 replicas 4 distinct GPUs and ``down`` frees them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import pytest
 from tests.e2e.test_leases_docker import IMAGE, Dockerd, dockerd, nvidia_devices
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.services import stop_process, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -327,3 +332,56 @@ def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path
     note = served.ok("run", "--rm", "nvd-engine-socket/built:1", "cat", "/note")
     assert note == "built through the engine socket\n"
     served.ok("rmi", "nvd-engine-socket/built:1")
+
+
+COMPOSE = (
+    REPO / ".cache" / "compose" / "usr" / "libexec" / "docker" / "cli-plugins" / "docker-compose"
+)
+COMPOSE_FILE = """\
+services:
+  trainer:
+    image: {image}
+    command: ["sleep", "600"]
+    deploy:
+      replicas: 4
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: 1, capabilities: [gpu]}}]
+"""
+
+
+def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
+    served: Served, tmp_path: Path
+) -> None:
+    if not COMPOSE.exists():
+        pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "compose.yaml").write_text(COMPOSE_FILE.format(image=IMAGE))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+
+    def compose(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(COMPOSE), "-p", "nvdgpus", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+    up = compose("up", "-d")
+    assert up.returncode == 0, up.stderr.decode()
+    ids = served.ok("ps", "-q", "--filter", "label=com.docker.compose.project=nvdgpus").split()
+    assert len(ids) == 4
+    gpus = [gpu for cid in ids for gpu in served.gpus_of(cid)]
+    assert len(set(gpus)) == len(gpus) == 4, gpus
+    full = {served.ok("inspect", "-f", "{{.Id}}", cid).strip() for cid in ids}
+    wait_until(lambda: set(served.bound()) == full, what="4 leases bound", timeout_s=20)
+    owners = [lease["Owner"] for lease in served.table()["Leases"]]
+    assert sorted(o["name"] for o in owners) == [f"nvdgpus-trainer-{i}" for i in range(1, 5)]
+
+    down = compose("down")
+    assert down.returncode == 0, down.stderr.decode()
+    wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
