@@ -112,8 +112,29 @@ def _host_config(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return host
 
 
+def _check_shape(body: Mapping[str, Any], host: Mapping[str, Any]) -> None:
+    """``CreateError`` (400) for a field that ``rewrite`` extends and that has not the
+    engine's type (the engine would refuse it too; here no lease is taken for it)."""
+    env, labels = body.get("Env"), body.get("Labels")
+    if env is not None and not (isinstance(env, list) and all(isinstance(e, str) for e in env)):
+        raise CreateError(400, "Env is not a JSON array of strings")
+    if labels is not None and not isinstance(labels, dict):
+        raise CreateError(400, "Labels is not a JSON object")
+    for name in ("Devices", "Mounts"):
+        value = host.get(name)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, dict) for v in value)
+        ):
+            raise CreateError(400, f"HostConfig.{name} is not a JSON array of objects")
+    for name in ("CpusetCpus", "CpusetMems"):
+        if not isinstance(host.get(name) or "", str):
+            raise CreateError(400, f"HostConfig.{name} is not a string")
+
+
 def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
-    """What ``body``'s device requests ask of GPUs; None when none asks for GPUs."""
+    """What ``body``'s device requests ask of GPUs; None when none asks for GPUs.
+    ``CreateError`` (400) for GPU requests, or fields the rewrite extends, that are
+    malformed."""
     host = _host_config(body)
     requests = host.get("DeviceRequests") if host is not None else None
     if not requests:
@@ -146,6 +167,8 @@ def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
         raise CreateError(400, f"more than {MAX_IDS} GPU DeviceIDs")
     if not ids and count == 0:
         raise CreateError(400, "a GPU device request asks for no GPU (Count 0, no DeviceIDs)")
+    assert host is not None
+    _check_shape(body, host)
     return GpuRequest(count, tuple(ids))
 
 

@@ -300,6 +300,10 @@ class Connection:
         except CreateError as err:
             await _write(self._writer, error_answer(err.status, str(err)))
             return True
+        except BaseException:
+            if lease is not None:  # granted, never sent on: given back now, not at its expiry
+                self._creates.release(lease)
+            raise
         created = False
         try:
             _, engine_writer = await self._connect()

@@ -385,3 +385,46 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     down = compose("down")
     assert down.returncode == 0, down.stderr.decode()
     wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+
+
+def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logged(
+    served: Served,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    endless = subprocess.Popen(  # a hijack that never ends: stdin held open, nothing sent
+        ["docker", "run", "--rm", "-i", IMAGE, "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    huge = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        wait_until(
+            lambda: len(served.ok("ps", "-q").split()) == 1, what="the endless cat", timeout_s=20
+        )
+        slow.connect(str(served.engine_socket))
+        slow.sendall(b"POST /v1.41/containers/create HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
+        huge.connect(str(served.engine_socket))
+        huge.sendall(b"POST /containers/create HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n")
+        assert huge.recv(65536).startswith(b"HTTP/1.1 413 ")
+        status, answer = served.agent.plugin("Plugin.Activate")
+        assert status == 200, answer
+        assert answer == {"Implements": ["VolumeDriver"]}
+        with urllib.request.urlopen(f"{served.url}/gpu/info/json", timeout=5) as resp:
+            assert resp.status == 200
+        secret = "hunter2-" + os.urandom(4).hex()
+        run = served.docker(
+            "run", "-d", "--gpus", "1", "-e", f"TOKEN={secret}", IMAGE, "sleep", "9"
+        )
+        assert run.returncode == 0, run.stderr
+    finally:
+        slow.close()
+        huge.close()
+        endless.kill()
+        endless.communicate(timeout=10)
+    log = served.agent.log()
+    assert "Serving the Docker Engine API on unix://" in log
+    assert secret not in log

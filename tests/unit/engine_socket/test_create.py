@@ -85,6 +85,12 @@ def test_no_host_config_asks_for_nothing() -> None:
         body({"Driver": "nvidia", "DeviceIDs": ["0 1"]}),
         body({"Driver": "nvidia", "DeviceIDs": [3]}),
         body(CLI_GPUS_2, {"Driver": "nvidia", "DeviceIDs": ["0"]}),
+        {**body(CLI_GPUS_2), "Env": "A=1"},
+        {**body(CLI_GPUS_2), "Env": [1]},
+        {**body(CLI_GPUS_2), "Labels": ["a"]},
+        body(CLI_GPUS_2, Devices="/dev/fuse"),
+        body(CLI_GPUS_2, Mounts=["/data:/data"]),
+        body(CLI_GPUS_2, CpusetCpus=3),
     ],
 )
 def test_malformed_gpu_requests_are_400(bad: dict[str, Any]) -> None:
