@@ -162,6 +162,18 @@ class Config:
         "same for Podman containers using GPUs. Without it, they are shown by id.",
         kind="file",
     )
+    engine_socket: Path | None = _setting(
+        None,
+        "--engine-socket",
+        help="Also serve the Docker Engine API on this unix socket (e.g. "
+        "/run/nvidia-docker/docker.sock), forwarded to --docker-socket, where container "
+        "creates asking for GPUs (docker run --gpus, Compose) get the node's leases "
+        "(docs/engine-socket.md). Root-equivalent, like the engine's socket, whose owner and "
+        "mode it takes. Off unless given; empty: off.",
+        parse=Path,
+        empty_is_none=True,
+        metavar="PATH",
+    )
     event_loop: str = _setting(
         "auto",
         "--event-loop",

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from agent.api import render_text
 from agent.api.docker_cli import control_devices
+from agent.api.leases import Cpusets
 from agent.api.routes import create_app
 from agent.attribution.docker_engine import DockerEngine
 from agent.attribution.owners import Attributor
@@ -40,6 +41,8 @@ from agent.edge.descriptors import DescriptorBudget, descriptor_budget
 from agent.edge.error_log import HttpErrorLog, loop_exception_handler
 from agent.edge.plugin_socket import start_plugin_site
 from agent.edge.readiness import NotAnswering, check_plugin, check_rest
+from agent.engine_socket.gpus import GpuCreates
+from agent.engine_socket.site import serve_engine_socket
 from agent.errors import (
     EXIT_FORCED,
     EXIT_OK,
@@ -136,6 +139,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     )
     bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
+    await _serve_engine_socket(config, state, leases, parts)
     await life.start()
     steps = [ReloadStep(name, run) for name, run in access.reloaders()]
     steps.append(ReloadStep("driver", life.reread))
@@ -276,6 +280,34 @@ async def _leases(
     parts.push_async_callback(feed.close)
     feed.start()
     return leases
+
+
+async def _serve_engine_socket(
+    config: Config, state: NodeState, leases: LeaseService, parts: contextlib.AsyncExitStack
+) -> None:
+    """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased."""
+    if config.engine_socket is None:
+        return
+    creates = GpuCreates(leases, lambda: state.facts, Cpusets())
+    try:
+        site = await serve_engine_socket(
+            config.engine_socket,
+            config.docker_socket,
+            creates,
+            head_timeout_s=config.idle_timeout_s + config.header_timeout_s,
+        )
+    except OSError as err:
+        raise StartupError(
+            f"cannot serve the engine socket {config.engine_socket}: {err}"
+        ) from None
+    parts.push_async_callback(site.close)
+    log.info(
+        "Serving the Docker Engine API on unix://%s (%s), forwarded to unix://%s; GPU "
+        "creates get leases",
+        site.path,
+        site.rights,
+        config.docker_socket,
+    )
 
 
 def _engines(config: Config) -> tuple[DockerEngine, DockerEngine]:

@@ -1,0 +1,213 @@
+"""A container create that asks for GPUs, read and rewritten (pure: JSON in, JSON out).
+
+``is_create`` tells a ``POST (/vN.NN)?/containers/create`` apart; ``gpu_request`` reads
+what its ``HostConfig.DeviceRequests`` ask of GPUs (a request whose driver is ``nvidia`` or
+whose capabilities name ``gpu``; ``Count`` N, -1 for every GPU, or ``DeviceIDs``), or None
+when they ask for none. ``rewrite`` returns the body an engine without NVIDIA's runtime
+understands: those requests removed (others kept), the lease's device nodes added to
+``HostConfig.Devices``, the driver volume to ``HostConfig.Mounts`` (a volume of the
+plugin's driver, as ``/docker/cli`` gives it), the lease labels (over any the client sent),
+``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set one.
+``CreateError`` is a body that cannot be read, with the status and line to answer.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugin.json_body import BodyError, parse_json
+
+MAX_CREATE_BYTES = 4 * 1024 * 1024
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+_CREATE = re.compile(rb"(?:/v[0-9]{1,3}\.[0-9]{1,3})?/containers/create(?:\?.*)?", re.DOTALL)
+MAX_IDS = 64
+
+
+class CreateError(ValueError):
+    """A create the socket answers itself: ``status``, ``str()`` the one line."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What a create asks of GPUs: ``count`` (-1: every GPU), or the ``device_ids``."""
+
+    count: int = 0
+    device_ids: tuple[str, ...] = ()
+
+    @property
+    def every_gpu(self) -> bool:
+        return self.count < 0 and not self.device_ids
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A named volume of a volume driver, as ``HostConfig.Mounts`` takes it."""
+
+    source: str
+    target: str
+    read_only: bool
+    driver: str
+
+
+@dataclass(frozen=True, slots=True)
+class Addition:
+    """What a grant adds to a create."""
+
+    devices: tuple[str, ...]  # device nodes, the same path inside
+    mounts: tuple[Mount, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    visible: str = ""  # NVIDIA_VISIBLE_DEVICES
+    cpuset_cpus: str | None = None
+    cpuset_mems: str | None = None
+
+
+def is_create(method: bytes, target: bytes) -> bool:
+    return method == b"POST" and _CREATE.fullmatch(target) is not None
+
+
+def container_name(target: bytes) -> str | None:
+    """The ``name`` query parameter of a create's target, when given and printable."""
+    query = urllib.parse.urlsplit(target.decode("latin-1")).query
+    names = urllib.parse.parse_qs(query).get("name")
+    name = names[-1].lstrip("/") if names else ""
+    return name if name and name.isprintable() else None
+
+
+def read_body(raw: bytes) -> dict[str, Any]:
+    """The create's JSON object; ``CreateError`` (400) when it is not one."""
+    try:
+        body = parse_json(raw)
+    except BodyError as err:
+        raise CreateError(400, f"the container's create body: {err}") from None
+    if not isinstance(body, dict):
+        raise CreateError(400, "the container's create body is not a JSON object")
+    return body
+
+
+def _is_gpu(request: object) -> bool:
+    if not isinstance(request, dict):
+        return False
+    if str(request.get("Driver") or "").lower() == "nvidia":
+        return True
+    capabilities = request.get("Capabilities") or []
+    return isinstance(capabilities, list) and any(
+        isinstance(group, list) and "gpu" in group for group in capabilities
+    )
+
+
+def _host_config(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    host = body.get("HostConfig")
+    if host is None:
+        return None
+    if not isinstance(host, dict):
+        raise CreateError(400, "HostConfig is not a JSON object")
+    return host
+
+
+def _check_shape(body: Mapping[str, Any], host: Mapping[str, Any]) -> None:
+    """``CreateError`` (400) for a field that ``rewrite`` extends and that has not the
+    engine's type (the engine would refuse it too; here no lease is taken for it)."""
+    env, labels = body.get("Env"), body.get("Labels")
+    if env is not None and not (isinstance(env, list) and all(isinstance(e, str) for e in env)):
+        raise CreateError(400, "Env is not a JSON array of strings")
+    if labels is not None and not isinstance(labels, dict):
+        raise CreateError(400, "Labels is not a JSON object")
+    for name in ("Devices", "Mounts"):
+        value = host.get(name)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, dict) for v in value)
+        ):
+            raise CreateError(400, f"HostConfig.{name} is not a JSON array of objects")
+    for name in ("CpusetCpus", "CpusetMems"):
+        if not isinstance(host.get(name) or "", str):
+            raise CreateError(400, f"HostConfig.{name} is not a string")
+
+
+def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
+    """What ``body``'s device requests ask of GPUs; None when none asks for GPUs.
+    ``CreateError`` (400) for GPU requests, or fields the rewrite extends, that are
+    malformed."""
+    host = _host_config(body)
+    requests = host.get("DeviceRequests") if host is not None else None
+    if not requests:
+        return None
+    if not isinstance(requests, list):
+        raise CreateError(400, "HostConfig.DeviceRequests is not a JSON array")
+    gpus = [r for r in requests if _is_gpu(r)]
+    if not gpus:
+        return None
+    count, ids = 0, []
+    for request in gpus:
+        raw_count, raw_ids = request.get("Count", 0), request.get("DeviceIDs") or []
+        if isinstance(raw_count, bool) or not isinstance(raw_count, int):
+            raise CreateError(400, "a GPU device request's Count is not a whole number")
+        if not isinstance(raw_ids, list) or not all(
+            isinstance(i, str) and i.strip() and i.isprintable() and " " not in i for i in raw_ids
+        ):
+            raise CreateError(400, "a GPU device request's DeviceIDs are not device names")
+        if raw_ids and raw_count not in (0, len(raw_ids)):
+            raise CreateError(400, "a GPU device request gives both a Count and DeviceIDs")
+        if raw_ids:
+            ids += [i for i in raw_ids if i not in ids]
+        elif raw_count < 0 or count < 0:
+            count = -1
+        else:
+            count += raw_count
+    if ids and count:
+        raise CreateError(400, "GPU device requests ask for a count and for named devices")
+    if len(ids) > MAX_IDS:
+        raise CreateError(400, f"more than {MAX_IDS} GPU DeviceIDs")
+    if not ids and count == 0:
+        raise CreateError(400, "a GPU device request asks for no GPU (Count 0, no DeviceIDs)")
+    assert host is not None
+    _check_shape(body, host)
+    return GpuRequest(count, tuple(ids))
+
+
+def rewrite(body: Mapping[str, Any], addition: Addition) -> dict[str, Any]:
+    """``body`` with its GPU device requests replaced by ``addition`` (a new object)."""
+    new = dict(body)
+    host = dict(_host_config(body) or {})
+    requests = host.get("DeviceRequests") or []
+    kept = [r for r in requests if not _is_gpu(r)] if isinstance(requests, list) else []
+    host["DeviceRequests"] = kept or None
+    devices = list(host.get("Devices") or [])
+    present = {d.get("PathOnHost") for d in devices if isinstance(d, dict)}
+    for path in addition.devices:
+        if path not in present:
+            devices.append(
+                {"PathOnHost": path, "PathInContainer": path, "CgroupPermissions": "rwm"}
+            )
+    host["Devices"] = devices
+    if addition.mounts:
+        mounts = list(host.get("Mounts") or [])
+        for mount in addition.mounts:
+            mounts.append(
+                {
+                    "Type": "volume",
+                    "Source": mount.source,
+                    "Target": mount.target,
+                    "ReadOnly": mount.read_only,
+                    "VolumeOptions": {"DriverConfig": {"Name": mount.driver}},
+                }
+            )
+        host["Mounts"] = mounts
+    if addition.cpuset_cpus and not host.get("CpusetCpus") and not host.get("CpusetMems"):
+        host["CpusetCpus"] = addition.cpuset_cpus
+        if addition.cpuset_mems:
+            host["CpusetMems"] = addition.cpuset_mems
+    new["HostConfig"] = host
+    labels = body.get("Labels") or {}
+    new["Labels"] = {**(labels if isinstance(labels, dict) else {}), **addition.labels}
+    env = body.get("Env") or []
+    env = [e for e in env if not (isinstance(e, str) and e.startswith(VISIBLE + "="))]
+    new["Env"] = [*env, f"{VISIBLE}={addition.visible}"] if addition.visible else env
+    return new

@@ -1,0 +1,111 @@
+"""A GPU create's lease: asked of the agent's ``LeaseService`` (in-process), turned into the
+create's ``Addition``, given back when the engine does not create the container.
+
+The devices and the driver volume are ``/docker/cli``'s (``agent.api.docker_cli``: the
+node's control devices, then the leased GPUs' nodes, MIG capability nodes included; the
+volumes of the plugin's driver); the labels are ``labels_for`` the lease; the cpuset is the
+grant's NUMA nodes' CPUs where this host has those nodes (``agent.api.leases.Cpusets``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.api.docker_cli import docker_cli_for
+from agent.api.leases import Cpusets
+from agent.engine_socket.create import Addition, CreateError, GpuRequest, Mount
+from agent.health.selection import UnhealthyDevice
+from agent.leases.answers import Granted
+from agent.leases.asks import Ask, InvalidAsk
+from agent.leases.labels import labels_for
+from agent.leasing.service import LeaseService
+from agent.node.facts import NodeFacts
+from agent.node.selection import InvalidParameter, select_volumes
+from plugin.volume_specs import VOLUME_DRIVER
+
+log = logging.getLogger("nvidia-docker-plugin.engine-socket")
+
+OWNER_VIA = ("via", "engine-socket")
+MAX_OWNER_VALUE = 128
+
+
+class GpuCreates:
+    """Leases for creates through the engine socket."""
+
+    def __init__(
+        self,
+        leases: LeaseService,
+        facts: Callable[[], NodeFacts],
+        cpusets: Cpusets | None = None,
+    ) -> None:
+        self._leases = leases
+        self._facts = facts
+        self._cpusets = cpusets or Cpusets()
+
+    def _ask(self, request: GpuRequest, name: str | None) -> Ask:
+        owner = [OWNER_VIA]
+        if name:
+            owner.append(("name", name[:MAX_OWNER_VALUE]))
+        if request.device_ids:
+            return Ask(devices=" ".join(request.device_ids), owner=tuple(owner))
+        if request.every_gpu:
+            targets = self._facts().usable(None)
+            names = " ".join(str(t.gpu.index) for t in targets if t.mig is None)
+            if not names:
+                raise CreateError(409, "nvidia-docker: this node has no healthy GPU to give")
+            return Ask(devices=names, owner=tuple(owner))
+        return Ask(count=request.count, owner=tuple(owner))
+
+    async def lease(self, request: GpuRequest, name: str | None) -> tuple[Granted, Addition]:
+        """The grant for ``request`` and what it adds to the create; ``CreateError`` with
+        the table's own line when it cannot be had now (409) or is malformed (400)."""
+        try:
+            answer = await self._leases.ask(self._ask(request, name))
+        except InvalidAsk as err:
+            raise CreateError(400, f"nvidia-docker: {err}") from None
+        if not isinstance(answer, Granted):
+            raise CreateError(409, f"nvidia-docker: {answer.text}")
+        try:
+            return answer, self._addition(answer)
+        except (InvalidParameter, UnhealthyDevice) as err:
+            self.release(answer.lease.id)
+            raise CreateError(
+                409, f"nvidia-docker: the leased GPUs cannot be given: {err}"
+            ) from None
+
+    def _addition(self, grant: Granted) -> Addition:
+        facts = self._facts()
+        specs = select_volumes(None)
+        cli = docker_cli_for(
+            facts.node.driver_version, facts.control_devices, facts.usable(grant.dev), specs
+        )
+        mounts = tuple(
+            Mount(
+                spec.docker_name(facts.node.driver_version),
+                spec.mountpoint,
+                "ro" in spec.mount_options.split(","),
+                VOLUME_DRIVER,
+            )
+            for spec in specs
+        )
+        cpus, mems = self._cpusets.of(grant.numa_nodes)
+        uuids = [u.uuid for u in grant.units if u.uuid]
+        visible = (
+            ",".join(uuids)
+            if len(uuids) == len(grant.units)
+            else ",".join(u.name for u in grant.units)
+        )
+        return Addition(
+            devices=cli.devices,
+            mounts=mounts,
+            labels=labels_for(grant.lease),
+            visible=visible,
+            cpuset_cpus=cpus,
+            cpuset_mems=mems,
+        )
+
+    def release(self, lease_id: str) -> None:
+        """Give back the lease of a create the engine refused."""
+        answer = self._leases.release(lease_id)
+        log.info("Engine socket: the engine did not create the container: %s", answer.text)

@@ -1,0 +1,338 @@
+"""One client connection of the engine socket, forwarded to the engine's socket.
+
+Each client connection gets its own task and its own connection to the engine, opened at
+its first request. Requests are read one at a time: the head (within ``MAX_HEAD_BYTES``, in
+``head_timeout_s``), then the body, copied as it comes (``Content-Length`` or chunked,
+framing checked, bytes unchanged) while the answer is relayed as it comes. Only a GPU
+create (``agent.engine_socket.create``) is read whole (within ``MAX_CREATE_BYTES``),
+rewritten and leased; a create that cannot get its GPUs is answered here, as the engine
+answers a bad create (``{"message": ...}``), and nothing is forwarded.
+
+An answer of ``101`` (HTTP Upgrade: attach, exec, ``docker run -it``) or one without a
+length (Docker's hijacked streams answer ``200`` and then raw bytes) turns the connection
+into a byte pump both ways: the client's end of input is passed on as a half close, and the
+engine's end ends the connection. A request after an Upgrade-asking one is never parsed.
+Request bodies are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from http import HTTPStatus
+from pathlib import Path
+
+from agent.engine_socket.create import (
+    MAX_CREATE_BYTES,
+    CreateError,
+    container_name,
+    gpu_request,
+    is_create,
+    read_body,
+    rewrite,
+)
+from agent.engine_socket.gpus import GpuCreates
+from agent.engine_socket.heads import (
+    MAX_CHUNK_LINE,
+    MAX_HEAD_BYTES,
+    Body,
+    Framing,
+    Head,
+    HeadError,
+    chunk_size,
+    parse_request_head,
+    parse_response_head,
+)
+
+log = logging.getLogger("nvidia-docker-plugin.engine-socket")
+
+PIECE = 256 * 1024  # bytes copied at once
+END = b"\r\n\r\n"
+
+
+class _Hijacked(Exception):
+    """The answer turned the connection into a raw stream."""
+
+
+class _Broken(Exception):
+    """A request whose body broke off or lost its framing after its head went on: the
+    connection is closed (the engine may have answered part already)."""
+
+
+def error_answer(status: int, text: str, *, close: bool = False) -> bytes:
+    """An engine-style error: ``{"message": text}``, as the docker CLI prints it."""
+    body = (json.dumps({"message": text}) + "\n").encode()
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Error"
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n"
+    )
+    return head.encode() + body
+
+
+async def read_head(reader: asyncio.StreamReader) -> bytes | None:
+    """One head, its empty line included; None at the end of the stream before a byte.
+    ``HeadError`` for a head that is too large or ends early."""
+    try:
+        return await reader.readuntil(END)
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            return None
+        raise HeadError(400, "the connection ended inside a request head") from None
+    except asyncio.LimitOverrunError:
+        raise HeadError(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes") from None
+
+
+async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(data)
+    await writer.drain()
+
+
+async def _copy_exactly(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int
+) -> None:
+    while length > 0:
+        piece = await reader.read(min(length, PIECE))
+        if not piece:
+            raise HeadError(400, "the connection ended inside a body")
+        length -= len(piece)
+        await _write(writer, piece)
+
+
+async def _line(reader: asyncio.StreamReader) -> bytes:
+    try:
+        line = await reader.readuntil(b"\r\n")
+    except asyncio.IncompleteReadError:
+        raise HeadError(400, "the connection ended inside a chunked body") from None
+    except asyncio.LimitOverrunError:
+        raise HeadError(400, "a chunk-size line is too long") from None
+    if len(line) > MAX_CHUNK_LINE:
+        raise HeadError(400, "a chunk-size or trailer line is too long")
+    return line
+
+
+async def copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one chunked body unchanged, its trailer included; ``HeadError`` when its
+    framing is broken."""
+    while True:
+        line = await _line(reader)
+        size = chunk_size(line)
+        await _write(writer, line)
+        if size == 0:
+            break
+        await _copy_exactly(reader, writer, size)
+        end = await reader.readexactly(2) if size else b""
+        if end != b"\r\n":
+            raise HeadError(400, "a chunk does not end with CRLF")
+        await _write(writer, end)
+    trailers = 0
+    while (line := await _line(reader)) != b"\r\n":  # the trailer, then the empty line
+        trailers += 1
+        if trailers > 64:
+            raise HeadError(400, "too many trailer lines")
+        await _write(writer, line)
+    await _write(writer, line)
+
+
+async def read_chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """A chunked body, decoded, of at most ``limit`` bytes (``HeadError`` 413 beyond)."""
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        size = chunk_size(await _line(reader))
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise HeadError(413, f"the create body is larger than {limit} bytes")
+        parts.append(await reader.readexactly(size))
+        if await reader.readexactly(2) != b"\r\n":
+            raise HeadError(400, "a chunk does not end with CRLF")
+    while await _line(reader) != b"\r\n":
+        pass
+    return b"".join(parts)
+
+
+async def copy_body(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: Framing
+) -> None:
+    if framing.body is Body.LENGTH:
+        await _copy_exactly(reader, writer, framing.length)
+    elif framing.body is Body.CHUNKED:
+        await copy_chunked(reader, writer)
+
+
+async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until the end of ``reader``, then half-close ``writer`` (where it can be)."""
+    while piece := await reader.read(PIECE):
+        await _write(writer, piece)
+    if writer.can_write_eof():
+        with contextlib.suppress(OSError):
+            writer.write_eof()
+
+
+class Connection:
+    """One client connection; ``serve`` runs it to its end."""
+
+    def __init__(
+        self,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        engine_socket: Path,
+        creates: GpuCreates | None,
+        head_timeout_s: float,
+    ) -> None:
+        self._reader, self._writer = client
+        self._engine_socket = engine_socket
+        self._creates = creates
+        self._head_timeout_s = head_timeout_s
+        self._engine: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def serve(self) -> None:
+        try:
+            await self._requests()
+        except _Hijacked:
+            await self._both_ways()
+        except HeadError as err:
+            log.debug("Engine socket: %s", err)
+            with contextlib.suppress(OSError):
+                await _write(self._writer, error_answer(err.status, str(err), close=True))
+        except (OSError, asyncio.IncompleteReadError, _Broken) as err:
+            log.debug("Engine socket: a connection ended: %s", err)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        for writer in (self._writer, self._engine[1] if self._engine else None):
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.close()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._engine is None:
+            try:
+                self._engine = await asyncio.open_unix_connection(
+                    str(self._engine_socket), limit=MAX_HEAD_BYTES
+                )
+            except OSError as err:
+                raise HeadError(
+                    502,
+                    f"Cannot connect to the Docker daemon at unix://{self._engine_socket} "
+                    f"({err.strerror or err}). Is the docker daemon running?",
+                ) from None
+        return self._engine
+
+    async def _requests(self) -> None:
+        while True:
+            raw = await asyncio.wait_for(read_head(self._reader), self._head_timeout_s)
+            if raw is None:
+                return
+            head = parse_request_head(raw)
+            if self._creates is not None and is_create(head.method, head.target):
+                keep = await self._create(head)
+            else:
+                keep = await self._forward(head, raw)
+            if not keep:
+                return
+
+    async def _forward(self, head: Head, raw: bytes) -> bool:
+        _, engine_writer = await self._connect()
+        await _write(engine_writer, raw)
+        if head.get(b"upgrade") is not None or head.has_token(b"connection", b"upgrade"):
+            await copy_body(self._reader, engine_writer, head.framing)
+            raise _Hijacked  # whatever comes next is the stream's, or the engine's to read
+        if head.framing.body is Body.NONE:  # most calls: no body to copy beside the answer
+            return _keeps_alive(head, await self._answer(head.method))
+        body = asyncio.ensure_future(copy_body(self._reader, engine_writer, head.framing))
+        answering = asyncio.ensure_future(self._answer(head.method))
+        try:
+            await asyncio.wait({body, answering}, return_when=asyncio.FIRST_EXCEPTION)
+            if body.done() and body.exception() is not None:
+                raise _Broken(f"the request body: {body.exception()}")
+            try:
+                answer = await answering
+            except _Hijacked:
+                await body  # a hijack's request body is sent whole before the stream
+                raise
+            await body
+        finally:
+            for task in (body, answering):
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        return _keeps_alive(head, answer)
+
+    async def _answer(self, method: bytes) -> Head:
+        """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``."""
+        engine_reader, _ = await self._connect()
+        while True:
+            raw = await engine_reader.readuntil(END)
+            answer = parse_response_head(raw, method=method)
+            await _write(self._writer, raw)
+            if answer.status == 101 or answer.framing.body is Body.UNTIL_CLOSE:
+                raise _Hijacked
+            if not 100 <= answer.status < 200:
+                break
+        await copy_body(engine_reader, self._writer, answer.framing)
+        return answer
+
+    async def _create(self, head: Head) -> bool:
+        if head.framing.body is Body.CHUNKED:
+            raw = await read_chunked(self._reader, MAX_CREATE_BYTES)
+        elif head.framing.length > MAX_CREATE_BYTES:
+            raise HeadError(413, f"the create body is larger than {MAX_CREATE_BYTES} bytes")
+        else:
+            raw = await self._reader.readexactly(head.framing.length)
+        assert self._creates is not None
+        lease = None
+        try:
+            body = read_body(raw)
+            request = gpu_request(body)
+            if request is not None:
+                grant, addition = await self._creates.lease(request, container_name(head.target))
+                lease = grant.lease.id
+                raw = json.dumps(rewrite(body, addition), separators=(",", ":")).encode()
+        except CreateError as err:
+            await _write(self._writer, error_answer(err.status, str(err)))
+            return True
+        except BaseException:
+            if lease is not None:  # granted, never sent on: given back now, not at its expiry
+                self._creates.release(lease)
+            raise
+        created = False
+        try:
+            _, engine_writer = await self._connect()
+            await _write(engine_writer, head.with_body_length(len(raw)) + raw)
+            answer = await self._answer(head.method)
+            created = 200 <= answer.status < 300
+        finally:
+            if lease is not None and not created:
+                self._creates.release(lease)
+        return _keeps_alive(head, answer)
+
+    async def _both_ways(self) -> None:
+        """After a hijack: client to engine (its end passed on), engine to client until the
+        engine's end."""
+        assert self._engine is not None
+        engine_reader, engine_writer = self._engine
+        upward = asyncio.ensure_future(pump(self._reader, engine_writer))
+        try:
+            with contextlib.suppress(OSError):
+                await pump(engine_reader, self._writer)
+        finally:
+            upward.cancel()
+            with contextlib.suppress(BaseException):
+                await upward
+
+
+def _keeps_alive(request: Head, answer: Head) -> bool:
+    if request.has_token(b"connection", b"close") or answer.has_token(b"connection", b"close"):
+        return False
+    if request.start[2] == b"HTTP/1.0" and not request.has_token(b"connection", b"keep-alive"):
+        return False
+    return answer.start[0] != b"HTTP/1.0"

@@ -1,0 +1,430 @@
+"""The GPU-aware engine socket end to end (docs/engine-socket.md): the Docker 28 CLI with
+``DOCKER_HOST=unix://<the agent's engine socket>``, a private dockerd (20.10: the device-node
+form) and a real agent serving the simulated ``hgx-h200-8`` node with its lease table.
+
+The device nodes /dev/nvidia0..7, nvidiactl and nvidia-uvm come from test_leases_docker's
+module fixture (mknod where missing, under the machine-wide device lock). Checked: two
+``docker run --gpus 2`` get four distinct GPUs and their leases are bound; ``docker ps``,
+``docker logs -f``, ``docker run -i`` and ``docker exec -i`` (hijacked streams, stdin echoed
+back), ``docker events`` (bounded) work through the socket; with all eight GPUs leased a
+``docker run --gpus 1`` fails in one line and leaves no container; ``docker rm -f`` frees
+the lease; the REST API answers while a client holds a half-sent head on the socket;
+``docker run -it`` (on a pseudo-terminal), ``attach``, ``cp`` and ``build`` work through it;
+Debian 13's Compose v2 (``.cache/compose``, fetched by scripts/test-all; skipped without it)
+gives 4 replicas 4 distinct GPUs and ``down`` frees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import stat
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_leases_docker import IMAGE, Dockerd, dockerd, nvidia_devices
+from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.services import stop_process, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+__all__ = ["dockerd", "nvidia_devices"]  # module fixtures, shared
+
+
+@dataclass
+class Served:
+    dockerd: Dockerd
+    agent: AgentProcess
+    engine_socket: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.agent.port}"
+
+    def table(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
+            table: dict[str, Any] = json.loads(resp.read())
+        return table
+
+    def bound(self) -> dict[str, str]:
+        return {
+            lease["Container"]: lease["Lease"]
+            for lease in self.table()["Leases"]
+            if lease["Container"] is not None
+        }
+
+    def docker(
+        self, *args: str, stdin: bytes | None = None, timeout_s: float = 60
+    ) -> subprocess.CompletedProcess[bytes]:
+        """The docker CLI through the agent's engine socket."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        env["DOCKER_HOST"] = f"unix://{self.engine_socket}"
+        return subprocess.run(
+            ["docker", *args],
+            env=env,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def ok(self, *args: str, stdin: bytes | None = None) -> str:
+        run = self.docker(*args, stdin=stdin)
+        assert run.returncode == 0, (args, run.stderr.decode())
+        return run.stdout.decode()
+
+    def gpus_of(self, container_id: str) -> list[str]:
+        raw = self.ok("inspect", "-f", "{{json .HostConfig.Devices}}", container_id)
+        return sorted(
+            d["PathOnHost"]
+            for d in json.loads(raw)
+            if d["PathOnHost"].removeprefix("/dev/nvidia").isdigit()
+        )
+
+
+@pytest.fixture
+def served(dockerd: Dockerd, tmp_path: Path) -> Iterator[Served]:
+    base = tmp_path / "agent"
+    engine_socket = tmp_path / "engine" / "docker.sock"
+    agent = launch_agent(
+        base,
+        "--docker-socket", dockerd.socket,
+        "--podman-socket", str(base / "no-podman.sock"),
+        "--state-dir", str(base / "state"),
+        "--spec-file", str(dockerd.engine.plugin_specs / "nvidia-docker.spec"),
+        "--cdi-spec-dir", "",
+        "--engine-socket", str(engine_socket),
+        simulate="hgx-h200-8",
+        socket_dir=dockerd.plugin_dir,
+    )  # fmt: skip
+    try:
+        wait_ready(agent)
+        wait_until(engine_socket.exists, what="the engine socket", timeout_s=20)
+        yield Served(dockerd, agent, engine_socket)
+    finally:
+        engine = dockerd.engine
+        ids = engine.docker("ps", "-aq", check=False).stdout.split()
+        if ids:
+            engine.docker("rm", "-f", *ids, check=False)
+        volumes = engine.docker(
+            "volume", "ls", "-q", "--filter", "driver=nvidia-docker", check=False
+        ).stdout.split()
+        if volumes:
+            engine.docker("volume", "rm", "-f", *volumes, check=False)
+        stop_process(agent.proc)
+    assert not engine_socket.exists()  # removed at a graceful stop
+
+
+def test_the_socket_has_the_engines_rights(served: Served) -> None:
+    ours, theirs = served.engine_socket.stat(), Path(served.dockerd.socket).stat()
+    assert stat.S_ISSOCK(ours.st_mode)
+    assert (stat.S_IMODE(ours.st_mode), ours.st_uid, ours.st_gid) == (
+        stat.S_IMODE(theirs.st_mode),
+        theirs.st_uid,
+        theirs.st_gid,
+    )
+
+
+def test_two_runs_of_two_gpus_get_four_distinct_gpus_and_leases(served: Served) -> None:
+    first = served.ok("run", "-d", "--gpus", "2", IMAGE, "sleep", "600").strip()
+    second = served.ok("run", "-d", "--gpus", "2", "--name", "second", IMAGE, "sleep", "600")
+    second = second.strip()
+    gpus = served.gpus_of(first) + served.gpus_of(second)
+    assert len(set(gpus)) == len(gpus) == 4, gpus
+    wait_until(
+        lambda: set(served.bound()) == {first, second}, what="both leases bound", timeout_s=20
+    )
+    inspect = json.loads(served.ok("inspect", first))[0]
+    labels, env = inspect["Config"]["Labels"], inspect["Config"]["Env"]
+    assert labels["nvidia-docker.lease"] == served.bound()[first]
+    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") for e in env), env
+    host = inspect["HostConfig"]
+    assert host["DeviceRequests"] is None
+    paths = {d["PathOnHost"] for d in host["Devices"]}
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= paths
+    assert any(m["Type"] == "volume" and m["Target"] == "/usr/local/nvidia" for m in host["Mounts"])
+    owners = {lease["Container"]: lease["Owner"] for lease in served.table()["Leases"]}
+    assert owners[second] == {"via": "engine-socket", "name": "second"}
+
+    listed = served.ok("ps", "--format", "{{.ID}}")
+    assert {first[:12], second[:12]} <= set(listed.split())
+
+    served.ok("rm", "-f", first)
+    wait_until(lambda: set(served.bound()) == {second}, what="the lease freed", timeout_s=5)
+
+
+def test_streams_and_hijacked_connections_pass_through(served: Served) -> None:
+    logs_of = served.ok("run", "-d", IMAGE, "sh", "-c", "echo one; echo two; echo three >&2")
+    followed = served.docker("logs", "-f", logs_of.strip(), timeout_s=30)
+    assert followed.returncode == 0
+    assert followed.stdout == b"one\ntwo\n"
+    assert followed.stderr == b"three\n"
+
+    data = b"".join(b"line %d of the input\n" % i for i in range(20000))  # ~0.5 MB
+    echoed = served.docker("run", "--rm", "-i", IMAGE, "cat", stdin=data)
+    assert echoed.returncode == 0, echoed.stderr
+    assert echoed.stdout == data
+
+    since = str(int(time.time()) - 1)
+    sleeper = served.ok("run", "-d", IMAGE, "sleep", "600").strip()
+    execed = served.docker("exec", "-i", sleeper, "cat", stdin=b"to exec and back\n")
+    assert execed.returncode == 0, execed.stderr
+    assert execed.stdout == b"to exec and back\n"
+    until = str(int(time.time()) + 1)
+    events = served.ok("events", "--since", since, "--until", until, "--format", "{{.Action}}")
+    actions = events.split()
+    assert {"create", "start"} <= set(actions), events
+    assert "exec_start: cat " in events, events
+
+
+def test_all_gpus_leased_a_run_fails_in_one_line_and_leaves_nothing(served: Served) -> None:
+    holder = served.ok("run", "-d", "--gpus", "all", IMAGE, "sleep", "600").strip()
+    assert len(served.gpus_of(holder)) == 8
+    before = served.ok("ps", "-aq").split()
+
+    refused = served.docker("run", "--gpus", "1", IMAGE, "true")
+    assert refused.returncode != 0
+    lines = [line for line in refused.stderr.decode().splitlines() if line.strip()]
+    assert lines
+    assert lines[0].startswith("docker: Error response from daemon: nvidia-docker:")
+    assert "not enough free GPUs" in lines[0]
+    assert f"by container {holder[:12]}" in lines[0]
+    assert lines[1:] == ["Run 'docker run --help' for more information"]  # the CLI's own
+    print(f"refused: {lines}")
+    assert served.ok("ps", "-aq").split() == before  # nothing left behind
+
+    created = served.docker("create", "--gpus", '"device=3"', IMAGE, "true")
+    assert created.returncode != 0
+    assert b"nvidia-docker:" in created.stderr
+
+    served.ok("rm", "-f", holder)
+    wait_until(lambda: not served.bound(), what="the 8-GPU lease freed", timeout_s=5)
+    again = served.ok("run", "-d", "--gpus", '"device=3"', IMAGE, "sleep", "600").strip()
+    assert served.gpus_of(again) == ["/dev/nvidia3"]
+
+
+def test_a_half_sent_head_holds_only_its_own_connection(served: Served) -> None:
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.connect(str(served.engine_socket))
+    try:
+        slow.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\n")  # and nothing more
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{served.url}/gpu/info/json", timeout=5) as resp:
+            assert resp.status == 200
+        assert served.ok("version", "--format", "{{.Server.Version}}").strip()
+        assert time.monotonic() - started < 5
+    finally:
+        slow.close()
+    broken = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    broken.connect(str(served.engine_socket))
+    try:
+        broken.sendall(b"POST /containers/create HTTP/1.1\r\nContent-Length: 5\r\n\r\n{nope")
+        answer = broken.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert b'"message"' in answer
+    finally:
+        broken.close()
+
+
+def run_in_a_terminal(served: Served, *args: str, typed: bytes) -> tuple[int, bytes]:
+    """``docker ARGS`` with a pseudo-terminal as its stdin and stdout (``-it`` needs one);
+    ``typed`` is written to the terminal once the container's shell is waiting. The exit
+    status and everything the terminal showed."""
+    controller, terminal = os.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    proc = subprocess.Popen(
+        ["docker", *args], stdin=terminal, stdout=terminal, stderr=terminal, env=env
+    )
+    os.close(terminal)
+    shown = bytearray()
+    deadline = time.monotonic() + 30
+    sent = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.2)
+            if ready:
+                try:
+                    piece = os.read(controller, 65536)
+                except OSError:  # EIO: the terminal's last user closed it
+                    break
+                if not piece:
+                    break
+                shown += piece
+            if not sent and b"ready>" in shown:
+                os.write(controller, typed)
+                sent = True
+            if proc.poll() is not None and not ready:
+                break
+        return proc.wait(timeout=10), bytes(shown)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(controller)
+
+
+def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path: Path) -> None:
+    script = "test -t 0 && echo is-a-tty; echo -n ready'>'; read line; echo got:$line; exit 3"
+    status, shown = run_in_a_terminal(
+        served, "run", "--rm", "-it", IMAGE, "sh", "-c", script, typed=b"hello\r"
+    )
+    assert status == 3, shown
+    assert b"is-a-tty" in shown
+    assert b"got:hello" in shown
+
+    # attach to a container started -d -i: its stdin stays open after ours ends (Docker's
+    # rule, the same on the engine's own socket), so the echo is read, then attach killed
+    waiting = served.ok("run", "-d", "-i", IMAGE, "cat").strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    attach = subprocess.Popen(
+        ["docker", "attach", waiting],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert attach.stdin is not None
+        assert attach.stdout is not None
+        attach.stdin.write(b"through attach\n")
+        attach.stdin.flush()
+        ready, _, _ = select.select([attach.stdout], [], [], 20)
+        assert ready, "no echo through docker attach"
+        assert attach.stdout.readline() == b"through attach\n"
+    finally:
+        attach.kill()
+        attach.communicate(timeout=10)  # and its pipes closed
+
+    holder = served.ok("run", "-d", IMAGE, "sleep", "600").strip()
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(3 * 1024 * 1024))
+    served.ok("cp", str(payload), f"{holder}:/tmp/payload.bin")
+    served.ok("cp", f"{holder}:/tmp/payload.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == payload.read_bytes()
+
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY note /note\nLABEL built=yes\n")
+    (context / "note").write_text("built through the engine socket\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env.update(DOCKER_HOST=f"unix://{served.engine_socket}", DOCKER_BUILDKIT="0")
+    built = subprocess.run(
+        ["docker", "build", "-q", "-t", "nvd-engine-socket/built:1", str(context)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    note = served.ok("run", "--rm", "nvd-engine-socket/built:1", "cat", "/note")
+    assert note == "built through the engine socket\n"
+    served.ok("rmi", "nvd-engine-socket/built:1")
+
+
+COMPOSE = (
+    REPO / ".cache" / "compose" / "usr" / "libexec" / "docker" / "cli-plugins" / "docker-compose"
+)
+COMPOSE_FILE = """\
+services:
+  trainer:
+    image: {image}
+    command: ["sleep", "600"]
+    deploy:
+      replicas: 4
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: 1, capabilities: [gpu]}}]
+"""
+
+
+def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
+    served: Served, tmp_path: Path
+) -> None:
+    if not COMPOSE.exists():
+        pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "compose.yaml").write_text(COMPOSE_FILE.format(image=IMAGE))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+
+    def compose(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(COMPOSE), "-p", "nvdgpus", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+    up = compose("up", "-d")
+    assert up.returncode == 0, up.stderr.decode()
+    ids = served.ok("ps", "-q", "--filter", "label=com.docker.compose.project=nvdgpus").split()
+    assert len(ids) == 4
+    gpus = [gpu for cid in ids for gpu in served.gpus_of(cid)]
+    assert len(set(gpus)) == len(gpus) == 4, gpus
+    full = {served.ok("inspect", "-f", "{{.Id}}", cid).strip() for cid in ids}
+    wait_until(lambda: set(served.bound()) == full, what="4 leases bound", timeout_s=20)
+    owners = [lease["Owner"] for lease in served.table()["Leases"]]
+    assert sorted(o["name"] for o in owners) == [f"nvdgpus-trainer-{i}" for i in range(1, 5)]
+
+    down = compose("down")
+    assert down.returncode == 0, down.stderr.decode()
+    wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+
+
+def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logged(
+    served: Served,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    endless = subprocess.Popen(  # a hijack that never ends: stdin held open, nothing sent
+        ["docker", "run", "--rm", "-i", IMAGE, "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    huge = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        wait_until(
+            lambda: len(served.ok("ps", "-q").split()) == 1, what="the endless cat", timeout_s=20
+        )
+        slow.connect(str(served.engine_socket))
+        slow.sendall(b"POST /v1.41/containers/create HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
+        huge.connect(str(served.engine_socket))
+        huge.sendall(b"POST /containers/create HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n")
+        assert huge.recv(65536).startswith(b"HTTP/1.1 413 ")
+        status, answer = served.agent.plugin("Plugin.Activate")
+        assert status == 200, answer
+        assert answer == {"Implements": ["VolumeDriver"]}
+        with urllib.request.urlopen(f"{served.url}/gpu/info/json", timeout=5) as resp:
+            assert resp.status == 200
+        secret = "hunter2-" + os.urandom(4).hex()
+        run = served.docker(
+            "run", "-d", "--gpus", "1", "-e", f"TOKEN={secret}", IMAGE, "sleep", "9"
+        )
+        assert run.returncode == 0, run.stderr
+    finally:
+        slow.close()
+        huge.close()
+        endless.kill()
+        endless.communicate(timeout=10)
+    log = served.agent.log()
+    assert "Serving the Docker Engine API on unix://" in log
+    assert secret not in log

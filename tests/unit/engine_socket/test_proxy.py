@@ -1,0 +1,304 @@
+"""The engine socket's forwarding, against an in-process fake engine on a unix socket:
+bytes unchanged both ways (chunked bodies, streamed answers, a hijack with its half close),
+hostile requests answered without reaching the engine, GPU creates leased and rewritten,
+and a lease given back when the engine refuses the create."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agent.api.leases import Cpusets
+from agent.engine_socket.gpus import GpuCreates
+from agent.engine_socket.site import EngineSocket, serve_engine_socket
+from agent.leases.settings import LeaseSettings
+from agent.leasing.service import LeaseService
+from agent.node.facts import NodeFacts
+from tests.unit.leases.nodes import build_node, healthy
+
+NODE = build_node([0, 0, 1, 1])
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class FakeEngine:
+    """Records every byte it reads; answers with ``handler``."""
+
+    path: Path
+    handler: Handler
+    seen: bytearray = field(default_factory=bytearray)
+    connections: int = 0
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeEngine, EngineSocket, LeaseService]]:
+    engine = FakeEngine(tmp_path / "engine.sock", handler=lambda r, w: asyncio.sleep(0))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engine.connections += 1
+        try:
+            await engine.handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(serve, path=str(engine.path))
+    leases = LeaseService.open(NODE, healthy(NODE), LeaseSettings(), None)
+    facts = NodeFacts(NODE, ("/dev/nvidiactl", "/dev/nvidia-uvm"))
+    creates = GpuCreates(leases, lambda: facts, Cpusets(tmp_path / "no-sysfs"))
+    site = await serve_engine_socket(
+        tmp_path / "ours.sock", engine.path, creates, head_timeout_s=2.0
+    )
+    yield engine, site, leases
+    await site.close()
+    server.close()
+    await leases.close()
+
+
+async def exchange(site: EngineSocket, data: bytes, *, half_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(data)
+    if half_close:
+        writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return answer
+
+
+async def test_the_socket_takes_the_engines_mode(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+    assert site.path.stat().st_mode & 0o777 == engine.path.stat().st_mode & 0o777
+
+
+async def test_a_chunked_request_and_a_streamed_answer_pass_unchanged(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+    request = (
+        b"POST /build?t=x HTTP/1.1\r\nHost: docker\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext\r\nhello\r\n3\r\n!!!\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
+    answer = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{}\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engine.seen += await reader.readexactly(len(request))
+        writer.write(answer)
+        await writer.drain()
+
+    engine.handler = handler
+    assert await exchange(site, request) == answer
+    assert bytes(engine.seen) == request
+
+
+async def test_keep_alive_requests_share_one_engine_connection(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(3):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+            await writer.drain()
+
+    engine.handler = handler
+    ping = b"GET /_ping HTTP/1.1\r\nHost: docker\r\n\r\n"
+    answers = await exchange(site, ping * 3)
+    assert answers.count(b"HTTP/1.1 200 OK") == 3
+    assert engine.connections == 1
+
+
+async def test_a_hijack_pumps_both_ways_and_passes_the_half_close_on(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+        while data := await reader.read(1024):  # echo, then a last word after the EOF
+            writer.write(data)
+        writer.write(b"[the end]")
+        await writer.drain()
+
+    engine.handler = handler
+    attach = (
+        b"POST /containers/x/attach?stream=1&stdin=1 HTTP/1.1\r\nConnection: Upgrade\r\n"
+        b"Upgrade: tcp\r\n\r\nGET / HTTP/1.1 is just stdin here\r\n\r\n"
+    )
+    answer = await exchange(site, attach)
+    assert answer.endswith(b"\r\n\r\nGET / HTTP/1.1 is just stdin here\r\n\r\n[the end]")
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n", b"400"),  # truncated, then EOF
+        (b"GET / HTTP/1.1\r\nX: " + b"y" * 70000 + b"\r\n\r\n", b"431"),
+        (b"BREW / HTCPCP/1.0\r\n\r\n", b"505"),
+        (b"POST /containers/create HTTP/1.1\r\nContent-Length: 5\r\n\r\n{nope", b"400"),
+        (b"POST /containers/create HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", b"413"),
+        (
+            b"POST /v1.41/containers/create HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"400",
+        ),
+    ],
+)
+async def test_hostile_requests_never_reach_the_engine(
+    world: tuple[FakeEngine, EngineSocket, LeaseService], data: bytes, status: bytes
+) -> None:
+    engine, site, _ = world
+    answer = await exchange(site, data)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:80]
+    assert b'{"message": "' in answer
+    assert engine.connections == 0
+
+
+async def test_bad_chunked_framing_mid_stream_closes_the_connection(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engine.seen += await reader.read()
+
+    engine.handler = handler
+    await exchange(site, b"POST /build HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX")
+    assert engine.connections == 1  # the head went on; the broken chunk ended it
+
+
+async def test_a_head_that_never_ends_times_out_alone(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+        await writer.drain()
+
+    engine.handler = handler
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(b"GET /_ping HTTP/1.1\r\n")  # and no more
+    other = await exchange(site, b"GET /_ping HTTP/1.1\r\n\r\n")
+    assert other.startswith(b"HTTP/1.1 200 OK")
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the head timeout
+    writer.close()
+
+
+def create(body: object) -> bytes:
+    raw = json.dumps(body).encode()
+    return (
+        b"POST /v1.41/containers/create?name=job HTTP/1.1\r\nHost: docker\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw
+    )
+
+
+GPUS_2 = {"Image": "x", "HostConfig": {"DeviceRequests": [{"Count": 2, "Capabilities": [["gpu"]]}]}}
+
+
+async def test_a_gpu_create_is_leased_and_rewritten(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    bodies: list[dict[str, object]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, body = await read_request(reader)
+        bodies.append(json.loads(body))
+        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
+        await writer.drain()
+
+    engine.handler = handler
+    answer = await exchange(site, create(GPUS_2))
+    assert answer.startswith(b"HTTP/1.1 201 ")
+    (lease,) = leases.view().leases
+    host = bodies[0]["HostConfig"]
+    assert isinstance(host, dict)
+    assert host["DeviceRequests"] is None
+    devices = [d["PathOnHost"] for d in host["Devices"]]
+    assert devices[:2] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert len(devices) == 4
+    assert bodies[0]["Labels"] == {
+        "nvidia-docker.lease": lease.id,
+        "nvidia-docker.lease.devices": ",".join(lease.units),
+        "nvidia-docker.lease.mode": "exclusive",
+        "nvidia-docker.lease.owner": '{"via":"engine-socket","name":"job"}',
+    }
+
+
+async def test_a_create_without_gpus_passes_unchanged(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    request = create({"Image": "x", "HostConfig": {"Memory": 1}})
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, body = await read_request(reader)
+        engine.seen += head + body
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    engine.handler = handler
+    await exchange(site, request)
+    assert bytes(engine.seen) == request
+    assert not leases.view().leases
+
+
+async def test_an_engine_refusal_gives_the_lease_back(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    refusal = b'HTTP/1.1 404 Not Found\r\nContent-Length: 27\r\n\r\n{"message":"No such image"}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(refusal)
+        await writer.drain()
+
+    engine.handler = handler
+    assert await exchange(site, create(GPUS_2)) == refusal
+    assert not leases.view().leases
+
+
+async def test_a_create_that_cannot_get_its_gpus_is_answered_here(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, _ = world
+    five = {"Image": "x", "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 5}]}}
+    answer = await exchange(site, create(five))
+    assert answer.startswith(b"HTTP/1.1 409 Conflict\r\n")
+    message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+    assert message.startswith("nvidia-docker: ")
+    assert "\n" not in message
+    assert engine.connections == 0
+
+
+async def test_an_engine_that_is_down_is_said_in_one_line(tmp_path: Path) -> None:
+    site = await serve_engine_socket(
+        tmp_path / "ours.sock", tmp_path / "nobody.sock", None, head_timeout_s=2.0
+    )
+    try:
+        answer = await exchange(site, b"GET /_ping HTTP/1.1\r\n\r\n")
+    finally:
+        await site.close()
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert b"Cannot connect to the Docker daemon at unix://" in answer
+    assert not (tmp_path / "ours.sock").exists()
