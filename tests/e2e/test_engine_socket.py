@@ -412,7 +412,7 @@ def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logge
         assert huge.recv(65536).startswith(b"HTTP/1.1 413 ")
         status, answer = served.agent.plugin("Plugin.Activate")
         assert status == 200, answer
-        assert answer == {"Implements": ["VolumeDriver"]}
+        assert answer == {"Implements": ["VolumeDriver", "authz"]}
         with urllib.request.urlopen(f"{served.url}/gpu/info/json", timeout=5) as resp:
             assert resp.status == 200
         secret = "hunter2-" + os.urandom(4).hex()
