@@ -2,11 +2,11 @@
 
 Every message is complete on its own (which node, what failed, what to try), because both
 commands print it as one line, ``<command> | <date> <time> Error: <message>``
-(``nvidia-docker | ...`` as SPEC section 4 and nvidia-docker 1.0 have it, and
+(``nvidia-docker | ...`` as nvidia-docker 1.0 has it, docs/nvidia-docker.md, and
 ``nvidia-docker-ctl | ...`` the same way), without a traceback unless ``NV_DEBUG`` is set.
 
 Exit codes (docs/fleet.md, "Errors and exit codes", has the table): ``nvidia-docker`` exits
-1 for every error of its own (SPEC section 4) and otherwise with docker's code (it becomes
+1 for every error of its own (docs/nvidia-docker.md) and otherwise with docker's code (it becomes
 docker); ``nvidia-docker-ctl`` uses the ``EXIT_*`` codes below for every command. This
 module imports nothing, so that the wrapper's fast path can use it for free.
 """

@@ -157,7 +157,7 @@ _AUTO_GRAMMAR = (
 
 
 def _gpus(text: str) -> str | AutoGpus:
-    """``NV_GPU``: a ``dev`` list (``env_text.gpu_list``: no lease, as SPEC section 4 has it)
+    """``NV_GPU``: a ``dev`` list (``env_text.gpu_list``: no lease, as nvidia-docker 1.0 has it)
     or an ``auto`` form (a lease)."""
     listed = env_text.gpu_list(text)
     words = listed.lower().split()

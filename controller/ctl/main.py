@@ -8,7 +8,7 @@ This module is the tool's edge, the only one of the ctl that reads the environme
   configured here, once (``controller.logs``);
 - the error and exit-code scheme of every command: a failure is one line on stderr,
   ``nvidia-docker-ctl | <date> <time> Error: <message>`` (the shape of ``nvidia-docker``'s
-  own errors, SPEC section 4), and the exit code says what kind it was (``controller.errors``,
+  own errors, docs/fleet.md), and the exit code says what kind it was (``controller.errors``,
   docs/fleet.md "Errors and exit codes"): 1 failed, 2 usage (click's own errors included:
   never "internal error" for a user's mistake), 3 no agent reached, 4 a bug (``NV_DEBUG=1``
   for the traceback), 130 interrupted.

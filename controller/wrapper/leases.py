@@ -9,8 +9,9 @@ agent's contract. Four forms ask the node's agent for a lease:
   node: refused, with who holds what, while any of them is taken) and
   ``--gpus '"device=0,1"'`` (the devices named, checked against the lease table).
 
-Everything else keeps SPEC section 4's behaviour, with no lease: ``NV_GPU=0,1`` (explicit
-GPUs, as Mesos frameworks set it), and no selection at all (every GPU).
+Everything else keeps nvidia-docker 1.0's behaviour (docs/nvidia-docker.md), with no
+lease: ``NV_GPU=0,1`` (explicit GPUs, as Mesos frameworks set it), and no selection at all
+(every GPU).
 
 ``lease_ask(command, options)`` reads the form (``LeaseAsk``, or None), before docker is
 asked anything; ``ask_lease(agent, ask, ...)`` runs inside the wrapper's one connection to
@@ -173,7 +174,7 @@ def _gpus_count(text: str, shown: str) -> int:
 
 
 def lease_ask(command: DockerCommand, options: Options) -> LeaseAsk | None:
-    """The lease this ``run``/``create`` asks for, or None (no lease: SPEC section 4's
+    """The lease this ``run``/``create`` asks for, or None (no lease: nvidia-docker 1.0's
     ``NV_GPU`` list, or no selection); ``GpuError`` for a ``--gpus`` that cannot be read or
     that meets ``NV_GPU``."""
     gpus = options.gpus

@@ -1,6 +1,6 @@
 """``nvidia-docker run|create`` with GPU leases (docs/nvidia-docker.md, "Leases"): every form
 that asks (``NV_GPU=auto...``, docker's ``--gpus``), what docker gets (the lease's devices,
-labels, cpuset), every refusal as one line, and the forms that keep SPEC section 4's
+labels, cpuset), every refusal as one line, and the forms that keep nvidia-docker 1.0's
 behaviour. The wrapper runs as a process; docker is the recording stand-in of
 test_wrapper.py and the node's agent ``tests.support.lease_agent`` (the contract of
 docs/leases.md, "The REST API"), on a loopback port.
@@ -446,7 +446,7 @@ async def test_nv_debug_shows_the_grant(docker: Docker, node: Node) -> None:
 async def test_explicit_nv_gpu_and_no_selection_ask_for_no_lease(
     docker: Docker, node: Node
 ) -> None:
-    """SPEC section 4: NV_GPU=0,1 and the default (every GPU) are today's behaviour."""
+    """As in nvidia-docker 1.0: NV_GPU=0,1 and the default (every GPU) are today's behaviour."""
     explicit = await run(docker, node, "run", IMAGE, NV_GPU="0,2")
     everything = await run(docker, node, "run", IMAGE)
     assert (explicit.code, everything.code) == (0, 0)
