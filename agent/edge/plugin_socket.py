@@ -29,7 +29,6 @@ import fcntl
 import logging
 import os
 import socket
-import stat
 from pathlib import Path
 
 from aiohttp import web
@@ -37,6 +36,7 @@ from aiohttp import web
 from agent.config import SOCKET_NAME, default
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
+from agent.edge.stale_socket import InTheWay, clear_stale_socket
 from plugin.authz import Gate
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
@@ -174,30 +174,16 @@ def _bind(path: Path) -> socket.socket:
 def _clear_stale(path: Path) -> None:
     """Remove a socket file nobody listens on; refuse to take over a live one (served by
     a process that does not take the lock, such as an older agent). Called with the lock."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
+    in_the_way = clear_stale_socket(path)
+    if in_the_way is InTheWay.NOT_A_SOCKET:
         raise PluginSiteError(
             errno.EEXIST, f"{path} exists and is not a socket: remove it or choose another -s"
         )
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        log.info("Removing the stale socket %s", path)
-        path.unlink(missing_ok=True)
-        return
-    except OSError:
-        pass  # cannot tell: treat as live
-    finally:
-        probe.close()
-    raise PluginSiteError(
-        errno.EADDRINUSE,
-        f"another process is serving {path} (another agent?): stop it or choose another -s",
-    )
+    if in_the_way is InTheWay.LIVE:
+        raise PluginSiteError(
+            errno.EADDRINUSE,
+            f"another process is serving {path} (another agent?): stop it or choose another -s",
+        )
 
 
 def _inode(path: Path) -> int | None:

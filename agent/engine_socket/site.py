@@ -19,6 +19,7 @@ import socket
 import stat
 from pathlib import Path
 
+from agent.edge.stale_socket import InTheWay, clear_stale_socket
 from agent.engine_socket.gpus import GpuCreates
 from agent.engine_socket.heads import MAX_HEAD_BYTES
 from agent.engine_socket.proxy import Connection
@@ -70,29 +71,15 @@ def _rights(engine_socket: Path) -> tuple[int, int, int] | None:
 
 
 def _clear_stale(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
+    in_the_way = clear_stale_socket(path)
+    if in_the_way is InTheWay.NOT_A_SOCKET:
         raise EngineSocketError(
             0, f"{path} exists and is not a socket: remove it or choose another --engine-socket"
         )
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        log.info("Removing the stale socket %s", path)
-        path.unlink(missing_ok=True)
-        return
-    except OSError:
-        pass
-    finally:
-        probe.close()
-    raise EngineSocketError(
-        0, f"another process is serving {path}: stop it or choose another --engine-socket"
-    )
+    if in_the_way is InTheWay.LIVE:
+        raise EngineSocketError(
+            0, f"another process is serving {path}: stop it or choose another --engine-socket"
+        )
 
 
 def _bind(path: Path, engine_socket: Path) -> tuple[socket.socket, str]:
