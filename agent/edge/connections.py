@@ -21,7 +21,12 @@ handled is never timed out) and tells ``on_answer`` each request's status (the a
 request counters). Everything
 is bookkeeping on the event loop: two dictionary operations per request, and a timer per
 connection that re-arms itself lazily.
-A connection is dropped with ``abort()``, which gives its descriptor back at once.
+A connection is dropped with ``abort()``, which gives its descriptor back at the event
+loop's next turn; until then the guard counts it as *releasing*. ``room()`` (asked by
+``agent.edge.guarded_accept`` before each ``accept()`` on a plain socket) counts open,
+releasing and not-yet-set-up connections, and ``make_room()`` drops the oldest when a client
+waits at the bound, so that the REST API never holds more descriptors than its bound, even
+for a moment.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.display import shown
+from agent.edge.guarded_accept import GuardedAcceptor
 from agent.edge.loopback import is_loopback
 from agent.edge.rate_limit import RateLimiter
 from agent.edge.tls_or_plain import TlsOrPlainServer, bind
@@ -99,6 +105,9 @@ class ConnectionGuard:
         self.dropped = 0  # at the bound, since start
         self.timed_out = 0
         self._connections: OrderedDict[asyncio.BaseTransport, _Connection] = OrderedDict()
+        # Aborted, their descriptor not given back yet (connection_lost not seen).
+        self._releasing: set[asyncio.BaseTransport] = set()
+        self._setting_up = 0  # accepted by agent.edge.guarded_accept, not opened yet
         self._limiter = RateLimiter(LOG_INTERVAL_S)
         self._loop: asyncio.AbstractEventLoop | None = None
         # Give it to the application served through this guard (its outermost middleware).
@@ -108,6 +117,30 @@ class ConnectionGuard:
     def count(self) -> int:
         """Open connections now."""
         return len(self._connections)
+
+    def room(self) -> bool:
+        """Whether one more connection may be accepted, counting those open, those being
+        closed and those accepted but not set up yet (always, without a bound)."""
+        bound = self.limits.max_connections
+        if bound is None:
+            return True
+        return len(self._connections) + len(self._releasing) + self._setting_up < bound
+
+    def make_room(self) -> None:
+        """At the bound with a client waiting: drop the connection that has gone longest
+        without completing a request (its descriptor is back at the loop's next turn)."""
+        bound = self.limits.max_connections
+        held = len(self._connections) + self._setting_up
+        if bound is not None and self._connections and held >= bound:
+            self._drop_oldest(self._now())
+
+    def setting_up(self) -> None:
+        """One connection accepted (``agent.edge.guarded_accept``), not opened yet."""
+        self._setting_up += 1
+
+    def not_set_up(self) -> None:
+        """An accepted connection failed before it was opened."""
+        self._setting_up = max(0, self._setting_up - 1)
 
     def protocol_factory(
         self, inner: Callable[[], asyncio.Protocol]
@@ -167,6 +200,7 @@ class ConnectionGuard:
     # --- what the wrapped protocol reports ---
 
     def _opened(self, transport: asyncio.BaseTransport) -> _Connection:
+        self._setting_up = max(0, self._setting_up - 1)
         now = self._now()
         conn = _Connection(transport, now)
         self._connections[transport] = conn
@@ -248,6 +282,7 @@ class ConnectionGuard:
 
     def _abort(self, conn: _Connection) -> None:
         self._closed(conn)
+        self._releasing.add(conn.transport)
         cast(asyncio.Transport, conn.transport).abort()
 
 
@@ -285,6 +320,7 @@ class _GuardedProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:
             self._guard._closed(self._conn)
+            self._guard._releasing.discard(self._conn.transport)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -309,7 +345,6 @@ class GuardedSite(web.BaseSite):
         sock: socket.socket | None = None,
         ssl_context: ssl.SSLContext | None = None,
         backlog: int = 128,
-        reuse_address: bool | None = None,
         plain_loopback: bool = False,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
@@ -318,10 +353,9 @@ class GuardedSite(web.BaseSite):
         self._where = (host, port, sock)
         self._tls = ssl_context
         self._queue = backlog
-        self._reuse_address = reuse_address
         # With TLS: connections to a loopback address may also speak plain HTTP.
         self._plain_loopback = plain_loopback
-        self._listener: asyncio.Server | TlsOrPlainServer | None = None
+        self._listener: GuardedAcceptor | TlsOrPlainServer | None = None
 
     @property
     def name(self) -> str:
@@ -336,10 +370,9 @@ class GuardedSite(web.BaseSite):
         server = self._guarded_runner.server
         assert server is not None
         factory = self._guard.protocol_factory(server)
-        loop = asyncio.get_running_loop()
         host, port, sock = self._where
+        listening = [sock] if sock is not None else bind(host, port or 0, backlog=self._queue)
         if self._tls is not None:  # TLS: accepted by tls_or_plain, bounded before the guard
-            listening = [sock] if sock is not None else bind(host, port or 0, backlog=self._queue)
             listener = TlsOrPlainServer(
                 factory,
                 listening,
@@ -350,16 +383,10 @@ class GuardedSite(web.BaseSite):
             )
             listener.start()
             self._listener = listener
-        elif sock is not None:
-            self._listener = await loop.create_server(factory, sock=sock, backlog=self._queue)
         else:
-            self._listener = await loop.create_server(
-                factory,
-                host,
-                port or 0,
-                backlog=self._queue,
-                reuse_address=self._reuse_address,
-            )
+            acceptor = GuardedAcceptor(factory, listening, self._guard, name=self._guard.name)
+            acceptor.start()
+            self._listener = acceptor
 
     @property
     def bound(self) -> list[tuple[str, int]]:

@@ -6,9 +6,10 @@ by default). When none is left, ``accept()`` fails on every listening socket, th
 socket included, and dockerd cannot start GPU containers. So the REST API may hold at most
 the limit minus a reserve (``--reserved-fds``) of connections, even when ``--max-connections``
 asks for more. The reserve is for what the daemon needs besides REST clients: the plugin
-socket's connections from dockerd, the files of a volume build, its own libraries and
-pipes, and the connections the event loop accepts in one go (up to the listen backlog,
-128) before the guard drops the oldest.
+socket's connections from dockerd, the files of a volume build, its own libraries,
+pipes and engine connections, and TLS connections before their handshake's end
+(``agent.edge.tls_or_plain``). Plain REST connections never exceed the bound, even for a
+moment (``agent.edge.guarded_accept``).
 """
 
 from __future__ import annotations

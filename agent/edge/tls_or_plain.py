@@ -31,22 +31,19 @@ are not resumed: their clients make a full handshake, and the new client CA chec
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import Callable
 
+from agent.edge.guarded_accept import ACCEPT_BATCH, OUT_OF_RESOURCES, pause_accepting
 from agent.edge.loopback import is_loopback
 from agent.edge.rate_limit import RateLimiter
 
 log = logging.getLogger("nvidia-docker-plugin.connections")
 
 TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record: a ClientHello's first byte
-ACCEPT_BATCH = 64  # connections accepted per wake-up, so that one port cannot starve the loop
-OUT_OF_FDS_PAUSE_S = 1.0
-_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class ReloadableContext(ssl.SSLContext):
@@ -182,7 +179,7 @@ class TlsOrPlainServer:
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as err:
-                if err.errno in _OUT_OF_RESOURCES:
+                if err.errno in OUT_OF_RESOURCES:
                     self._pause(listening, err)
                 else:  # a network error of a pending connection (EPROTO, ...): that one only
                     log.debug("REST API: accept failed: %s", err)
@@ -201,16 +198,11 @@ class TlsOrPlainServer:
 
     def _pause(self, listening: socket.socket, err: OSError) -> None:
         """Out of descriptors: accept again in a second (the kernel keeps the backlog)."""
-        if self._limiter.allow("out of descriptors") is not None:
-            log.warning("REST API: cannot accept a connection: %s; retrying in 1 s", err.strerror)
         assert self._loop is not None
-        self._loop.remove_reader(listening.fileno())
-
-        def resume() -> None:
-            if not self._closed and self._loop is not None:
-                self._loop.add_reader(listening.fileno(), self._accept, listening)
-
-        self._loop.call_later(OUT_OF_FDS_PAUSE_S, resume)
+        pause_accepting(
+            self._loop, listening, self._accept, err,
+            name="REST API", limiter=self._limiter, closed=lambda: self._closed,
+        )  # fmt: skip
 
     # --- a loopback connection's first byte ---
 

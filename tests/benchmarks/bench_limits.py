@@ -156,7 +156,7 @@ async def _serve(
             app, access_log=None, handle_signals=False, logger=HttpErrorLog("REST API")
         )
         await runner.setup()
-        await GuardedSite(runner, guard, host=HOST, port=port, reuse_address=True).start()
+        await GuardedSite(runner, guard, host=HOST, port=port).start()
     else:
         app = web.Application()
         app[rest.NODE] = node

@@ -8,6 +8,7 @@ import http.client
 import resource
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ VOLUME = f"nvidia_driver_{VERSION}"
 HALF_REQUEST = b"GET /gpu/info/json HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Stalled: yes\r\n"
 ATTACKERS = 1100
 DAEMON_FDS = 1024  # the default soft limit of a service without LimitNOFILE=
+REST_BOUND = DAEMON_FDS - 256  # what --reserved-fds' default leaves the REST API
 
 
 @contextlib.contextmanager
@@ -74,6 +76,27 @@ def descriptors_back(agent: AgentProcess, baseline: int) -> None:
     )
 
 
+@contextlib.contextmanager
+def descriptor_peak(agent: AgentProcess) -> Iterator[list[int]]:
+    """The most descriptors the daemon held, read from /proc as fast as a thread can while
+    the block runs (``[peak]`` once it has ended)."""
+    peak = [agent.open_descriptors()]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):  # a descriptor closed while listed
+                peak[0] = max(peak[0], agent.open_descriptors())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
+
+
 def mount_and_get(agent: AgentProcess, limit_s: float) -> None:
     """A Mount on the plugin socket and a GET on a new REST connection, each answered
     within ``limit_s``."""
@@ -112,12 +135,11 @@ def test_mount_and_rest_answer_within_1s_under_1100_stalled_connections_at_1024_
         assert created == (200, {"Err": ""})
         mount_and_get(agent, 1.0)
         baseline = agent.open_descriptors()
-        most = baseline
-        for _ in range(4):  # a quarter of the attack at a time, then the good client
-            for _ in range(ATTACKERS // 4):
-                attackers.append(stall(agent.port))
-            most = max(most, agent.open_descriptors())
-            mount_and_get(agent, 1.0)
+        with descriptor_peak(agent) as most:
+            for _ in range(4):  # a quarter of the attack at a time, then the good client
+                for _ in range(ATTACKERS // 4):
+                    attackers.append(stall(agent.port))
+                mount_and_get(agent, 1.0)
         assert agent.alive()
         for sock in attackers:
             sock.close()
@@ -129,7 +151,10 @@ def test_mount_and_rest_answer_within_1s_under_1100_stalled_connections_at_1024_
     assert "Too many open files" not in log
     assert "out of system resource" not in log
     assert "Traceback" not in log
-    assert most < DAEMON_FDS
+    # Never beyond the bound, even for a moment: accepted in a batch, or dropped and not yet
+    # closed, each would have held a descriptor the plugin socket needs (the good client's
+    # Mount and GET hold two more).
+    assert most[0] <= baseline + REST_BOUND + 2, f"the daemon held {most[0]} descriptors"
 
 
 def stall_in_handshake(port: int) -> socket.socket:
