@@ -15,6 +15,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agent.health.policy import DEFAULT_POLICY, HealthPolicy, parse_health_checks
+from cdi.spec import KIND as CDI_KIND
+from cdi.spec import valid_kind
+
 SOCKET_NAME = "nvidia-docker.sock"  # in the socket directory (-s)
 ENV_PREFIX = "NVIDIA_DOCKER_PLUGIN_"
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -77,6 +81,35 @@ class Option:
         return ENV_PREFIX + self.long_flag.removeprefix("--").upper().replace("-", "_")
 
 
+@dataclass(frozen=True, slots=True)
+class LabelKeys:
+    """``--usage-labels``: label keys, shown comma separated."""
+
+    keys: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return ",".join(self.keys)
+
+
+def parse_label_keys(text: str) -> LabelKeys:
+    """Label keys, comma separated (letters, digits, ``_./-``; at most 16)."""
+    keys = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    for key in keys:
+        if len(key) > 128 or not all(c.isascii() and (c.isalnum() or c in "_./-") for c in key):
+            raise ValueError(f"{key[:40]!r}: a label key is letters, digits and _./- only")
+    if len(keys) > 16:
+        raise ValueError("at most 16 label keys")
+    return LabelKeys(keys)
+
+
+def parse_cdi_kind(text: str) -> str:
+    """A CDI kind, ``vendor/class``: letters, digits and ``_.-``, each part starting with a
+    letter and ending with a letter or digit (the CDI project's rule)."""
+    if not valid_kind(text):
+        raise ValueError(f"{text[:60]!r}: a CDI kind is vendor/class, e.g. nvidia-docker.com/gpu")
+    return text
+
+
 def _setting(default: Any, *flags: str, help: str, **option: Any) -> Any:
     return field(default=default, metadata={"option": Option(flags, help, **option)})
 
@@ -136,9 +169,18 @@ class Config:
     cdi_dev_root: Path = _setting(
         Path("/"),
         "--cdi-dev-root",
-        help="Where the device nodes the CDI spec names are on this host (a driver container "
-        "that makes them under its own root, e.g. /run/nvidia/driver).",
+        help="Where the device nodes and the driver's host files (vendor files, IPC sockets, "
+        "firmware) the CDI spec names are on this host (a driver container that makes them "
+        "under its own root, e.g. /run/nvidia/driver).",
         kind="dir",
+    )
+    cdi_kind: str = _setting(
+        CDI_KIND,
+        "--cdi-kind",
+        help="The CDI kind (vendor/class) of the spec's devices. Another than nvidia.com/gpu, "
+        "e.g. nvidia-docker.com/gpu, keeps the spec beside NVIDIA's toolkit's (docs/cdi.md).",
+        parse=parse_cdi_kind,
+        metavar="VENDOR/CLASS",
     )
     pcie_interval_s: float = _setting(
         1.0,
@@ -146,6 +188,17 @@ class Config:
         help="Seconds between two samples of the slow counters (PCIe throughput, BAR1 usage).",
         kind="float",
         minimum=0.05,
+    )
+    health_checks: HealthPolicy = _setting(
+        DEFAULT_POLICY,
+        "--health-checks",
+        help="What makes a GPU (or a MIG device) unhealthy, as NVIDIA's device plugin has it: "
+        "all (critical XIDs, double-bit ECC, lost GPUs, row remapping, the driver's "
+        "recovery action), xids (XIDs only) or none; then -XID to ignore one, +XID to count "
+        "one (e.g. xids,-48,+13). Application XIDs (13, 31, 43, 45, 68, 109) are ignored "
+        "unless given with +.",
+        parse=parse_health_checks,
+        metavar="CHECKS",
     )
     docker_socket: Path = _setting(
         Path("/var/run/docker.sock"),
@@ -270,6 +323,67 @@ class Config:
         "alone); an exclusive lease always takes a GPU alone.",
         kind="int",
         minimum=1,
+    )
+    usage_ledger: bool = _setting(
+        True,
+        "--usage-ledger/--no-usage-ledger",
+        help="Keep the usage ledger (usage.db in --state-dir, docs/usage.md): who held "
+        "which GPU, how long and how busy, and which GPUs sit idle.",
+        kind="switch",
+    )
+    usage_db: Path | None = _setting(
+        None,
+        "--usage-db",
+        help="The usage ledger's database file (default: usage.db in --state-dir).",
+        kind="file",
+        metavar="FILE",
+    )
+    usage_interval_s: float = _setting(
+        10.0,
+        "--usage-interval",
+        help="Seconds between two sweeps the usage ledger accounts (its figures are within "
+        "one interval of the truth).",
+        kind="float",
+        minimum=0.2,
+    )
+    usage_retention_days: float = _setting(
+        90.0,
+        "--usage-retention",
+        help="Days the usage ledger keeps a hold after it ended.",
+        kind="float",
+        minimum=1.0,
+    )
+    usage_max_mib: int = _setting(
+        1024,
+        "--usage-max-size",
+        help="MiB the usage ledger may take on disk; beyond, its oldest holds go first.",
+        kind="int",
+        minimum=16,
+    )
+    usage_labels: LabelKeys = _setting(
+        LabelKeys(("com.docker.compose.project", "com.docker.compose.service", "team", "user")),
+        "--usage-labels",
+        help="The container and lease owner labels the usage ledger records and groups by "
+        "(comma separated).",
+        parse=parse_label_keys,
+        metavar="KEY,KEY",
+    )
+    idle_after_s: float = _setting(
+        3600.0,
+        "--idle-after",
+        help="Seconds a held GPU may go without utilisation and without a process before "
+        "it is idle (docs/usage.md, 'Idle GPUs').",
+        kind="float",
+        minimum=1.0,
+    )
+    idle_policy: str = _setting(
+        "notify",
+        "--idle-policy",
+        help="What happens to an idle GPU's holder: notify (a log line and a metric), "
+        "release (a stopped container's lease ends at once) or stop (the container is "
+        "stopped); a container's nvidia-docker.idle label overrides it (off: never).",
+        kind="choice",
+        choices=("notify", "release", "stop"),
     )
     plain_loopback: bool = _setting(
         True,

@@ -58,6 +58,7 @@ from agent.leasing.service import LeaseService
 from agent.leasing.start_gate import StartGate
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.service import MetricsService
+from agent.metrics.usage_families import usage_families
 from agent.node.drivers import prepare_volumes
 from agent.node.facts import NodeFacts
 from agent.node.life import DriverWatch, NodeLife
@@ -65,6 +66,8 @@ from agent.node.state import NodeState
 from agent.node.status import StatusService
 from agent.node.uvm import UvmError, ensure_uvm_device
 from agent.process import notify, release_startup_memory
+from agent.usage.idle import IdlePolicy
+from agent.usage.ledger import LEDGER_FILE, UsageLedger, UsageSettings
 from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -99,7 +102,9 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     await status.sample_pcie()
     status.start_sampler()
     state = NodeState(NodeFacts(node, control_devices()))
-    life = NodeLife(watch, worker, status=status, state=state, store=store)
+    life = NodeLife(
+        watch, worker, status=status, state=state, store=store, health_checks=config.health_checks
+    )
     parts.push_async_callback(life.close)
     counters = AgentMetrics()
     counters.follow_certificate(access.certificate_expiry)  # TLS: its notAfter
@@ -112,15 +117,21 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     cdi = await _write_cdi_spec(config, store, state, parts)
     leases = await _leases(config, state, engines, parts)
     table.set_result(leases)
+    attributor = Attributor(engines[0], podman=engines[1])
+    usage_ledger: list[UsageLedger] = []  # the ledger, once open (after the metrics)
     metrics = MetricsService(
         state,
         status,
-        attributor=Attributor(engines[0], podman=engines[1]),
+        attributor=attributor,
         agent=counters,
         health=life.health,
         leases=leases.view,
+        usage=lambda: usage_families(usage_ledger[0], metrics.hostname) if usage_ledger else [],
     )
     parts.push_async_callback(metrics.close)
+    usage, usage_off = await _usage(config, status, leases, attributor, parts)
+    if usage is not None:
+        usage_ledger.append(usage)
     guard = ConnectionGuard(
         "REST API",
         ConnectionLimits(config.header_timeout_s, config.idle_timeout_s, budget.max_connections),
@@ -136,11 +147,15 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         cdi=cdi,
         leases=leases,
         remote_lease_writes=access.authenticated,
+        usage=usage,
+        usage_off=usage_off,
     )
     bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
     await _serve_engine_socket(config, state, leases, parts)
     await life.start()
+    if usage is not None:
+        usage.start()
     steps = [ReloadStep(name, run) for name, run in access.reloaders()]
     steps.append(ReloadStep("driver", life.reread))
     if cdi is not None:  # after the driver: the spec of the facts it found
@@ -237,7 +252,9 @@ async def _write_cdi_spec(
     rewritten on every node change; None without ``--cdi-spec-dir``."""
     if config.cdi_spec_dir is None:
         return None
-    settings = CdiSettings(config.cdi_spec_dir, config.cdi_dev_root, find_linker_cache_hook())
+    settings = CdiSettings(
+        config.cdi_spec_dir, config.cdi_dev_root, find_linker_cache_hook(), config.cdi_kind
+    )
     # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node.life)
     cdi = CdiSpecWriter(settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy)
     parts.push_async_callback(cdi.close)
@@ -280,6 +297,39 @@ async def _leases(
     parts.push_async_callback(feed.close)
     feed.start()
     return leases
+
+
+async def _usage(
+    config: Config,
+    status: StatusService,
+    leases: LeaseService,
+    attributor: Attributor,
+    parts: contextlib.AsyncExitStack,
+) -> tuple[UsageLedger | None, str | None]:
+    """The usage ledger (docs/usage.md), or None and why there is none."""
+    if not config.usage_ledger:
+        log.info("Usage ledger: off (--no-usage-ledger)")
+        return None, "the usage ledger is off on this node (--no-usage-ledger)"
+    settings = UsageSettings(
+        path=config.usage_db or config.state_dir / LEDGER_FILE,
+        interval_s=config.usage_interval_s,
+        retention_s=config.usage_retention_days * 86400.0,
+        max_bytes=config.usage_max_mib << 20,
+        label_keys=config.usage_labels.keys,
+        idle_after_s=config.idle_after_s,
+        idle_policy=IdlePolicy(config.idle_policy),
+    )
+    ledger = UsageLedger.for_agent(settings, status, leases, attributor)
+    parts.push_async_callback(ledger.close)
+    log.info(
+        "Usage ledger: %s, a sweep every %g s, holds kept %g days; idle after %g s, policy %s",
+        settings.path,
+        settings.interval_s,
+        config.usage_retention_days,
+        settings.idle_after_s,
+        settings.idle_policy.value,
+    )
+    return ledger, None
 
 
 async def _serve_engine_socket(

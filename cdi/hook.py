@@ -1,7 +1,8 @@
 """``nvidia-docker-cdi-hook``: the createContainer hook of our CDI spec (docs/cdi.md).
 
     nvidia-docker-cdi-hook update-ldcache --ldconfig /sbin/ldconfig \\
-        --folder /usr/local/nvidia/lib64 --folder /usr/local/nvidia/lib
+        --folder /usr/local/nvidia/lib64 --folder /usr/local/nvidia/lib \\
+        --host-driver-version 580.159.04
 
 The OCI runtime runs it after the container's mounts are made (the driver volume at
 ``/usr/local/nvidia`` among them) and before the container's process starts, with the
@@ -14,6 +15,11 @@ sonames (``ctypes.CDLL("libcuda.so.1")``) in images that do not set ``LD_LIBRARY
    install) keeps them;
 3. runs the *host's* ``ldconfig -r <root> <folders>``: ldconfig chroots into the root
    before it reads or writes anything, and the host's binary runs, never one of the image.
+
+With ``--host-driver-version``, an image whose CUDA forward compatibility libraries are
+newer than the host's driver (``cdi.cuda_compat``) gets their directory as the first folder:
+ldconfig puts the libraries of its first folder first in the cache, and the dynamic linker
+takes the first ``libcuda.so.1`` it finds there.
 
 No path of the image is followed out of its root: the conf file is opened one directory at
 a time without following symbolic links, and ldconfig works inside its chroot.
@@ -35,6 +41,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from cdi import cuda_compat
 
 PROG = "nvidia-docker-cdi-hook"
 CONF_DIR = ("etc", "ld.so.conf.d")
@@ -130,6 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     update.add_argument(
         "--folder", action="append", required=True, help="a library directory in the container"
     )
+    update.add_argument(
+        "--host-driver-version",
+        help="the host driver's version: an image's newer CUDA compat libraries go first",
+    )
     return parser
 
 
@@ -141,7 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HookError as err:
         _say(str(err))
         return 1
-    update_ldcache(root, args.ldconfig, args.folder)
+    folders = list(args.folder)
+    if args.host_driver_version:
+        compat = cuda_compat.compat_dir(root, args.host_driver_version)
+        if compat is not None:
+            folders.insert(0, compat)
+    update_ldcache(root, args.ldconfig, folders)
     return 0
 
 

@@ -3,21 +3,26 @@
 The document, for a node with GPUs 0 and 1 (GPU 0 in MIG mode with one MIG device)::
 
     cdiVersion      the lowest version whose features it uses (``minimum_version``)
-    kind            nvidia.com/gpu
+    kind            nvidia.com/gpu (``SpecInputs.kind``: another with --cdi-kind)
     devices         "0", "GPU-<uuid>"           /dev/nvidia0 + the capability nodes of its MIG
+                                                devices + its DRM nodes (/dev/dri/card1, ...)
                     "0:0", "MIG-<uuid>"         /dev/nvidia0 + that MIG device's two nodes
-                    "1", "GPU-<uuid>"           /dev/nvidia1
+                    "1", "GPU-<uuid>"           /dev/nvidia1 + its DRM nodes
                     "all"                       every healthy GPU, as above
-    containerEdits  the control nodes (/dev/nvidiactl, /dev/nvidia-uvm[, -tools]),
-                    the driver volume mounted read-only at /usr/local/nvidia,
-                    a createContainer hook that adds the volume's library directories to
-                    the container's linker cache (``cdi.hook``), so that ``libcuda.so.1``
-                    loads by its soname without LD_LIBRARY_PATH
+    containerEdits  env (NVIDIA_VISIBLE_DEVICES=void: a legacy runtime adds nothing more),
+                    the control nodes (/dev/nvidiactl, /dev/nvidia-uvm[, -tools, -modeset]),
+                    the driver volume mounted read-only at /usr/local/nvidia, then the host
+                    files of ``cdi.host_files`` that were found (programs at /usr/bin,
+                    vendor files, IPC sockets, GSP firmware), and a createContainer hook
+                    that adds the volume's library directories (and an image's newer CUDA
+                    forward compatibility libraries) to the container's linker cache
+                    (``cdi.hook``), so that ``libcuda.so.1`` loads by its soname without
+                    LD_LIBRARY_PATH
 
 Only fields of CDI 0.3.0 to 0.5.0 are used, so that old parsers (Podman 4.3 of Debian 12
 reads up to 0.5.0 and refuses unknown fields) accept it: names starting with a digit and
 ``hostPath`` of device nodes are 0.5.0; no annotations (0.6.0), no mount ``type`` (0.4.0,
-not needed: ``bind`` in the options makes a bind mount).
+not needed: ``bind`` in the options makes a bind mount); ``env`` is 0.3.0.
 
 A device that cannot be named (no device node, a UUID CDI does not allow as a name) is left
 out and said so in ``BuiltSpec.left_out``; nothing is dropped silently.
@@ -32,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdi.host_files import HostMount
+
 KIND = "nvidia.com/gpu"
 ALL = "all"
 MOUNTPOINT = "/usr/local/nvidia"  # where containers see the driver volume
@@ -40,12 +47,18 @@ MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 HOOK_NAME = "createContainer"
 HOOK_TIMEOUT_S = 30
 HOOK_COMMAND = "update-ldcache"
+# Images that set NVIDIA_VISIBLE_DEVICES=all (nvidia/cuda) would make a default
+# nvidia-container-runtime add every GPU again; "void" tells it to add nothing.
+VOID_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES=void"
 
 # The released spec versions whose features a document of ours may need, oldest first.
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0")
 
 # CDI device names (every version since 0.5.0: a digit may start them).
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+# A kind, vendor/class: each starts with a letter, ends with a letter or digit.
+_KIND_PART = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_KIND = re.compile(f"{_KIND_PART}/{_KIND_PART}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +84,7 @@ class Gpu:
     node: DeviceNode | None  # None: the device node is unknown (NVML could not open it)
     healthy: bool = True  # an unhealthy GPU keeps its names but leaves "all"
     mig: tuple[MigInstance, ...] = ()
+    drm: tuple[DeviceNode, ...] = ()  # its DRM card and render nodes (whole GPU only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,11 @@ class SpecInputs:
     control_nodes: tuple[DeviceNode, ...]
     driver_volume: str | None  # host directory of the driver volume; None: no driver files
     hook: LinkerCacheHook | None = None  # None: no linker cache update
+    kind: str = KIND
+    env: tuple[str, ...] = ()  # NAME=value for every container
+    host_files: tuple[HostMount, ...] = ()  # mounted after the driver volume, in order
+    # the host driver's version, for the hook's CUDA forward compatibility check
+    driver_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +123,14 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name))
 
 
-def qualified(name: str) -> str:
+def valid_kind(kind: str) -> bool:
+    """Whether CDI accepts ``kind`` (``vendor/class``, e.g. ``nvidia.com/gpu``)."""
+    return bool(_KIND.fullmatch(kind))
+
+
+def qualified(name: str, kind: str = KIND) -> str:
     """``nvidia.com/gpu=<name>``, what ``--device`` takes."""
-    return f"{KIND}={name}"
+    return f"{kind}={name}"
 
 
 def gpu_name(gpu: Gpu) -> str | None:
@@ -133,7 +157,7 @@ def build_spec(inputs: SpecInputs) -> BuiltSpec:
         if gpu.node is None:
             left_out.append(f"GPU {gpu.index}: its device node is unknown (NVML cannot open it)")
             continue
-        nodes = [gpu.node, *(node for mig in gpu.mig for node in mig.nodes)]
+        nodes = [gpu.node, *(node for mig in gpu.mig for node in mig.nodes), *gpu.drm]
         devices += _named(_names(str(gpu.index), gpu.uuid, f"GPU {gpu.index}", left_out), nodes)
         if gpu.healthy:
             everything += nodes
@@ -148,7 +172,7 @@ def build_spec(inputs: SpecInputs) -> BuiltSpec:
             devices += _named(names, [gpu.node, *mig.nodes])
     if everything:
         devices += _named([ALL], everything)
-    document: dict[str, Any] = {"cdiVersion": "", "kind": KIND, "devices": devices}
+    document: dict[str, Any] = {"cdiVersion": "", "kind": inputs.kind, "devices": devices}
     edits = _common_edits(inputs)
     if edits:
         document["containerEdits"] = edits
@@ -192,25 +216,35 @@ def _node(node: DeviceNode) -> dict[str, str]:
 
 def _common_edits(inputs: SpecInputs) -> dict[str, Any]:
     edits: dict[str, Any] = {}
+    if inputs.env:
+        edits["env"] = list(dict.fromkeys(inputs.env))
     if inputs.control_nodes:
         edits["deviceNodes"] = [_node(node) for node in _unique(inputs.control_nodes)]
+    mounts = []
     if inputs.driver_volume is not None:
-        edits["mounts"] = [
-            {
-                "hostPath": inputs.driver_volume,
-                "containerPath": MOUNTPOINT,
-                "options": list(MOUNT_OPTIONS),
-            }
-        ]
-        if inputs.hook is not None:
-            edits["hooks"] = [_hook(inputs.hook)]
+        mounts.append(_mount(inputs.driver_volume, MOUNTPOINT, MOUNT_OPTIONS))
+    seen = {MOUNTPOINT}
+    for file in inputs.host_files:
+        if file.container_path not in seen:
+            seen.add(file.container_path)
+            mounts.append(_mount(file.host_path, file.container_path, file.access.value))
+    if mounts:
+        edits["mounts"] = mounts
+    if inputs.driver_volume is not None and inputs.hook is not None:
+        edits["hooks"] = [_hook(inputs.hook, inputs.driver_version)]
     return edits
 
 
-def _hook(hook: LinkerCacheHook) -> dict[str, Any]:
+def _mount(host_path: str, container_path: str, options: Sequence[str]) -> dict[str, Any]:
+    return {"hostPath": host_path, "containerPath": container_path, "options": list(options)}
+
+
+def _hook(hook: LinkerCacheHook, driver_version: str | None) -> dict[str, Any]:
     args = [posixpath.basename(hook.program), HOOK_COMMAND, "--ldconfig", hook.ldconfig]
     for sub in LIBRARY_DIRS:
         args += ["--folder", f"{MOUNTPOINT}/{sub}"]
+    if driver_version:
+        args += ["--host-driver-version", driver_version]
     return {"hookName": HOOK_NAME, "path": hook.program, "args": args, "timeout": HOOK_TIMEOUT_S}
 
 

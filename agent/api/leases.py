@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -45,6 +45,14 @@ DISCONNECT_POLL_S = 0.25  # how soon a waiting ask notices that its client hung 
 T = TypeVar("T")
 
 LEASES = web.AppKey("leases", LeaseService)
+
+
+# The usage ledger's idle holders by unit name (agent.api.usage.idle_by_unit), when it runs.
+class IdleByUnit(Protocol):
+    def __call__(self) -> dict[str, list[dict[str, Any]]]: ...
+
+
+IDLE_BY_UNIT = web.AppKey("idle_by_unit", IdleByUnit)
 
 
 def _json(status: int, body: object) -> web.Response:
@@ -291,7 +299,13 @@ def make_routes(
         return _refused(answer)
 
     async def list_json(request: web.Request) -> web.StreamResponse:
-        return _json(200, view_json(request.app[LEASES].view()))
+        body = view_json(request.app[LEASES].view())
+        idle = request.app.get(IDLE_BY_UNIT)
+        if idle is not None:  # the usage ledger's idle holders of each unit (docs/usage.md)
+            by_unit = idle()
+            for unit in body["Units"]:
+                unit["Idle"] = by_unit.get(unit["Name"], [])
+        return _json(200, body)
 
     async def list_text(request: web.Request) -> web.StreamResponse:
         return web.Response(text=view_text(request.app[LEASES].view()), content_type="text/plain")

@@ -16,8 +16,11 @@ from urllib.parse import quote
 from aiohttp import web
 
 from agent.api import render_json, render_text
-from agent.api.leases import LEASES, make_routes
+from agent.api.leases import IDLE_BY_UNIT, LEASES, make_routes
 from agent.api.query import query_checked
+from agent.api.usage import OFF as USAGE_OFF
+from agent.api.usage import USAGE, idle_by_unit
+from agent.api.usage import make_routes as usage_routes
 from agent.cdi_spec.writer import CdiSpecWriter
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health import render as health_routes
@@ -28,6 +31,7 @@ from agent.metrics.service import MetricsService
 from agent.node.selection import InvalidParameter
 from agent.node.state import NodeState
 from agent.node.status import StatusService, StatusUnavailable
+from agent.usage.ledger import UsageLedger
 
 log = logging.getLogger("nvidia-docker-plugin.rest")
 
@@ -160,7 +164,7 @@ async def _docker(request: web.Request, as_json: bool) -> web.Response:
             if CDI not in request.app:
                 hint = " (this agent writes no CDI spec: start it with --cdi-spec-dir DIR)"
                 raise InvalidParameter("format", fmt, hint)
-            body = facts.docker_cli_cdi(dev, vol, as_json)
+            body = facts.docker_cli_cdi(dev, vol, as_json, request.app[CDI].naming)
         else:
             raise InvalidParameter("format", fmt, f" (expected {' or '.join(DOCKER_FORMATS)})")
     except InvalidParameter as err:
@@ -204,6 +208,9 @@ async def cdi_spec(request: web.Request) -> web.Response:
             text="no CDI spec: this agent runs without --cdi-spec-dir\n",
             content_type=TEXT,
         )
+    aside = writer.aside  # another producer's spec serves the devices (docs/cdi.md)
+    if aside is not None:
+        return web.Response(status=409, text=f"{aside}\n", content_type=TEXT)
     body = writer.current
     if body is None:
         return web.Response(
@@ -303,6 +310,8 @@ def create_app(
     cdi: CdiSpecWriter | None = None,
     leases: LeaseService | None = None,
     remote_lease_writes: bool = False,
+    usage: UsageLedger | None = None,
+    usage_off: str | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -328,6 +337,14 @@ def create_app(
         app[LEASES] = leases
         for method, path, handler in make_routes(remote_writes=remote_lease_writes):
             paths.setdefault(path, {})[method] = handler
+    # The usage routes (docs/usage.md): without a ledger they say why there is none.
+    if usage is not None:
+        app[USAGE] = usage
+        app[IDLE_BY_UNIT] = lambda: idle_by_unit(usage)
+    if usage_off is not None:
+        app[USAGE_OFF] = usage_off
+    for method, path, handler in usage_routes(app[METRICS].hostname):
+        paths.setdefault(path, {})[method] = handler
 
     def wrapped(handler: Handler) -> Handler:
         for wrap in reversed(around):

@@ -64,6 +64,7 @@ MAX_NAME_CHARS = 256  # Docker's names are [a-zA-Z0-9][a-zA-Z0-9_.-]*, in practi
 # An image reference: a name of at most 255 characters (the distribution spec), a tag of at
 # most 128 and a digest ("@sha256:" and 64 hex digits) fit in 512.
 MAX_IMAGE_CHARS = 512
+MAX_LABEL_CHARS = 256  # a label value kept (Compose's project and service names are short)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -76,6 +77,9 @@ class ContainerFacts:
     id: str  # the full 64-hex id
     name: str | None  # without Docker's leading "/"; bounded and printable (see above)
     image: str | None  # as the container was created from: "pytorch/pytorch:2.3.1-cuda12.1"
+    # The labels the client was asked to keep (``DockerEngine.wanted_labels``), sorted by key;
+    # each value bounded and printable as the name is.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 class DockerEngine(EngineClient):
@@ -94,6 +98,9 @@ class DockerEngine(EngineClient):
         what: str = "the Docker engine",
     ):
         super().__init__(socket_path, timeout_s, what=what)
+        # The label keys whose values the facts keep (the usage ledger's owner labels, its
+        # idle policy label); every other label is dropped as it is read.
+        self.wanted_labels: frozenset[str] = frozenset()
 
     async def inspect(self, container_id: str) -> ContainerFacts | None:
         """The container's name and image; ``None`` when the engine has no such container.
@@ -109,10 +116,12 @@ class DockerEngine(EngineClient):
         if body is None:
             return None
         bad = self.bad_answer(about)
-        return _facts(container_id, parse_answer(body, bad), bad)
+        return _facts(container_id, parse_answer(body, bad), bad, self.wanted_labels)
 
 
-def _facts(container_id: str, body: object, bad: str) -> ContainerFacts:
+def _facts(
+    container_id: str, body: object, bad: str, wanted: frozenset[str] = frozenset()
+) -> ContainerFacts:
     """The facts of a parsed answer: its fields, bounded; ``BadAnswer`` for no object."""
     if not isinstance(body, dict):
         raise BadAnswer(f"{bad}: it is not a JSON object (a container)")
@@ -126,4 +135,17 @@ def _facts(container_id: str, body: object, bad: str) -> ContainerFacts:
         if isinstance(name, str)
         else None,
         image=bounded_text(image, MAX_IMAGE_CHARS) if isinstance(image, str) else None,
+        labels=_labels(config.get("Labels") if isinstance(config, dict) else None, wanted),
     )
+
+
+def _labels(labels: object, wanted: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """The wanted labels of ``Config.Labels`` whose values are strings, sorted by key."""
+    if not wanted or not isinstance(labels, dict):
+        return ()
+    kept = [
+        (key, bounded_text(value, MAX_LABEL_CHARS) or "")
+        for key, value in labels.items()
+        if isinstance(key, str) and key in wanted and isinstance(value, str)
+    ]
+    return tuple(sorted(kept))

@@ -56,6 +56,7 @@ class ProcessOwner:
     container_name: str | None = None
     image: str | None = None
     mesos_container: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # the engines' wanted labels (ContainerFacts)
 
     @property
     def in_container(self) -> bool:
@@ -122,6 +123,15 @@ class Attributor:
             pid: _owner(place, facts.get((place.kind, place.container_id or "")))
             for pid, place in places.items()
         }
+
+    async def container(self, container_id: str) -> tuple[OwnerKind, ContainerFacts] | None:
+        """A container's engine and facts, by its id (a lease's container), from the cache
+        or the engines (Docker's first); None when no engine knows it (or none answers)."""
+        for kind in self.engines:
+            facts = (await self._facts([(kind, container_id)])).get((kind, container_id))
+            if facts is not None:
+                return kind, facts
+        return None
 
     async def _facts(self, keys: Iterable[_Key]) -> dict[_Key, ContainerFacts]:
         now = self._clock()
@@ -249,6 +259,7 @@ def _owner(place: CgroupPlace, facts: ContainerFacts | None) -> ProcessOwner:
         container_name=facts.name if facts else None,
         image=facts.image if facts else None,
         mesos_container=mesos,
+        labels=facts.labels if facts else (),
     )
 
 

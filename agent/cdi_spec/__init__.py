@@ -1,1 +1,2 @@
-"""The CDI spec on disk: the node's facts as spec inputs, and the writer that keeps it current."""
+"""The CDI spec on disk: the node's facts and host files as spec inputs, the other specs
+of the directories engines read, and the writer that keeps ours current beside them."""

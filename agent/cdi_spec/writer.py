@@ -14,6 +14,17 @@ else at its name is replaced. Rewrites run one at a time; node changes that arri
 meanwhile fold into one more rewrite with the latest facts. A spec with the same bytes as
 the file is not rewritten.
 
+Each rewrite also finds the host files containers get (``agent.cdi_spec.host_files``) and
+looks at the other specs in the directories engines read (``agent.cdi_spec.other_specs``;
+a poll every ``WATCH_INTERVAL_S`` asks whether they changed, and a change rewrites). When
+another spec in the directory engines read ours from defines some of our devices, engines
+would drop those devices from both: the agent then *steps aside*, removes its spec and
+leaves the kind to the other one, says so once (``agent.cdi_spec.beside``) and answers
+``/docker/cli?format=cdi`` with that spec's names (``naming``); its spec comes back when the
+other goes. Another spec elsewhere is only warned about: engines take each device from the
+later directory of their list, so one of the two serves it (docs/cdi.md, "Beside NVIDIA's
+toolkit").
+
 A rewrite that fails (a full disk, a directory at the spec's name, a volume that cannot be
 built) is one log line; it is tried again after ``RETRY_FIRST_S``, then after twice as long
 each time up to ``RETRY_MAX_S``, at once when the node changes, and at ``SIGHUP``
@@ -37,9 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import files
-from agent.cdi_spec.inputs import ROOT, spec_inputs
+from agent.cdi_spec.beside import Beside, aside_reason
+from agent.cdi_spec.host_files import HostFiles, find_host_files
+from agent.cdi_spec.inputs import OWN_NAMING, ROOT, CdiNaming, spec_inputs
+from agent.cdi_spec.other_specs import OtherSpecs
 from agent.node.facts import NodeFacts
-from cdi import spec
+from cdi import others, spec
 from plugin.volume_specs import VOLUMES
 from plugin.volumes import VolumeStore
 
@@ -53,6 +67,7 @@ FILE_MODE = 0o644
 MAX_SPEC_BYTES = 4 * 1024 * 1024
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
+WATCH_INTERVAL_S = 2.0  # how often the other specs' directories are looked at
 HOOK_PROGRAM = "nvidia-docker-cdi-hook"
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 
@@ -110,8 +125,11 @@ def readers_find(spec_file: Path, scanned: tuple[Path, ...] = SCANNED_DIRS) -> b
 @dataclass(frozen=True, slots=True)
 class CdiSettings:
     spec_dir: Path
-    dev_root: Path = ROOT
+    dev_root: Path = ROOT  # where device nodes and the driver's host files are
     hook: spec.LinkerCacheHook | None = None
+    kind: str = spec.KIND
+    scanned_dirs: tuple[Path, ...] = SCANNED_DIRS  # where engines look, in their order
+    watch_interval_s: float = WATCH_INTERVAL_S
 
 
 class CdiSpecWriter:
@@ -139,6 +157,11 @@ class CdiSpecWriter:
         self._quiet.set()
         self._checked_readers = False
         self.failure: str | None = None  # why the last rewrite failed; None once one works
+        self._facts: NodeFacts | None = None  # the latest facts, for a rewrite of the poll
+        self._others = OtherSpecs((*settings.scanned_dirs, settings.spec_dir), self.path)
+        self._beside = Beside(self.path, settings.kind, settings.scanned_dirs)
+        self._standing = others.Standing()
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def path(self) -> Path:
@@ -146,22 +169,48 @@ class CdiSpecWriter:
 
     @property
     def current(self) -> bytes | None:
-        """The spec as last written (or found already written); None before that."""
+        """The spec as last written (or found already written); None before that, and
+        while the agent steps aside."""
         return self._current
 
-    def build(self, facts: NodeFacts, driver_volume: Path | None) -> spec.BuiltSpec:
+    @property
+    def aside(self) -> str | None:
+        """Why the agent stepped aside for another spec, one line; None when it did not."""
+        if not self._standing.aside:
+            return None
+        return aside_reason(self._standing, self.settings.kind)
+
+    @property
+    def naming(self) -> CdiNaming:
+        """The spec in force, for ``/docker/cli?format=cdi``: ours, or the one ours stepped
+        aside for (its names)."""
+        if self._standing.aside:
+            source = ", ".join(sorted(other.path for other in self._standing.clashing))
+            return CdiNaming(self.settings.kind, self._standing.names_in_force, source)
+        if self.settings.kind != OWN_NAMING.kind:
+            return CdiNaming(self.settings.kind)
+        return OWN_NAMING
+
+    def build(
+        self, facts: NodeFacts, driver_volume: Path | None, host: HostFiles | None = None
+    ) -> spec.BuiltSpec:
+        host = host or HostFiles()
         inputs = spec_inputs(
             facts.node,
             unhealthy=self._unhealthy(facts),
             driver_volume=driver_volume,
             hook=self.settings.hook,
             dev_root=self.settings.dev_root,
+            kind=self.settings.kind,
+            host_files=host.mounts,
+            drm=host.drm,
         )
         return spec.build_spec(inputs)
 
     async def write(self, facts: NodeFacts) -> bool:
         """Write the spec for ``facts`` once; False (one line logged) when it could not be,
         and the previous spec stays. ``start`` and node changes retry; this does not."""
+        self._facts = facts
         failure = await self._attempt(facts)
         if failure is not None:
             log.error("%s", failure)
@@ -174,9 +223,15 @@ class CdiSpecWriter:
             volume = await asyncio.to_thread(self._ensure_volume, version)
         except Exception as err:
             return self._failed(f"the driver volume of driver {version} cannot be built ({err})")
-        built = self.build(facts, volume)
+        root = self.settings.dev_root
+        host = await asyncio.to_thread(find_host_files, facts.node, volume, root)
+        built = self.build(facts, volume, host)
         if not built.document["devices"]:
             return self._failed("no GPU can be named")
+        ours = frozenset(built.device_names)
+        standing, our_dirs = await asyncio.to_thread(self._stand, ours)
+        if standing.aside:
+            return await self._step_aside(standing, ours, our_dirs)
         data = spec.encode(built.document)
         on_disk, found = await asyncio.to_thread(self._read)
         if found is not None:
@@ -194,18 +249,21 @@ class CdiSpecWriter:
             return self._failed(_os_reason(err, self.path))
         changed = on_disk != data
         self._current = data
+        self._standing = standing
+        self._beside.tell(standing, ours, our_dirs)
         if self.failure is not None:
             log.info("CDI spec %s: written again after the failure", self.path)
         self.failure = None
         if not self._checked_readers:
             self._checked_readers = True
-            if not readers_find(self.path):
+            scanned = self.settings.scanned_dirs
+            if not readers_find(self.path, scanned):
                 log.warning(
                     "CDI readers (Podman; Docker 25+ by default) scan %s only, and none of "
-                    "them holds %s or a link to it: link /var/run/cdi/%s to it (docs/cdi.md)",
-                    " and ".join(map(str, SCANNED_DIRS)),
+                    "them holds %s or a link to it: link %s to it (docs/cdi.md)",
+                    " and ".join(map(str, scanned)),
                     self.path,
-                    SPEC_NAME,
+                    scanned[-1] / SPEC_NAME,
                 )
         for line in built.left_out:
             log.warning("CDI spec: %s", line)
@@ -218,6 +276,32 @@ class CdiSpecWriter:
             len(built.device_names),
         )
         return None
+
+    def _stand(self, ours: frozenset[str]) -> tuple[others.Standing, frozenset[str]]:
+        """Where ours stands among the other specs now, and the directories it is read from
+        (blocking)."""
+        found = self._others.read()
+        our_dirs = self._others.our_directories()
+        return others.standing(self.settings.kind, ours, our_dirs, found), our_dirs
+
+    async def _step_aside(
+        self, standing: others.Standing, ours: frozenset[str], our_dirs: frozenset[str]
+    ) -> str | None:
+        """Remove our spec, so that the other one in its directory serves the devices."""
+        try:
+            await asyncio.to_thread(self._remove)
+        except OSError as err:
+            return self._failed(f"cannot be removed to step aside ({_os_reason(err, self.path)})")
+        self._current = None
+        self._standing = standing
+        self._beside.tell(standing, ours, our_dirs)
+        self.failure = None
+        return None
+
+    def _remove(self) -> None:
+        """Unlink whatever is at our spec's name (a directory there is no spec: left)."""
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(self.path)
 
     def _failed(self, why: str) -> str:
         self.failure = why
@@ -236,11 +320,29 @@ class CdiSpecWriter:
             return None, str(err).removeprefix(f"CDI spec {self.path} ")
 
     def start(self, facts: NodeFacts) -> None:
-        """Write the spec for ``facts`` soon, retrying until it is written (in the loop)."""
+        """Write the spec for ``facts`` soon, retrying until it is written, and watch the
+        other specs (in the loop)."""
         self.on_node_change(facts)
+        if self._watch_task is None:
+            loop = asyncio.get_running_loop()
+            self._watch_task = loop.create_task(self._watch(), name="cdi-other-specs")
+
+    async def _watch(self) -> None:
+        """Every ``watch_interval_s``: rewrite when the other specs changed (not while a
+        failed rewrite waits for its retry: that one looks again)."""
+        while True:
+            await asyncio.sleep(self.settings.watch_interval_s)
+            try:
+                changed = await asyncio.to_thread(self._others.changed)
+            except Exception:  # a bug of ours: the next poll asks again
+                log.debug("CDI spec directories could not be looked at", exc_info=True)
+                continue
+            if changed and self.failure is None and self._facts is not None:
+                self.on_node_change(self._facts)
 
     def on_node_change(self, facts: NodeFacts) -> None:
         """A ``NodeState`` listener (called in the event loop): rewrite soon, one at a time."""
+        self._facts = facts
         self._wanted = facts
         self._poke.set()
         self._quiet.clear()  # the drain sets it again when done, or waiting to retry
@@ -288,15 +390,17 @@ class CdiSpecWriter:
 
     async def close(self) -> None:
         """Stop rewriting; the spec stays on disk (see the module docstring)."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._watch_task, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._current is not None:
             log.info(
-                "Leaving the CDI spec %s in place: containers that name nvidia.com/gpu "
-                "devices still start while the agent is down",
+                "Leaving the CDI spec %s in place: containers that name %s devices still "
+                "start while the agent is down",
                 self.path,
+                self.settings.kind,
             )
 
 

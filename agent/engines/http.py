@@ -153,6 +153,28 @@ class EngineClient:
         except TimeoutError:
             raise EngineError(f"{self.where} did not answer within {limit_s:g} s") from None
 
+    async def post(self, path: str, about: str, *, timeout_s: float | None = None) -> int:
+        """``POST path`` with no body (``/containers/<id>/stop``): the answer's status
+        (its body, bounded, is read and dropped). ``EngineError`` when the engine cannot be
+        asked or does not answer within ``timeout_s`` (else the client's)."""
+        limit_s = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            async with asyncio.timeout(limit_s), self._slots:
+                reader, writer = await self._connect(path, method="POST")
+                try:
+                    status, headers = await self._head(reader, about)
+                    with contextlib.suppress(EngineError, asyncio.IncompleteReadError, OSError):
+                        await read_body(reader, headers, self.bad_answer(about), MAX_HEAD_BYTES)
+                    return status
+                except (OSError, asyncio.IncompleteReadError) as err:
+                    raise BadAnswer(
+                        f"{self.bad_answer(about)}: {err or 'it ended early'}"
+                    ) from None
+                finally:
+                    await _close(writer)
+        except TimeoutError:
+            raise EngineError(f"{self.where} did not answer within {limit_s:g} s") from None
+
     async def stream(self, path: str, about: str) -> LineStream:
         """``GET path`` opened as a stream of lines (``LineStream``): connected and its head
         read within the client's ``timeout_s``, then read for as long as the engine sends.
@@ -180,7 +202,9 @@ class EngineClient:
             await _close(writer)
             raise
 
-    async def _connect(self, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(
+        self, path: str, *, method: str = "GET"
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             reader, writer = await asyncio.open_unix_connection(
                 str(self.socket_path), limit=MAX_HEAD_BYTES
@@ -188,9 +212,10 @@ class EngineClient:
         except OSError as err:
             hint = self.access_hint if err.errno == errno.EACCES else ""
             raise EngineError(f"cannot reach {self.where}: {err}{hint}") from None
+        body_length = "Content-Length: 0\r\n" if method != "GET" else ""
         writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: nvidia-docker-plugin\r\n"
-            "Accept: application/json\r\nConnection: close\r\n\r\n".encode("ascii")
+            f"{method} {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: nvidia-docker-plugin\r\n"
+            f"Accept: application/json\r\n{body_length}Connection: close\r\n\r\n".encode("ascii")
         )
         return reader, writer
 

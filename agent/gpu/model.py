@@ -185,6 +185,38 @@ class RemappedRows:
 
 
 @dataclass(frozen=True, slots=True)
+class Profiling:
+    """What the GPU's performance monitors (NVML's GPM, Hopper and later) measured over the
+    last interval between two samples, in GPM's own units (percent, MiB per second).
+
+    A value the GPU cannot measure, or that no pair of recent samples gives, is ``None``.
+    """
+
+    graphics_pct: float | None = None  # time any graphics or compute engine was active
+    sm_pct: float | None = None  # SMs with at least one warp assigned
+    sm_occupancy_pct: float | None = None  # resident warps against the SMs' maximum
+    tensor_pct: float | None = None  # cycles any tensor pipe was active
+    dram_pct: float | None = None  # device memory bandwidth used against its peak
+    pcie_tx_mib_s: float | None = None  # PCIe traffic from the GPU, headers included
+    pcie_rx_mib_s: float | None = None  # PCIe traffic to the GPU
+    nvlink_tx_mib_s: float | None = None  # NVLink traffic from the GPU, every link
+    nvlink_rx_mib_s: float | None = None  # NVLink traffic to the GPU
+    interval_s: float | None = None  # how far apart the two samples were
+
+
+UNKNOWN_PROFILING = Profiling()
+
+
+@dataclass(frozen=True, slots=True)
+class MigTelemetry:
+    """Live values of one MIG device (``MigDevice.index`` on its GPU), for ``/metrics``."""
+
+    index: int
+    framebuffer: FrameBuffer = FrameBuffer()  # the MIG device's own memory
+    profiling: Profiling = UNKNOWN_PROFILING  # its GPU instance's performance monitors
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceTelemetry:
     """Live values that only ``/metrics`` exports (dcgm-exporter's fields).
 
@@ -198,6 +230,8 @@ class DeviceTelemetry:
     pcie_replay_count: int | None = None  # PCIe link retries since the driver was loaded
     framebuffer: FrameBuffer = FrameBuffer()
     remapped_rows: RemappedRows = RemappedRows()
+    profiling: Profiling = UNKNOWN_PROFILING  # the whole GPU's performance monitors
+    mig_devices: tuple[MigTelemetry, ...] = ()  # in MIG index order; empty unless MIG is on
 
 
 UNKNOWN_TELEMETRY = DeviceTelemetry()

@@ -44,8 +44,9 @@ SCHEMA = "nvidia-docker-node/1"
 BUILTIN_NODES = ("h200", "h200x2", "hgx-h200-8", "h200x2-mig")
 
 MAX_BYTES = 1024 * 1024  # a node file's size bound (the module docstring says why)
-# How deep a node file may nest: its own structure goes 6 levels deep (the top object >
-# devices > a device > status > telemetry > remapped_rows); the rest is room for notes.
+# How deep a node file may nest: its own structure goes 8 levels deep (the top object >
+# devices > a device > status > telemetry > mig_devices > a MIG device > profiling); the
+# rest is room for notes.
 MAX_DEPTH = 32
 # How many GPUs a node file may describe: the largest machines have 16 (DGX-2, HGX-2); the
 # agent keeps a thread per GPU in the worker's pools and a block per GPU in every answer.
@@ -69,6 +70,7 @@ class SimulatedDevice:
     row_remap_failure: bool = False
     row_remap_pending: bool = False
     retired_pages_pending: bool = False
+    recovery_action: int | None = None  # what the driver asks for (DeviceCheck's); None: not said
 
 
 # The kinds of simulated events: two NVML delivers, and the GPU coming back after a reset.
@@ -77,12 +79,14 @@ SIMULATED_EVENT_KINDS = ("xid", "double_bit_ecc", "answers_again")
 
 @dataclass(frozen=True, slots=True)
 class SimulatedEvent:
-    """One entry of a node file's ``events``: delivered once, by ``id``."""
+    """One entry of a node file's ``events``: delivered once, by ``id``; ``mig``: the MIG
+    device of ``gpu`` the driver attributes it to (its GPU and compute instance)."""
 
     id: str
     gpu: int
     kind: str  # one of SIMULATED_EVENT_KINDS
     xid: int | None = None
+    mig: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +236,12 @@ def _parse(raw: object) -> NodeFile:
         devices=tuple(simulated),
         status_call_s=timing.status_call_s,
         pcie_sample_s=timing.pcie_sample_s,
-        events=_events(raw.get("events"), len(infos)),
+        events=_events(raw.get("events"), infos),
     )
 
 
-def _events(raw: object, count: int) -> tuple[SimulatedEvent, ...]:
+def _events(raw: object, devices: Sequence[DeviceInfo]) -> tuple[SimulatedEvent, ...]:
+    count = len(devices)
     if raw is None:
         return ()
     if not isinstance(raw, list | tuple):
@@ -264,7 +269,18 @@ def _events(raw: object, count: int) -> tuple[SimulatedEvent, ...]:
         xid = entry.get("xid")
         if kind == "xid" and (isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0):
             raise NodeFileError(f"{where}.xid: expected the XID number (an integer > 0)")
-        events.append(SimulatedEvent(str(ident), gpu, str(kind), xid if kind == "xid" else None))
+        mig = entry.get("mig")
+        migs = [m.index for m in devices[gpu].mig_devices]
+        bad_mig = isinstance(mig, bool) or not isinstance(mig, int) or mig not in migs
+        if mig is not None and (kind == "answers_again" or bad_mig):
+            have = ", ".join(map(str, migs)) or "none"
+            raise NodeFileError(
+                f"{where}.mig: expected the index of one of GPU {gpu}'s MIG devices ({have}), "
+                "on an xid or double_bit_ecc event"
+            )
+        events.append(
+            SimulatedEvent(str(ident), gpu, str(kind), xid if kind == "xid" else None, mig)
+        )
     return tuple(events)
 
 
@@ -279,9 +295,15 @@ def _simulated(dev: Mapping[str, Any], where: str) -> SimulatedDevice:
         if value is not None and not isinstance(value, bool):
             raise NodeFileError(f"{where}.{name}: expected true, false or null, got {_show(value)}")
         flags[name] = bool(value)
+    recovery = dev.get("recovery_action")
+    if recovery is not None and (
+        isinstance(recovery, bool) or not isinstance(recovery, int) or not 0 <= recovery < 2**32
+    ):
+        raise NodeFileError(f"{where}.recovery_action: expected an integer >= 0 or null")
     return SimulatedDevice(
         status=codec.from_json(DeviceStatus, status, f"{where}.status"),
         throughput=codec.from_json(PcieThroughput, status.get("pcie"), f"{where}.status.pcie"),
+        recovery_action=recovery,
         **flags,
     )
 

@@ -43,7 +43,8 @@ from agent.gpu.model import (
     PeerLink,
     Utilization,
 )
-from agent.gpu.nvml_telemetry import SLOW_FIELD_IDS, field_values, read_telemetry
+from agent.gpu.nvml_gpm import GpmSampler
+from agent.gpu.nvml_telemetry import SLOW_FIELD_IDS, field_values, mig_handles, read_telemetry
 from agent.gpu.nvml_topology import node_topology, normalize_bus_id
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,9 @@ class NvmlBackend:
         # The same for the slow field values (the energy and PCIe replay counters, 3.3 ms a
         # GPU on an H200: nvml_telemetry.SLOW_FIELD_IDS); None until the first sample.
         self._slow_fields: list[dict[int, int] | None] = [None] * len(handles)
+        # Profiling (GPM) samples, taken with the PCIe counters; MIG devices' own handles.
+        self._gpm = GpmSampler(handles, info.devices)
+        self._mig_handles = mig_handles(handles, info.devices)
 
     @classmethod
     def start(
@@ -256,7 +260,15 @@ class NvmlBackend:
             ),
             bar1_used_mib=bar1_used_mib,
             processes=self._processes(handle),
-            telemetry=read_telemetry(handle, _int(power.value), memory, self._slow_fields[index]),
+            telemetry=read_telemetry(
+                handle,
+                _int(power.value),
+                memory,
+                self._slow_fields[index],
+                profiling=self._gpm.profiling(index),
+                migs=self._mig_handles[index],
+                mig_profiling=self._gpm.mig_profiling(index),
+            ),
         )
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
@@ -296,6 +308,7 @@ class NvmlBackend:
         self._bar1_used_mib[index] = self._read_bar1_used(handle)
         self._bar1_sampled[index] = True
         self._slow_fields[index] = field_values(handle, SLOW_FIELD_IDS)
+        self._gpm.sample(index)
         return PcieThroughput(rx_mbps=_kbps_to_mbps(rx.value), tx_mbps=_kbps_to_mbps(tx))
 
     @staticmethod
@@ -315,6 +328,7 @@ class NvmlBackend:
             if self._closed:
                 return
             self._closed = True
+        self._gpm.close()
         try:
             nvml.call("nvmlShutdown")
         except nvml.NvmlCallError as err:

@@ -4,10 +4,14 @@
   for the critical XID and double-bit ECC events it supports
   (``nvmlDeviceGetSupportedEventTypes``); ``wait`` is ``nvmlEventSetWait``, run by one
   thread of the worker. A GPU that supports neither is logged once and left to the checks.
+  On a GPU in MIG mode an event carries the GPU instance and compute instance the driver
+  attributes it to (``gpuInstanceId``, ``computeInstanceId``; ``0xFFFFFFFF``: none).
 - ``check_device(handle)`` is one sweep of one GPU: does it answer (power draw, as the
   status read), row remapping (``nvmlDeviceGetRemappedRows``: failure, pending), retired
-  pages pending (``nvmlDeviceGetRetiredPagesPendingStatus``, the pre-Ampere mechanism) and
-  the volatile double-bit ECC count (a reset clears it). "Not supported" counts as "no".
+  pages pending (``nvmlDeviceGetRetiredPagesPendingStatus``, the pre-Ampere mechanism), the
+  volatile double-bit ECC count (a reset clears it) and the recovery action the driver asks
+  for (field value ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, on drivers that have it). "Not
+  supported" counts as "no".
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from agent.gpu import nvml_query as nvml
 from agent.gpu.health import DOUBLE_BIT_ECC, XID, DeviceCheck, HealthEvent
+from agent.gpu.nvml_telemetry import field_values
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,8 @@ ERROR_TIMEOUT = 10  # NVML_ERROR_TIMEOUT: nvmlEventSetWait had nothing to delive
 MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t
 VOLATILE_ECC = 0  # nvmlEccCounterType_t
 ENABLED = 1  # nvmlEnableState_t: retired pages pending
+NO_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId/computeInstanceId: not a MIG instance's
+FI_GET_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 
 class NvmlEventWatch:
@@ -95,12 +102,24 @@ def _event(data: Any) -> HealthEvent | None:
     if not isinstance(index, int) or not isinstance(event_type, int):
         return None
     now = time.time()
+    gi = _instance(getattr(data, "gpuInstanceId", None))
+    ci = _instance(getattr(data, "computeInstanceId", None)) if gi is not None else None
     if event_type & EVENT_XID_CRITICAL:
         xid = getattr(data, "eventData", None)
-        return HealthEvent(index, XID, int(xid) if isinstance(xid, int) else None, now)
+        number = int(xid) if isinstance(xid, int) else None
+        return HealthEvent(index, XID, number, now, gpu_instance_id=gi, compute_instance_id=ci)
     if event_type & EVENT_DOUBLE_BIT_ECC:
-        return HealthEvent(index, DOUBLE_BIT_ECC, None, now)
+        return HealthEvent(
+            index, DOUBLE_BIT_ECC, None, now, gpu_instance_id=gi, compute_instance_id=ci
+        )
     return None
+
+
+def _instance(value: Any) -> int | None:
+    """A MIG instance id of an event; None for ``0xFFFFFFFF`` (none) and anything odd."""
+    if isinstance(value, bool) or not isinstance(value, int) or value == NO_INSTANCE:
+        return None
+    return value if 0 <= value < NO_INSTANCE else None
 
 
 def check_device(handle: Any | None) -> DeviceCheck:
@@ -115,12 +134,14 @@ def check_device(handle: Any | None) -> DeviceCheck:
         pending, failure = bool(rows[2]), bool(rows[3])
     retired = nvml.query("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     dbe = nvml.query("nvmlDeviceGetTotalEccErrors", handle, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC)
+    recovery = field_values(handle, (FI_GET_GPU_RECOVERY_ACTION,)).get(FI_GET_GPU_RECOVERY_ACTION)
     return DeviceCheck(
         answering=True,
         row_remap_failure=failure,
         row_remap_pending=pending,
         retired_pages_pending=retired == ENABLED,
         volatile_dbe=dbe if isinstance(dbe, int) and not isinstance(dbe, bool) else None,
+        recovery_action=recovery,
     )
 
 

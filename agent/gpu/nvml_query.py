@@ -221,6 +221,12 @@ def attempt_first(funcs: tuple[str, ...], *args: Any) -> Outcome:
     return _report(funcs[0], Outcome(None, ERROR_FUNCTION_NOT_FOUND))
 
 
+def pynvml_name(name: str) -> Any:
+    """A pynvml type or constant that is no call (a ctypes structure such as
+    ``c_nvmlGpmMetricsGet_t``), looked up as calls are; None when pynvml has none."""
+    return getattr(pynvml, name, None)
+
+
 def call(func: str, *args: Any) -> Any:
     """Call ``pynvml.<func>(*args)`` and raise ``NvmlCallError`` when it fails."""
     fn = _function(func)

@@ -13,14 +13,27 @@ reading them at every status request made a status read 50 times slower (81 us -
 ms). They are ``SLOW_FIELD_IDS``: the background sampler reads them with the PCIe
 counters (``NvmlBackend.pcie_throughput``, about once a second) and status serves that
 sample; both are counters that Prometheus rates over minutes.
+
+On a GPU in MIG mode each MIG device's memory is read too (``nvmlDeviceGetMemoryInfo`` of
+its handle, kept from the start: ``mig_handles``), and the profiling values of the GPU and
+of its GPU instances are the GPM sampler's (``agent.gpu.nvml_gpm``), passed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.gpu import nvml_query as nvml
-from agent.gpu.model import DeviceTelemetry, FrameBuffer, RemappedRows
+from agent.gpu.model import (
+    UNKNOWN_PROFILING,
+    DeviceInfo,
+    DeviceTelemetry,
+    FrameBuffer,
+    MigTelemetry,
+    Profiling,
+    RemappedRows,
+)
 
 MIB = 1024 * 1024
 
@@ -56,12 +69,25 @@ _VALUE_MEMBERS = {
 }
 
 
+# One GPU's MIG devices: (MIG device index, its GPU instance id, its NVML handle).
+MigHandles = tuple[tuple[int, int | None, Any], ...]
+
+
 def read_telemetry(
-    handle: Any, power_mw: int | None, memory_v1: Any, slow_fields: dict[int, int] | None = None
+    handle: Any,
+    power_mw: int | None,
+    memory_v1: Any,
+    slow_fields: dict[int, int] | None = None,
+    *,
+    profiling: Profiling = UNKNOWN_PROFILING,
+    migs: MigHandles = (),
+    mig_profiling: Mapping[int, Profiling] | None = None,
 ) -> DeviceTelemetry:
     """The telemetry of one GPU; ``power_mw`` and ``memory_v1`` are what the status read
     already has (the draw, and the version-1 memory answer used when v2 is missing);
-    ``slow_fields`` the sampler's last reading of ``SLOW_FIELD_IDS`` (None: read them now)."""
+    ``slow_fields`` the sampler's last reading of ``SLOW_FIELD_IDS`` (None: read them now);
+    ``profiling`` and ``mig_profiling`` (by GPU instance id) the GPM sampler's last values;
+    ``migs`` the GPU's MIG devices, whose memory is read now."""
     if slow_fields is None:
         fields = field_values(handle, FIELD_IDS)
     else:
@@ -78,6 +104,46 @@ def read_telemetry(
             pending=_flag(fields.get(FI_REMAPPED_PENDING)),
             failed=_flag(fields.get(FI_REMAPPED_FAILURE)),
         ),
+        profiling=profiling,
+        mig_devices=tuple(
+            MigTelemetry(
+                index=mig,
+                framebuffer=mig_framebuffer(mig_handle),
+                profiling=(mig_profiling or {}).get(gi, UNKNOWN_PROFILING)
+                if gi is not None
+                else UNKNOWN_PROFILING,
+            )
+            for mig, gi, mig_handle in migs
+        ),
+    )
+
+
+def mig_handles(handles: Sequence[Any | None], devices: Sequence[DeviceInfo]) -> list[MigHandles]:
+    """Per GPU, the handles of its MIG devices (read once: the MIG layout is the node's
+    static facts); a MIG device NVML cannot open now is left out."""
+    found: list[MigHandles] = []
+    for device in devices:
+        handle = handles[device.index] if device.index < len(handles) else None
+        entries = []
+        for mig in device.mig_devices if handle is not None else ():
+            mig_handle = nvml.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, mig.index)
+            if mig_handle is not None:
+                entries.append((mig.index, mig.gpu_instance_id, mig_handle))
+        found.append(tuple(entries))
+    return found
+
+
+def mig_framebuffer(handle: Any) -> FrameBuffer:
+    """A MIG device's own memory: used, free (and reserved, where the v2 call answers)."""
+    memory = nvml.query("nvmlDeviceGetMemoryInfo", handle, MEMORY_INFO_V2)
+    if memory is None:
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
+    if memory is None:
+        return FrameBuffer()
+    return FrameBuffer(
+        used_mib=_mib(getattr(memory, "used", None)),
+        free_mib=_mib(getattr(memory, "free", None)),
+        reserved_mib=_mib(getattr(memory, "reserved", None)),
     )
 
 

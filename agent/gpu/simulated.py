@@ -11,6 +11,10 @@ the ``events`` it has not delivered yet, each once, as ``nvmlEventSetWait`` woul
 already in the file when the backend starts are history: NVML delivers only what happens
 after it registers. An ``xid`` event 79 makes the GPU lost, as the real "fallen off the bus"
 does; ``answers_again`` brings it back through a reset (one check sees it not answering).
+An event with ``mig`` carries that MIG device's GPU and compute instance ids, as NVML's do
+on a GPU in MIG mode; a device's ``recovery_action`` is what its checks report (a new
+version of the file that sets it back to 0 is a reset no check saw the GPU down for). The
+profiling values (``status.telemetry.profiling``) are served as they are: no sampling.
 A version that cannot be used (not a regular file, too large, too deep, not JSON, not a
 node file: ``nodefile``'s bounds) is one log line, and the previous version stays in force.
 """
@@ -86,6 +90,7 @@ class SimulatedBackend:
             row_remap_pending=device.row_remap_pending,
             retired_pages_pending=device.retired_pages_pending,
             volatile_dbe=device.status.ecc_errors.global_,
+            recovery_action=device.recovery_action,
         )
 
     def event_watch(self) -> SimulatedEventWatch:
@@ -140,7 +145,15 @@ class SimulatedBackend:
             if event.kind == "xid" and event.xid == FALLEN_OFF_THE_BUS_XID:
                 self._lost[event.gpu] = True
             kind = XID if event.kind == "xid" else DOUBLE_BIT_ECC
-            delivered.append(HealthEvent(event.gpu, kind, event.xid, now))
+            gi = ci = None
+            for mig in self._node.info.devices[event.gpu].mig_devices:
+                if event.mig is not None and mig.index == event.mig:
+                    gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+            delivered.append(
+                HealthEvent(
+                    event.gpu, kind, event.xid, now, gpu_instance_id=gi, compute_instance_id=ci
+                )
+            )
         return delivered
 
     def close(self) -> None:

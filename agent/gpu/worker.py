@@ -16,7 +16,10 @@ pool for more, as the daemon did before); PCIe samples run in their own thread, 
 sample (about 40 ms a GPU) never delays a status read; one thread waits for NVML events
 (an unexpected failure there is one log line, and it waits again after a pause that grows
 from ``EVENT_RETRY_FIRST_S`` to ``EVENT_RETRY_MAX_S``: it never ends for good); one sweeps
-health checks every ``--health-interval`` seconds and pushes what changed.
+health checks every ``--health-interval`` seconds and pushes what changed. Both count the
+GPUs' resets (``agent.gpu.resets``): an event's GPU is checked as soon as the event arrives,
+and the event carries the count, so that a reset just after it is not mistaken for one
+before it.
 The worker exits when the daemon says ``stop`` or when its end of the pipe closes (the
 daemon died). SIGINT and SIGTERM are the daemon's to handle: a terminal's Ctrl-C and
 systemd's stop reach the whole process group or unit, and the daemon, which decides when
@@ -35,14 +38,16 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from agent.gpu import nvml_query
 from agent.gpu import worker_protocol as wp
 from agent.gpu.backend import GpuBackend, GpuBackendError
 from agent.gpu.backends import open_backend
-from agent.gpu.health import DeviceCheck, EventWatch, HealthSource
+from agent.gpu.health import DeviceCheck, EventWatch, HealthEvent, HealthSource
 from agent.gpu.model import LOST_DEVICE_STATUS, UNKNOWN_THROUGHPUT, DeviceStatus, PcieThroughput
+from agent.gpu.resets import ResetCounter
 
 log = logging.getLogger("nvidia-docker-plugin.gpu-worker")
 
@@ -77,6 +82,7 @@ class Worker:
         self._pcie_pool = ThreadPoolExecutor(max(1, self._count), thread_name_prefix="pcie")
         self._sampler = ThreadPoolExecutor(1, thread_name_prefix="sample")
         self._threads: list[threading.Thread] = []
+        self._resets = ResetCounter(self._count)
 
     # -- the conversation ------------------------------------------------------------------
 
@@ -187,7 +193,8 @@ class Worker:
             while not self._stopping.is_set():
                 try:
                     for event in watch.wait(EVENT_WAIT_S):
-                        self.send({"push": wp.PUSH_EVENT, "event": wp.encode_event(event)})
+                        counted = self._counted(health, event)
+                        self.send({"push": wp.PUSH_EVENT, "event": wp.encode_event(counted)})
                 except Exception as err:  # the watch never ends for good: one line, a pause
                     log.error(
                         "Watching GPU events failed (%s): watching again in %g s",
@@ -201,10 +208,20 @@ class Worker:
         finally:
             watch.close()
 
+    def _counted(self, health: HealthSource, event: HealthEvent) -> HealthEvent:
+        """``event`` with its GPU's reset count, after a check of that GPU now."""
+        if not 0 <= event.index < self._count:
+            return event
+        check = self._resets.observe(event.index, self._check(health, event.index))
+        return replace(event, resets=check.resets)
+
     def _sweep_checks(self, health: HealthSource) -> None:
         last: list[DeviceCheck] | None = None
         while not self._stopping.is_set():
-            checks = [self._check(health, index) for index in range(self._count)]
+            checks = [
+                self._resets.observe(index, self._check(health, index))
+                for index in range(self._count)
+            ]
             if checks != last:
                 self.send({"push": wp.PUSH_CHECKS, "checks": [wp.encode_check(c) for c in checks]})
                 last = checks

@@ -7,7 +7,10 @@ JSON, one entry per GPU in index order (``dev`` selects, as for the other routes
                  "XID":79,"Since":"2026-11-30T13:17:38Z"}]}
 
 ``Reason`` is one line of words, ``XID`` the XID number when an XID is the reason, ``Since``
-the UTC time it became unhealthy. The health model is in ``agent.gpu.health``; the routes
+the UTC time it became unhealthy. A GPU in MIG mode also has ``MIG``, one entry per MIG
+device (``Index``, ``UUID`` and the same four), so that a MIG device withdrawn on its own is
+seen while its GPU stays healthy; the text form adds a ``Device #0:1: unhealthy ...`` line
+for each such MIG device. The health model is in ``agent.gpu.health``; the routes
 answer 503 while the driver is being replaced, as the status routes do (docs/api.md).
 """
 
@@ -21,14 +24,23 @@ from agent.gpu.model import DeviceInfo
 from agent.health.rule import DeviceHealth, utc_text
 
 
-def _entry(device: DeviceInfo, health: DeviceHealth) -> dict[str, Any]:
+def _state(health: DeviceHealth) -> dict[str, Any]:
     return {
-        "UUID": device.uuid,
         "Healthy": health.healthy,
         "Reason": health.reason,
         "XID": health.xid,
         "Since": utc_text(health.since_s) if health.since_s is not None else None,
     }
+
+
+def _entry(device: DeviceInfo, health: DeviceHealth) -> dict[str, Any]:
+    entry = {"UUID": device.uuid, **_state(health)}
+    if device.mig_devices:
+        entry["MIG"] = [
+            {"Index": mig.index, "UUID": mig.uuid, **_state(health.of_mig(mig.index))}
+            for mig in device.mig_devices
+        ]
+    return entry
 
 
 def health_json(devices: Sequence[DeviceInfo], health: Sequence[DeviceHealth]) -> bytes:
@@ -42,6 +54,14 @@ def health_text(devices: Sequence[DeviceInfo], health: Sequence[DeviceHealth]) -
         if state.healthy:
             lines.append(f"Device #{device.index}: healthy")
         else:
-            since = f" since {utc_text(state.since_s)}" if state.since_s is not None else ""
-            lines.append(f"Device #{device.index}: unhealthy{since}: {state.reason}")
+            lines.append(f"Device #{device.index}: unhealthy{_since(state)}: {state.reason}")
+            continue
+        for mig, mig_state in state.migs:
+            lines.append(
+                f"Device #{device.index}:{mig}: unhealthy{_since(mig_state)}: {mig_state.reason}"
+            )
     return ("\n".join(lines) + "\n").encode()
+
+
+def _since(state: DeviceHealth) -> str:
+    return f" since {utc_text(state.since_s)}" if state.since_s is not None else ""

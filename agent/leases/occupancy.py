@@ -50,7 +50,8 @@ class Occupancy:
         return self.health_of(unit).healthy
 
     def health_of(self, unit: Unit) -> DeviceHealth:
-        return self._health[unit.gpu]
+        """The unit's health: its GPU's, or its own for a MIG device withdrawn alone."""
+        return self._health[unit.gpu].of_mig(unit.mig)
 
     def sharing(self, unit: Unit) -> int:
         return self._settings.sharing_of(unit, self._units.node.devices[unit.gpu].uuid)

@@ -1,15 +1,20 @@
 """The GPU metric families of one sweep, under dcgm-exporter's default names and labels.
 
-Names, units and labels are dcgm-exporter's (its ``etc/default-counters.csv``), so that the
-dashboards and alert rules written for it work unchanged; docs/metrics.md lists each with
-its source. Two deliberate differences in the ``# TYPE`` line only:
+Names, units, types and labels are dcgm-exporter's (its ``etc/default-counters.csv`` and
+its renderer), so that the dashboards and alert rules written for it work unchanged;
+docs/metrics.md lists each with its source. The monotonic fields (energy, PCIe replays,
+remapped rows, ECC counts) are ``counter`` under their own names, without ``_total``, as
+dcgm-exporter writes them: ``agent.metrics.exposition`` renders these families. One
+deliberate difference: ``DCGM_FI_DEV_PCIE_TX_THROUGHPUT``/``RX`` are a throughput (KB/s,
+NVML's ~20 ms sample), which a comment of dcgm-exporter's calls a counter; here they are
+gauges.
 
-- dcgm-exporter declares the monotonic fields (energy, PCIe replays, remapped rows, ECC
-  counts) ``counter``; the Prometheus text format wants counters named ``..._total``, and
-  the names are the point, so they are declared untyped. ``rate()`` and ``increase()``
-  work on them the same (Prometheus does not look at the type).
-- ``DCGM_FI_DEV_PCIE_TX_THROUGHPUT``/``RX`` are a throughput (KB/s, NVML's ~20 ms
-  sample), which dcgm-exporter calls a counter; here they are gauges.
+The profiling families (``DCGM_FI_PROF_*``) are NVML's GPM values (``agent.gpu.nvml_gpm``)
+in DCGM's units: ratios from 0 to 1 where GPM gives percent, bytes per second where it
+gives MiB/s. A GPU in MIG mode also has one series per MIG device for its framebuffer and
+its GPU instance's profiling values, with dcgm-exporter's ``GPU_I_PROFILE`` and ``GPU_I_ID``
+labels, and one ``nvidia_docker_gpu_healthy`` per MIG device. The XID family carries
+dcgm-exporter's ``err_code`` and ``err_msg`` labels.
 
 A value the GPU does not report has no sample at all: never NaN, never -1.
 """
@@ -23,11 +28,12 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from agent.attribution.owners import ProcessOwner
-from agent.gpu.model import DeviceInfo, DeviceStatus, PcieThroughput
+from agent.gpu.model import DeviceInfo, DeviceStatus, MigDevice, PcieThroughput, Profiling
 from agent.health.rule import DeviceHealth
+from agent.health.xid_catalog import xid_message
 
 GAUGE = "gauge"
-UNTYPED = "unknown"  # prometheus_client's name for the text format's "untyped"
+COUNTER = "counter"  # rendered under its own name (agent.metrics.exposition)
 MIB = 1024 * 1024
 
 Value = float | int | None
@@ -37,7 +43,7 @@ Reader = Callable[[DeviceStatus, PcieThroughput], Value]
 @dataclass(frozen=True, slots=True)
 class GpuMetric:
     name: str
-    kind: str  # GAUGE or UNTYPED
+    kind: str  # GAUGE or COUNTER
     help: str
     read: Reader
 
@@ -66,8 +72,8 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
     GpuMetric("DCGM_FI_DEV_GPU_TEMP", GAUGE, "GPU temperature (in C).",
               lambda s, _t: s.temperature_c),
     GpuMetric("DCGM_FI_DEV_POWER_USAGE", GAUGE, "Power draw (in W).", _power_w),
-    GpuMetric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", UNTYPED,
-              "Total energy consumption since the driver was loaded (in mJ); a counter.",
+    GpuMetric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", COUNTER,
+              "Total energy consumption since the driver was loaded (in mJ).",
               lambda s, _t: s.telemetry.total_energy_mj),
     GpuMetric("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", GAUGE,
               "PCIe transmit throughput (in KB/s), the agent's latest PCIe sample.",
@@ -75,8 +81,8 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
     GpuMetric("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", GAUGE,
               "PCIe receive throughput (in KB/s), the agent's latest PCIe sample.",
               lambda _s, t: _kbps(t.rx_mbps)),
-    GpuMetric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", UNTYPED,
-              "Total number of PCIe retries; a counter.",
+    GpuMetric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", COUNTER,
+              "Total number of PCIe retries.",
               lambda s, _t: s.telemetry.pcie_replay_count),
     GpuMetric("DCGM_FI_DEV_GPU_UTIL", GAUGE, "GPU utilization (in %).",
               lambda s, _t: s.utilization.gpu_pct),
@@ -95,20 +101,20 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
               lambda s, _t: s.telemetry.framebuffer.reserved_mib),
     GpuMetric("DCGM_FI_DEV_BAR1_USED", GAUGE, "BAR1 memory used (in MiB).",
               lambda s, _t: s.bar1_used_mib),
-    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L1", UNTYPED,
-              "L1 cache double-bit (uncorrected) volatile ECC errors; a counter.",
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L1", COUNTER,
+              "L1 cache double-bit (uncorrected) volatile ECC errors.",
               lambda s, _t: s.ecc_errors.l1_cache),
-    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L2", UNTYPED,
-              "L2 cache double-bit (uncorrected) volatile ECC errors; a counter.",
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_L2", COUNTER,
+              "L2 cache double-bit (uncorrected) volatile ECC errors.",
               lambda s, _t: s.ecc_errors.l2_cache),
-    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_DEV", UNTYPED,
-              "Device memory double-bit (uncorrected) volatile ECC errors; a counter.",
+    GpuMetric("DCGM_FI_DEV_ECC_DBE_VOL_DEV", COUNTER,
+              "Device memory double-bit (uncorrected) volatile ECC errors.",
               lambda s, _t: s.ecc_errors.global_),
-    GpuMetric("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", UNTYPED,
-              "Number of remapped rows for uncorrectable errors; a counter.",
+    GpuMetric("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", COUNTER,
+              "Number of remapped rows for uncorrectable errors.",
               lambda s, _t: s.telemetry.remapped_rows.uncorrectable),
-    GpuMetric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", UNTYPED,
-              "Number of remapped rows for correctable errors; a counter.",
+    GpuMetric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", COUNTER,
+              "Number of remapped rows for correctable errors.",
               lambda s, _t: s.telemetry.remapped_rows.correctable),
     GpuMetric("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "Whether remapping of rows has failed.",
               lambda s, _t: _flag(s.telemetry.remapped_rows.failed)),
@@ -117,6 +123,60 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
               lambda s, _t: _flag(s.telemetry.remapped_rows.pending)),
 )  # fmt: skip
 
+ProfilingReader = Callable[[Profiling], Value]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingMetric:
+    """A DCGM profiling field from GPM's values (always a gauge)."""
+
+    name: str
+    help: str
+    read: ProfilingReader
+
+
+def _ratio(pct: float | None) -> Value:
+    """GPM's percent as DCGM's ratio (0 to 1)."""
+    return None if pct is None else pct / 100
+
+
+def _bytes_per_s(mib_s: float | None) -> Value:
+    return None if mib_s is None else mib_s * MIB
+
+
+PROFILING_METRICS: tuple[ProfilingMetric, ...] = (
+    ProfilingMetric("DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                    "Ratio of time any graphics or compute engine was active (0 to 1, GPM).",
+                    lambda p: _ratio(p.graphics_pct)),
+    ProfilingMetric("DCGM_FI_PROF_SM_ACTIVE",
+                    "Ratio of cycles an SM had at least one warp assigned (0 to 1, GPM).",
+                    lambda p: _ratio(p.sm_pct)),
+    ProfilingMetric("DCGM_FI_PROF_SM_OCCUPANCY",
+                    "Ratio of resident warps to the SMs' maximum (0 to 1, GPM).",
+                    lambda p: _ratio(p.sm_occupancy_pct)),
+    ProfilingMetric("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                    "Ratio of cycles any tensor pipe was active (0 to 1, GPM).",
+                    lambda p: _ratio(p.tensor_pct)),
+    ProfilingMetric("DCGM_FI_PROF_DRAM_ACTIVE",
+                    "Ratio of device memory bandwidth used to its peak (0 to 1, GPM).",
+                    lambda p: _ratio(p.dram_pct)),
+    ProfilingMetric("DCGM_FI_PROF_PCIE_TX_BYTES",
+                    "PCIe bytes per second sent by the GPU, headers included (GPM).",
+                    lambda p: _bytes_per_s(p.pcie_tx_mib_s)),
+    ProfilingMetric("DCGM_FI_PROF_PCIE_RX_BYTES",
+                    "PCIe bytes per second received by the GPU, headers included (GPM).",
+                    lambda p: _bytes_per_s(p.pcie_rx_mib_s)),
+    ProfilingMetric("DCGM_FI_PROF_NVLINK_TX_BYTES",
+                    "NVLink bytes per second sent by the GPU over all its links (GPM).",
+                    lambda p: _bytes_per_s(p.nvlink_tx_mib_s)),
+    ProfilingMetric("DCGM_FI_PROF_NVLINK_RX_BYTES",
+                    "NVLink bytes per second received by the GPU over all its links (GPM).",
+                    lambda p: _bytes_per_s(p.nvlink_rx_mib_s)),
+)  # fmt: skip
+
+FB_USED = "DCGM_FI_DEV_FB_USED"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 GPU_HEALTHY = "nvidia_docker_gpu_healthy"
 PROCESS_INFO = "nvidia_docker_gpu_process_info"
@@ -167,6 +227,21 @@ def sole_owner(status: DeviceStatus, owners: Mapping[int, ProcessOwner]) -> Proc
     return owner if owner.in_container else None
 
 
+def mig_labels(base: Mapping[str, str], mig: MigDevice) -> dict[str, str]:
+    """A MIG device's labels: its GPU's, and dcgm-exporter's ``GPU_I_PROFILE``, ``GPU_I_ID``."""
+    labels = dict(base)
+    if mig.profile:
+        labels["GPU_I_PROFILE"] = mig.profile
+    if mig.gpu_instance_id is not None:
+        labels["GPU_I_ID"] = str(mig.gpu_instance_id)
+    return labels
+
+
+def xid_labels(labels: Mapping[str, str], xid: int) -> dict[str, str]:
+    """dcgm-exporter's labels of the XID sample: ``err_code``, ``err_msg`` (its catalog's)."""
+    return {**labels, "err_code": str(xid), "err_msg": xid_message(xid)}
+
+
 def gpu_families(
     devices: Sequence[DeviceInfo],
     statuses: Sequence[DeviceStatus],
@@ -180,6 +255,7 @@ def gpu_families(
 ) -> list[Metric]:
     """Every GPU family of one sweep: dcgm-exporter's, then health, then the processes'."""
     families = {m.name: Metric(m.name, m.help, m.kind) for m in GPU_METRICS}
+    profiling = {m.name: Metric(m.name, m.help, GAUGE) for m in PROFILING_METRICS}
     xid = Metric(XID_ERRORS, "Value of the last XID error encountered (0: none).", GAUGE)
     healthy = Metric(GPU_HEALTHY, "Whether the agent judges the GPU healthy (1) or not (0).",
                      GAUGE)  # fmt: skip
@@ -194,16 +270,54 @@ def gpu_families(
             value = spec.read(status, tput)
             if value is not None:
                 families[spec.name].add_sample(spec.name, labels, value)
+        _add_profiling(profiling, status.telemetry.profiling, labels)
+        state = health[device.index] if health is not None and device.index < len(health) else None
         if last_xids is not None and device.index < len(last_xids):
-            xid.add_sample(XID_ERRORS, labels, last_xids[device.index])
-        if health is not None and device.index < len(health):
-            healthy.add_sample(GPU_HEALTHY, labels, int(health[device.index].healthy))
+            code = last_xids[device.index]
+            xid.add_sample(XID_ERRORS, xid_labels(labels, code), code)
+        if state is not None:
+            healthy.add_sample(GPU_HEALTHY, labels, int(state.healthy))
+        _add_mig_samples(device, status, base, state, families, profiling, healthy)
         for sample_labels, used_mib in _process_samples(status, owners, base):
             info.add_sample(PROCESS_INFO, sample_labels, 1)
             if used_mib is not None:
                 memory.add_sample(PROCESS_MEMORY, sample_labels, used_mib * MIB)
-    out = [*families.values(), xid, healthy, info, memory]
+    out = [*families.values(), *profiling.values(), xid, healthy, info, memory]
     return [family for family in out if family.samples]
+
+
+def _add_profiling(
+    families: Mapping[str, Metric], values: Profiling, labels: dict[str, str]
+) -> None:
+    for spec in PROFILING_METRICS:
+        value = spec.read(values)
+        if value is not None:
+            families[spec.name].add_sample(spec.name, labels, value)
+
+
+def _add_mig_samples(
+    device: DeviceInfo,
+    status: DeviceStatus,
+    base: Mapping[str, str],
+    state: DeviceHealth | None,
+    families: Mapping[str, Metric],
+    profiling: Mapping[str, Metric],
+    healthy: Metric,
+) -> None:
+    """The series of each MIG device: framebuffer, profiling, health."""
+    live = {m.index: m for m in status.telemetry.mig_devices}
+    for mig in device.mig_devices:
+        labels = mig_labels(base, mig)
+        values = live.get(mig.index)
+        if values is not None:
+            fb = values.framebuffer
+            for name, value in ((FB_USED, fb.used_mib), (FB_FREE, fb.free_mib),
+                                (FB_RESERVED, fb.reserved_mib)):  # fmt: skip
+                if value is not None:
+                    families[name].add_sample(name, labels, value)
+            _add_profiling(profiling, values.profiling, labels)
+        if state is not None:
+            healthy.add_sample(GPU_HEALTHY, labels, int(state.of_mig(mig.index).healthy))
 
 
 def _process_samples(

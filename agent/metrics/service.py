@@ -30,6 +30,7 @@ from agent.gpu.model import DeviceInfo
 from agent.health.monitor import HealthView
 from agent.leases.view import TableView
 from agent.metrics.agent_metrics import AgentMetrics
+from agent.metrics.exposition import render_families
 from agent.metrics.gpu_families import gpu_families
 from agent.metrics.lease_families import lease_families
 from agent.metrics.processes_json import processes_body
@@ -79,6 +80,7 @@ class MetricsService:
         hostname: str | None = None,
         health: HealthView | None = None,
         leases: Callable[[], TableView] | None = None,
+        usage: Callable[[], list[Metric]] | None = None,
     ) -> None:
         self.node = node
         self.status = status
@@ -87,6 +89,7 @@ class MetricsService:
         self.hostname = hostname or socket.gethostname()
         self.health = health
         self.leases = leases  # the lease table's view, read at every scrape
+        self.usage = usage  # the usage ledger's families (agent.metrics.usage_families)
         self._view: _SweepView | None = None
 
     async def scrape(self) -> bytes:
@@ -113,7 +116,7 @@ class MetricsService:
                 health=self.health.health if self.health is not None else None,
                 last_xids=self.health.last_xids if self.health is not None else None,
             )
-            view.gpu_text = render(families)
+            view.gpu_text = render_families(families)  # counters keep dcgm-exporter's names
         return view.gpu_text + self.agent.render() + render(self._live(sweep))
 
     async def processes(self, devices: Sequence[DeviceInfo]) -> bytes:
@@ -188,6 +191,8 @@ class MetricsService:
         families.append(lookups)
         if self.leases is not None:
             families += lease_families(self.leases(), self.hostname)
+        if self.usage is not None:
+            families += self.usage()
         return families
 
     async def close(self) -> None:

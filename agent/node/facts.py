@@ -13,13 +13,14 @@ from agent.api import render_json, render_text
 from agent.api.cdi_cli import cdi_cli
 from agent.api.docker_cli import docker_cli_for
 from agent.api.mesos_cli import MesosCli
+from agent.cdi_spec.inputs import OWN_NAMING, CdiNaming
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health.rule import HEALTHY, DeviceHealth
 from agent.health.selection import select_usable
 from agent.node.selection import Target, select_devices, select_volumes
 
 CACHED_ANSWERS = 256  # distinct /docker/cli queries kept per node (clients ask a few)
-_AnswerKey = tuple[str, str | None, str | None, bool]
+_AnswerKey = tuple[str, str | None, str | None, bool, CdiNaming | None]
 
 
 class NodeFacts:
@@ -55,10 +56,18 @@ class NodeFacts:
         """Indices of the GPUs that are not handed out now."""
         return frozenset(i for i, health in enumerate(self.health) if not health.healthy)
 
+    @property
+    def unhealthy_migs(self) -> frozenset[tuple[int, int]]:
+        """``(GPU, MIG device)`` of the MIG devices withdrawn on their own (their GPU is
+        healthy: an XID the driver attributed to their GPU instance)."""
+        return frozenset(
+            (i, mig) for i, health in enumerate(self.health) for mig in health.unhealthy_migs
+        )
+
     def docker_cli(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
         """The ``/docker/cli`` answer; ``InvalidParameter`` or ``UnhealthyDevice`` (not
         cached: a refusal is rendered again)."""
-        key = ("volume", dev, vol, as_json)
+        key = ("volume", dev, vol, as_json, None)
         body = self._answers.get(key)
         if body is None:
             cli = docker_cli_for(
@@ -70,13 +79,16 @@ class NodeFacts:
             body = self._keep(key, cli.json() if as_json else cli.text().encode())
         return body
 
-    def docker_cli_cdi(self, dev: str | None, vol: str | None, as_json: bool) -> bytes:
-        """The CDI form (``format=cdi``); ``vol`` is checked, the spec mounts the volume."""
-        key = ("cdi", dev, vol, as_json)
+    def docker_cli_cdi(
+        self, dev: str | None, vol: str | None, as_json: bool, naming: CdiNaming = OWN_NAMING
+    ) -> bytes:
+        """The CDI form (``format=cdi``) in the names of the spec in force (``naming``);
+        ``vol`` is checked, the spec mounts the volume."""
+        key = ("cdi", dev, vol, as_json, naming)
         body = self._answers.get(key)
         if body is None:
             select_volumes(vol)
-            cli = cdi_cli(self.usable(dev))
+            cli = cdi_cli(self.usable(dev), naming)
             body = self._keep(key, cli.json() if as_json else cli.text().encode())
         return body
 

@@ -41,6 +41,7 @@ from agent.gpu.backend import GpuBackendError
 from agent.gpu.model import NodeInfo
 from agent.gpu.worker_client import WorkerClient, WorkerFailed
 from agent.health.monitor import HealthMonitor
+from agent.health.policy import DEFAULT_POLICY, HealthPolicy
 from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule, refresh_volumes
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
@@ -102,6 +103,7 @@ class NodeLife:
         status: StatusService,
         state: NodeState,
         store: VolumeStore,
+        health_checks: HealthPolicy = DEFAULT_POLICY,
     ) -> None:
         self._watch = watch
         self.worker: WorkerClient | None = worker  # None while the GPUs are released
@@ -118,7 +120,10 @@ class NodeLife:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.health = HealthMonitor(
-            len(self.node.devices), on_change=self._publish, on_driver_error=self._on_driver_error
+            len(self.node.devices),
+            on_change=self._publish,
+            on_driver_error=self._on_driver_error,
+            policy=health_checks,
         )
         self.health.follow(worker)
         self._watch_exit(worker)

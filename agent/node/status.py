@@ -176,12 +176,21 @@ class StatusService:
 
     # -- status sweeps ---------------------------------------------------------------------
 
-    async def sweep(self) -> Sweep:
+    async def sweep(self, *, quiet: bool = False) -> Sweep:
         """The current status; joins the sweep in flight if there is one.
 
-        Raises ``StatusUnavailable`` while suspended."""
+        ``quiet``: a background reader's sweep (the usage ledger's): it does not count as
+        someone reading status, so it neither wakes the resting PCIe sampler nor keeps it
+        sampling. Raises ``StatusUnavailable`` while suspended."""
         if self._unavailable is not None:
             raise StatusUnavailable(self._unavailable)
+        if not quiet:
+            self._last_read = time.monotonic()
+            if self._resting:  # the sampler rested: this read gets a fresh sample
+                self._resting = False
+                self._wake.set()
+                with contextlib.suppress(StatusUnavailable):
+                    await self.sample_pcie()
         last = self._last
         if last is not None and time.monotonic() - last.taken_at < self._shared_s:
             return last
@@ -199,12 +208,6 @@ class StatusService:
             self._last = future.result()
 
     async def _sweep(self) -> Sweep:
-        self._last_read = time.monotonic()
-        if self._resting:  # the sampler rested: this read gets a fresh sample, not an old one
-            self._resting = False
-            self._wake.set()
-            with contextlib.suppress(StatusUnavailable):
-                await self.sample_pcie()
         started = time.perf_counter()
         taken_at = time.monotonic()  # when the statuses were asked for
         statuses = await self._read_statuses()

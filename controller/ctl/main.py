@@ -34,6 +34,7 @@ from controller.ctl.fleet import docker_cli, info, status
 from controller.ctl.health import health
 from controller.ctl.leases import free, leases
 from controller.ctl.mesos import mesos
+from controller.ctl.usage import idle, usage
 from controller.env_text import DEBUG_VAR, switch
 from controller.errors import (
     EXIT_FAILED,
@@ -215,6 +216,8 @@ main.add_command(docker_cli)
 main.add_command(health)
 main.add_command(leases)
 main.add_command(free)
+main.add_command(usage)
+main.add_command(idle)
 
 if __name__ == "__main__":
     main()

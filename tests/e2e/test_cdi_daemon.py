@@ -91,7 +91,8 @@ def test_written_at_start_kept_at_stop_and_not_rewritten_at_restart(
     agent = start("--cdi-spec-dir", str(spec.parent))
     document = json.loads(spec.read_text())
     assert schema_errors(document) == []
-    (mount,) = document["containerEdits"]["mounts"]
+    mounts = document["containerEdits"]["mounts"]
+    (mount,) = [m for m in mounts if m["containerPath"] == "/usr/local/nvidia"]  # and host files
     volume = tmp_path / "volumes" / "nvidia_driver" / fake_driver.version
     assert Path(mount["hostPath"]) == volume.resolve()
     assert (volume / "lib64" / "libcuda.so.1").exists()  # built before the spec was written

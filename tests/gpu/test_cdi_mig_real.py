@@ -114,7 +114,8 @@ def test_the_real_drivers_spec_validates_and_names_what_exists(
     # at start; this test does not): every other node the spec names must exist.
     assert [path for path in missing if path != "/dev/nvidia-uvm"] == []
 
-    (mount,) = document["containerEdits"]["mounts"]
+    mounts = document["containerEdits"]["mounts"]
+    (mount,) = [m for m in mounts if m["containerPath"] == "/usr/local/nvidia"]  # and host files
     volume = Path(mount["hostPath"])
     assert mount["containerPath"] == "/usr/local/nvidia"
     libcuda = volume / "lib64" / "libcuda.so.1"

@@ -13,12 +13,19 @@ older driver (470.57.02). When ``gcc -m32`` can link (no C library is needed), 3
 
 The fake libnvidia-ml answers ``nvmlInit_v2`` and ``nvmlSystemGetDriverVersion`` so a test can
 load it with ctypes from a built volume, as the GPU test does with the real one.
+
+``install_host_files`` adds, under a root, the files a driver installs outside its
+libraries and the files of its daemons, where a real installation has them: the EGL, Vulkan
+and OpenCL vendor files (one reached through Debian's alternatives links), the GSP firmware,
+nvidia-persistenced's socket and the MPS pipe directory. ``build_cuda_compat`` makes a CUDA
+forward compatibility directory as CUDA images carry it (``/usr/local/cuda/compat``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -277,3 +284,57 @@ def install_driver(target: FakeDriver, new: FakeDriver) -> None:
 
 def remove_fake_driver(driver: FakeDriver) -> None:
     shutil.rmtree(driver.root, ignore_errors=True)
+
+
+# The vendor files a driver installs: path under the root -> content. The EGL one is reached
+# through links as Debian's alternatives make them (absolute targets, inside the root).
+VENDOR_FILES = {
+    "usr/share/nvidia/10_nvidia.json": (
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n'
+    ),
+    "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json": (
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libnvidia-egl-gbm.so.1"}}\n'
+    ),
+    "usr/share/vulkan/icd.d/nvidia_icd.json": (
+        '{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.0", '
+        '"api_version": "1.4.312"}}\n'
+    ),
+    "etc/OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1\n",
+}
+VENDOR_LINKS = {  # link under the root -> its target (as the host's root sees it)
+    "usr/share/glvnd/egl_vendor.d/10_nvidia.json": "/etc/alternatives/nvidia--10_nvidia.json",
+    "etc/alternatives/nvidia--10_nvidia.json": "/usr/share/nvidia/10_nvidia.json",
+}
+GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"
+MPS_PIPE_DIR = "tmp/nvidia-mps"
+
+
+def install_host_files(root: Path, version: str = VERSION) -> None:
+    """The driver's files outside its libraries, under ``root`` (see the module docstring);
+    the fabric manager's socket is left out: this fake node has no NVSwitch."""
+    for name, text in VENDOR_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    for name, target in VENDOR_LINKS.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).symlink_to(target)
+    firmware = root / "lib/firmware/nvidia" / version
+    firmware.mkdir(parents=True)
+    for name in GSP_FIRMWARE:
+        (firmware / name).write_bytes(f"GSP firmware {name} of {version}\n".encode())
+    (root / PERSISTENCED_SOCKET).parent.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
+        listening.bind(str(root / PERSISTENCED_SOCKET))  # the file stays after the close
+    (root / MPS_PIPE_DIR).mkdir(parents=True)
+    (root / MPS_PIPE_DIR / "log").write_text("MPS pipes\n")
+
+
+def build_cuda_compat(directory: Path, version: str) -> Path:
+    """A CUDA forward compatibility directory: ``libcuda.so.<version>`` (soname libcuda.so.1,
+    a real ELF library with ``cuInit``) and its links, in ``directory`` (made)."""
+    directory.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="nvd-compat-build-") as work:
+        lib = FakeLib("libcuda", ".1", code="int cuInit(unsigned int flags) { return 0; }")
+        _compile_lib(lib, directory, Path(work), version=version)
+    return directory

@@ -36,6 +36,7 @@ UNINITIALIZED = 1
 EVENT_DOUBLE_BIT_ECC = 0x0000000000000002  # nvmlEventTypeDoubleBitEccError
 EVENT_XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 EVENT_SINGLE_BIT_ECC = 0x0000000000000001
+NO_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId/computeInstanceId when none applies
 
 
 def load_capture(name: str) -> dict[str, Any]:
@@ -71,6 +72,37 @@ class FakeMig:
 
 class Struct(types.SimpleNamespace):
     """A ctypes structure as pynvml returns it: attribute access."""
+
+
+GPM_METRIC_SLOTS = 477  # NVML_GPM_METRIC_MAX: the metrics array of nvmlGpmMetricsGet_t
+GPM_METRIC_IDS = {  # nvml.h's NVML_GPM_METRIC_*, the ones the agent asks for
+    "GRAPHICS_UTIL": 1, "SM_UTIL": 2, "SM_OCCUPANCY": 3, "ANY_TENSOR_UTIL": 5,
+    "DRAM_BW_UTIL": 10, "PCIE_TX_PER_SEC": 20, "PCIE_RX_PER_SEC": 21,
+    "NVLINK_TOTAL_RX_PER_SEC": 60, "NVLINK_TOTAL_TX_PER_SEC": 61,
+}  # fmt: skip
+
+
+class GpmSample:
+    """An opaque GPM sample: what it was last taken of, and when (the fake's clock)."""
+
+    def __init__(self) -> None:
+        self.of: tuple[int, int | None] | None = None  # (GPU, GPU instance or None)
+        self.tick = 0
+        self.freed = False
+
+
+class GpmMetricsGet:
+    """pynvml's ``c_nvmlGpmMetricsGet_t``: the request and, after the call, the answer."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: GpmSample | None = None
+        self.sample2: GpmSample | None = None
+        self.metrics = [
+            Struct(metricId=0, nvmlReturn=0, value=0.0, metricInfo=Struct(unit=None))
+            for _ in range(GPM_METRIC_SLOTS)
+        ]
 
 
 class EventSet:
@@ -114,6 +146,15 @@ class FakeNvml:
         self.volatile_dbe: dict[int, int] = {}
         self.event_sets: list[EventSet] = []
         self.mig: dict[int, list[FakeMig]] = {}  # GPU index -> MIG devices, when MIG is on
+        # GPM (Hopper and later): which GPUs have it (default: every one, the capture is an
+        # H200), and what nvmlGpmMetricsGet answers per metric id for a pair of samples of
+        # a GPU (key: index) or a GPU instance (key: (index, GPU instance id)). A metric id
+        # not in the dict answers "not supported" on its own.
+        self.gpm_supported: dict[int, bool] = {}
+        self.gpm_values: dict[int | tuple[int, int], dict[int, float]] = {}
+        self.gpm_samples: list[GpmSample] = []
+        self.gpm_tick = 0
+        self.gpm_streaming: dict[int, int] = {}
         self.module = self._build_module()
 
     # -- what a test changes -------------------------------------------------------------
@@ -126,16 +167,31 @@ class FakeNvml:
         """GPU ``index`` fell off the bus: every per-device call raises GPU_IS_LOST."""
         self.failures["*", index] = GPU_IS_LOST
 
-    def emit(self, index: int, event_type: int, data: int = 0) -> None:
-        """The driver raises an event on GPU ``index``: every set registered for it gets it."""
+    def emit(
+        self,
+        index: int,
+        event_type: int,
+        data: int = 0,
+        gpu_instance: int = NO_INSTANCE,
+        compute_instance: int = NO_INSTANCE,
+    ) -> None:
+        """The driver raises an event on GPU ``index``: every set registered for it gets it
+        (with the MIG instances it is attributed to; ``NO_INSTANCE``: none, as NVML says)."""
         for event_set in self.event_sets:
             if event_set.masks.get(index, 0) & event_type:
                 event_set.ready.put(
-                    Struct(device=Handle(index), eventType=event_type, eventData=data)
-                )
+                    Struct(device=Handle(index), eventType=event_type, eventData=data,
+                           gpuInstanceId=gpu_instance, computeInstanceId=compute_instance)
+                )  # fmt: skip
 
-    def emit_xid(self, index: int, xid: int) -> None:
-        self.emit(index, EVENT_XID_CRITICAL, xid)
+    def emit_xid(
+        self,
+        index: int,
+        xid: int,
+        gpu_instance: int = NO_INSTANCE,
+        compute_instance: int = NO_INSTANCE,
+    ) -> None:
+        self.emit(index, EVENT_XID_CRITICAL, xid, gpu_instance, compute_instance)
 
     def emit_double_bit_ecc(self, index: int) -> None:
         self.emit(index, EVENT_DOUBLE_BIT_ECC)
@@ -164,6 +220,15 @@ class FakeNvml:
         for name in dir(self):
             if name.startswith("nvml"):
                 setattr(module, name, self._wrap(name, getattr(self, name)))
+        module.c_nvmlGpmMetricsGet_t = GpmMetricsGet  # type: ignore[attr-defined]
+        module.NVML_GPM_METRICS_GET_VERSION = 1  # type: ignore[attr-defined]
+        metric_ids = {  # pynvml's where it has them (the floor, 11.510.69, has no GPM)
+            name: value
+            for name, value in vars(pynvml).items()
+            if name.startswith("NVML_GPM_METRIC_")
+        } or {f"NVML_GPM_METRIC_{name}": value for name, value in GPM_METRIC_IDS.items()}
+        for name, value in metric_ids.items():
+            setattr(module, name, value)
         return module
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -343,6 +408,54 @@ class FakeNvml:
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, h: Handle, size: int, scope: int) -> list[int]:
         return [1] + [0] * (size - 1)  # NUMA node 0
+
+    # -- GPM -----------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, h: Handle) -> Struct:
+        return Struct(version=1, isSupportedDevice=int(self.gpm_supported.get(h.index, True)))
+
+    def nvmlGpmQueryIfStreamingEnabled(self, h: Handle) -> int:
+        return self.gpm_streaming.get(h.index, 0)
+
+    def nvmlGpmSampleAlloc(self) -> GpmSample:
+        sample = GpmSample()
+        self.gpm_samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: GpmSample) -> None:
+        sample.freed = True
+
+    def _take(self, sample: GpmSample, of: tuple[int, int | None]) -> GpmSample:
+        if sample.freed:
+            raise pynvml.NVMLError(INVALID_ARGUMENT)
+        self.gpm_tick += 1
+        sample.of, sample.tick = of, self.gpm_tick
+        return sample
+
+    def nvmlGpmSampleGet(self, h: Handle, sample: GpmSample) -> GpmSample:
+        if not self.gpm_supported.get(h.index, True):
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return self._take(sample, (h.index, None))
+
+    def nvmlGpmMigSampleGet(self, h: Handle, gpu_instance: int, sample: GpmSample) -> GpmSample:
+        if not any(m.gpu_instance == gpu_instance for m in self.mig.get(h.index, [])):
+            raise pynvml.NVMLError(NOT_FOUND)
+        return self._take(sample, (h.index, gpu_instance))
+
+    def nvmlGpmMetricsGet(self, request: GpmMetricsGet) -> GpmMetricsGet:
+        first, second = request.sample1, request.sample2
+        if first is None or second is None or first.of is None or first.of != second.of:
+            raise pynvml.NVMLError(INVALID_ARGUMENT)  # not two samples of one target
+        if first.tick >= second.tick:
+            raise pynvml.NVMLError(INVALID_ARGUMENT)
+        gpu, instance = first.of
+        values = self.gpm_values.get(gpu if instance is None else (gpu, instance), {})
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId in values:
+                metric.nvmlReturn, metric.value = 0, values[metric.metricId]
+            else:
+                metric.nvmlReturn, metric.value = NOT_SUPPORTED, 0.0
+        return request
 
     # -- topology ------------------------------------------------------------------------
 

@@ -56,10 +56,16 @@ class Sample:
 def samples(text: str) -> list[Sample]:
     """Every sample of an exposition text, parsed by prometheus_client's own parser."""
     found = []
+    lines = "\n" + text
     parse = cast(Callable[[str], Iterable[Metric]], text_string_to_metric_families)
     for family in parse(text):  # untyped in older prometheus_client versions
         for s in family.samples:
-            found.append(Sample(s.name, dict(s.labels), s.value, family.type))
+            name = s.name
+            # The parser names a counter's samples <name>_total; the GPU counters are
+            # written without the suffix, as dcgm-exporter writes them: keep their names.
+            if family.type == "counter" and name.endswith("_total") and f"\n{name}" not in lines:
+                name = name.removesuffix("_total")
+            found.append(Sample(name, dict(s.labels), s.value, family.type))
     return found
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -19,6 +20,7 @@ from agent.attribution.cgroup import OwnerKind
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import UNKNOWN_TELEMETRY
 from agent.health.rule import HEALTHY, DeviceHealth
+from agent.metrics.gpu_families import COUNTER, GPU_METRICS
 from tests.support.node_files import with_processes
 from tests.unit.agent.conftest import CountingBackend
 from tests.unit.metrics.conftest import MakeAgent, samples, values
@@ -58,7 +60,7 @@ async def test_dcgm_names_labels_and_values(make_agent: MakeAgent) -> None:
     assert values(text, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="5") == [0]
     for name in ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
                  "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"):  # fmt: skip
-        assert f"# TYPE {name} untyped\n" in text  # counters in all but the _total suffix
+        assert f"# TYPE {name} counter\n" in text  # dcgm-exporter's: no _total suffix
     assert len(values(text, "DCGM_FI_DEV_GPU_TEMP")) == 8
 
 
@@ -242,24 +244,31 @@ PROMTOOL = shutil.which("promtool")
 
 @pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
 async def test_promtool_finds_only_the_names_kept_on_purpose(make_agent: MakeAgent) -> None:
-    """promtool's linter flags two of dcgm-exporter's own names, which we keep so that its
-    dashboards work: the camelCase label modelName, and "counter" in
-    DCGM_FI_DEV_PCIE_REPLAY_COUNTER. With those two renamed it finds nothing at all."""
+    """promtool's linter flags three things of dcgm-exporter's own, which we keep so that its
+    dashboards work: the camelCase label modelName, "counter" in
+    DCGM_FI_DEV_PCIE_REPLAY_COUNTER, and counters without the _total suffix. With those
+    renamed it finds nothing at all."""
     assert PROMTOOL is not None
     text = await (await make_agent(CountingBackend("hgx-h200-8"))).scrape()
     problems = _promtool(PROMTOOL, text)
     kept = {
         "label names should be written in 'snake_case' not 'camelCase'",
         "metric name should not include type 'counter'",
+        'counter metrics should have "_total" suffix',
     }
     assert problems, "promtool sees modelName: it must say so"
     assert {p.partition(" ")[2] for p in problems} <= kept
     assert {p for p in problems if "'counter'" in p} == {
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"
     }
+    counters = {m.name for m in GPU_METRICS if m.kind == COUNTER}
+    assert {p.partition(" ")[0] for p in problems if "_total" in p} <= counters
     renamed = text.replace("modelName=", "model_name=").replace(
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAYS"
     )
+    counters = counters - {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER"} | {"DCGM_FI_DEV_PCIE_REPLAYS"}
+    for name in sorted(counters):
+        renamed = re.sub(rf"^((?:# (?:HELP|TYPE) )?{name})\b", r"\1_total", renamed, flags=re.M)
     assert _promtool(PROMTOOL, renamed) == []
 
 

@@ -1,0 +1,252 @@
+"""The ledger's arithmetic: status sweeps in, holds and hourly totals out (a pure model).
+
+``Accounting.observe(t_s, units)`` takes one sweep: for every GPU unit (a whole GPU or a MIG
+device) who holds it now (``UnitSample.holders``) and how busy it is. Between two sweeps
+``dt`` seconds passed, and for every holder seen in both (at most ``max_gap_s`` apart: after
+a longer gap, an agent stopped or a driver being replaced, the hold ended at its last
+sighting and a new one starts; the gap is not counted as held):
+
+- ``held_s`` grows by ``dt`` (a unit-second: a whole GPU, or one MIG device);
+- ``busy_s`` grows by ``dt`` times the unit's utilisation (the mean of the two sweeps'
+  readings), shared equally by the holders of a shared unit; a unit without a reading (a
+  MIG device: NVML gives no utilisation per MIG device) adds nothing;
+- ``energy_j`` grows by the GPU's energy counter's increase, shared like ``busy_s``
+  (whole GPUs only; a counter that went backwards, after a driver reload, adds nothing);
+- ``peak_memory_mib`` is the most memory seen in use on the unit while it was held.
+
+A holder seen for the first time starts its hold at this sweep, or at its lease's grant
+time when that is later than the previous sweep (so a lease granted just before a sweep
+is counted from its grant); a holder no longer seen ends at the last sweep that saw it. So
+each figure is within one sweep interval of the truth. Every amount is also added to the
+UTC hour(s) it fell in, per grouping: ``gpu`` (the GPU's UUID; a MIG device counts under its
+GPU), ``image`` and ``label:KEY`` for each recorded label key (``""`` for a holder without
+it): what long reports read (``agent.usage.records``).
+
+``take_batch()`` hands over what changed since the last batch: one write of the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from agent.usage.records import Batch, Hold, HolderKind, HourDelta, Labels, hour_of
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a unit in one sweep; ``ident`` names it on the node ("lease-3", a
+    container id, "pid 42"), the rest is what the ledger records of it."""
+
+    kind: HolderKind
+    ident: str
+    lease_id: str | None = None
+    container_id: str | None = None
+    container_name: str | None = None
+    image: str | None = None
+    pid: int | None = None
+    labels: Labels = ()
+    since_s: float | None = None  # a lease's grant time, when known
+    idle_policy: str | None = None  # its nvidia-docker.idle label, as given (agent.usage.idle)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitSample:
+    """One unit in one sweep."""
+
+    unit: str  # dev name: "3", "0:1"
+    gpu_index: int
+    gpu_uuid: str
+    mig_uuid: str | None
+    utilization_pct: int | None  # None: no reading (MIG devices, a GPU that did not answer)
+    memory_used_mib: int | None
+    energy_mj: int | None  # the GPU's counter since the driver loaded; None for MIG devices
+    holders: tuple[Holder, ...]
+    active: bool = False  # working now: utilisation above 0, or a GPU process of a holder
+
+
+@dataclass(slots=True)
+class _Open:
+    hold: Hold
+    seen_at: float  # the sweep that last saw it
+    resumed: bool = False  # the previous run's, not seen by this run yet
+
+
+class Accounting:
+    """The holds open now and what changed since the last batch."""
+
+    def __init__(self, label_keys: Sequence[str], *, max_gap_s: float) -> None:
+        self.label_keys = tuple(dict.fromkeys(label_keys))
+        self.max_gap_s = max_gap_s
+        self._open: dict[str, _Open] = {}  # by (holder ident, unit key)
+        self._dirty: dict[str, Hold] = {}  # by hold key: the figures to write
+        self._deltas: dict[tuple[int, str, str], list[float]] = {}
+        self._last_t: float | None = None
+        self._last_util: dict[str, int | None] = {}  # by unit
+        self._last_energy: dict[int, tuple[float, int]] = {}  # by GPU index: (t_s, mJ)
+
+    @property
+    def open_holds(self) -> tuple[Hold, ...]:
+        return tuple(o.hold for o in self._open.values())
+
+    def resume(self, holds: Iterable[Hold]) -> None:
+        """The holds the previous run left open: each continues if its holder is still on
+        its unit at the first sweep (the agent's time away counted only when it was within
+        ``max_gap_s``), and ends at its last sighting otherwise."""
+        for hold in holds:
+            ident = _ident_of(hold)
+            self._open[_slot(ident, hold.mig_uuid or hold.gpu_uuid)] = _Open(
+                replace(hold), hold.last_seen_s, resumed=True
+            )
+
+    def observe(self, t_s: float, units: Sequence[UnitSample]) -> None:
+        last = self._last_t
+        if last is not None and t_s <= last:
+            return  # the same sweep again, or the clock went back: nothing to add
+        seen: set[str] = set()
+        for sample in units:
+            self._observe_unit(t_s, sample, seen)
+        for slot in [s for s in self._open if s not in seen]:
+            self._end(self._open.pop(slot))
+        self._last_t = t_s
+
+    def _end(self, current: _Open) -> None:
+        current.hold.ended_s = current.hold.last_seen_s
+        self._dirty[current.hold.key] = current.hold
+
+    def _observe_unit(self, t_s: float, sample: UnitSample, seen: set[str]) -> None:
+        unit_key = sample.mig_uuid or sample.gpu_uuid
+        util_then = self._last_util.get(unit_key)
+        self._last_util[unit_key] = sample.utilization_pct
+        energy = self._energy_since(t_s, sample)  # (joules, over seconds) or None
+        holders = sample.holders
+        share = 1.0 / len(holders) if holders else 0.0
+        for holder in holders:
+            slot = _slot(holder.ident, unit_key)
+            seen.add(slot)
+            current = self._open.get(slot)
+            step = 0.0
+            if current is not None and current.resumed:
+                # The previous run's hold, its holder still there: it goes on; the time the
+                # agent was away counts only if it was short.
+                current.resumed = False
+                gap = t_s - current.seen_at
+                step = gap if 0.0 < gap <= self.max_gap_s else 0.0
+            elif current is not None and t_s - current.seen_at > self.max_gap_s:
+                self._end(current)  # not seen for too long: it ended at its last sighting
+                current = None
+            else:
+                step = t_s - current.seen_at if current is not None else 0.0
+            if current is None:
+                started, step = t_s, 0.0
+                last = self._last_t
+                if holder.since_s is not None and last is not None and last < holder.since_s:
+                    started, step = min(holder.since_s, t_s), max(0.0, t_s - holder.since_s)
+                current = _Open(self._new_hold(holder, sample, started), t_s)
+                self._open[slot] = current
+            hold = current.hold
+            self._refresh(hold, holder)
+            busy = 0.0
+            if step > 0.0 and sample.utilization_pct is not None:
+                readings = [u for u in (util_then, sample.utilization_pct) if u is not None]
+                busy = step * (sum(readings) / len(readings)) / 100.0 * share
+            joules: float | None = None
+            if energy is not None and step > 0.0:
+                joules = energy[0] * share * min(1.0, step / energy[1])
+                hold.energy_j = (hold.energy_j or 0.0) + joules
+            hold.held_s += step
+            hold.busy_s += busy
+            if sample.memory_used_mib is not None:
+                hold.peak_memory_mib = max(hold.peak_memory_mib or 0, sample.memory_used_mib)
+            hold.last_seen_s = t_s
+            current.seen_at = t_s
+            self._dirty[hold.key] = hold
+            if step > 0.0:
+                self._add_to_hours(t_s - step, t_s, hold, busy, joules or 0.0)
+
+    def _energy_since(self, t_s: float, sample: UnitSample) -> tuple[float, float] | None:
+        """Joules the GPU used since its previous reading, and over how many seconds
+        (whole GPUs with a counter only; None after a gap or a counter reset)."""
+        if sample.mig_uuid is not None or sample.energy_mj is None:
+            return None
+        before = self._last_energy.get(sample.gpu_index)
+        self._last_energy[sample.gpu_index] = (t_s, sample.energy_mj)
+        if before is None:
+            return None
+        then_s, then_mj = before
+        seconds = t_s - then_s
+        if sample.energy_mj < then_mj or not 0.0 < seconds <= self.max_gap_s:
+            return None
+        return (sample.energy_mj - then_mj) / 1000.0, seconds
+
+    def _new_hold(self, holder: Holder, sample: UnitSample, started_s: float) -> Hold:
+        unit_key = sample.mig_uuid or sample.gpu_uuid
+        return Hold(
+            key=f"{holder.ident}|{unit_key}|{started_s:.3f}",
+            gpu_uuid=sample.gpu_uuid,
+            gpu_index=sample.gpu_index,
+            unit=sample.unit,
+            mig_uuid=sample.mig_uuid,
+            holder=holder.kind,
+            lease_id=holder.lease_id,
+            container_id=holder.container_id,
+            container_name=holder.container_name,
+            image=holder.image,
+            pid=holder.pid,
+            labels=holder.labels,
+            started_s=started_s,
+            last_seen_s=started_s,
+            ended_s=None,
+        )
+
+    @staticmethod
+    def _refresh(hold: Hold, holder: Holder) -> None:
+        """What became known since the hold started: a pending lease's container, the
+        container's name and image once the engine said them."""
+        hold.container_id = holder.container_id or hold.container_id
+        hold.container_name = holder.container_name or hold.container_name
+        hold.image = holder.image or hold.image
+        if holder.labels:
+            hold.labels = holder.labels
+
+    def _add_to_hours(
+        self, start_s: float, end_s: float, hold: Hold, busy_s: float, energy_j: float
+    ) -> None:
+        """Spread the amounts of [start_s, end_s) over the UTC hours they fall in."""
+        span = end_s - start_s
+        labels = dict(hold.labels)
+        groups = [("gpu", hold.gpu_uuid), ("image", hold.image or "")]
+        groups += [(f"label:{key}", labels.get(key, "")) for key in self.label_keys]
+        at = start_s
+        while at < end_s:
+            hour = hour_of(at)
+            piece_end = min(end_s, hour + 3600)
+            part = (piece_end - at) / span
+            for dim, value in groups:
+                totals = self._deltas.setdefault((hour, dim, value), [0.0, 0.0, 0.0])
+                totals[0] += piece_end - at
+                totals[1] += busy_s * part
+                totals[2] += energy_j * part
+            at = piece_end
+
+    def take_batch(self) -> Batch | None:
+        """What changed since the last batch (None: nothing)."""
+        if not self._dirty and not self._deltas:
+            return None
+        holds = tuple(replace(hold) for hold in self._dirty.values())
+        deltas = tuple(
+            HourDelta(hour, dim, value, held, busy, energy)
+            for (hour, dim, value), (held, busy, energy) in self._deltas.items()
+        )
+        self._dirty.clear()
+        self._deltas.clear()
+        return Batch(self._last_t or 0.0, holds, deltas)
+
+
+def _slot(ident: str, unit_key: str) -> str:
+    return f"{ident}|{unit_key}"
+
+
+def _ident_of(hold: Hold) -> str:
+    """The holder's ident as ``Holder.ident`` gives it, from a stored hold."""
+    return hold.key.split("|", 1)[0]

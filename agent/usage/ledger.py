@@ -1,0 +1,464 @@
+"""The usage ledger of a running agent: every ``interval_s`` a sweep is accounted, written,
+and checked for idle GPUs (docs/usage.md).
+
+Each tick takes the node's status the way every reader does (``StatusService.sweep``, as a
+quiet reader: a scrape's sweep in flight is joined, and the resting PCIe sampler is left
+resting, so the ledger adds one worker round trip per interval at most and no NVML call of
+its own), the lease table's view (who holds each unit), and the owners of the GPU processes
+(``agent.attribution``: its cache keeps the engines out of it). From those it builds one
+``UnitSample`` per unit (``build_samples``), runs them through the accounting and the idle
+tracker, and submits the batch to the store (one transaction, on the store's own thread:
+the event loop never waits for SQLite). Holders that became idle are acted on by policy
+(``agent.usage.idle``): a line in the log, a stopped container's lease released, or the
+container stopped through its engine.
+
+The store is opened off the event loop once the agent serves (``start``): a ledger that
+another agent holds (``LedgerBusy``) or that cannot be opened leaves the agent serving
+without one, and says so in one line; the REST routes then answer 404 with that reason
+(503 while it is being opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from agent.attribution.cgroup import OwnerKind
+from agent.attribution.owners import Attributor, ProcessOwner
+from agent.display import shown
+from agent.engines.http import EngineError
+from agent.leases.answers import Hold as TakenHold
+from agent.leases.answers import Taken
+from agent.leases.holders import Lease, LeaseState
+from agent.leases.view import TableView
+from agent.leasing.service import LeaseService
+from agent.node.status import StatusService, StatusUnavailable, Sweep
+from agent.usage.accounting import Accounting, Holder, UnitSample
+from agent.usage.idle import IDLE_LABEL, IdlePolicy, IdleTracker, IdleUnit
+from agent.usage.records import Batch, HolderKind
+from agent.usage.store import LedgerBusy, LedgerStatus, LedgerStore
+
+log = logging.getLogger("nvidia-docker-plugin.usage")
+
+COMPOSE_PROJECT = "com.docker.compose.project"
+COMPOSE_SERVICE = "com.docker.compose.service"
+DEFAULT_LABELS = (COMPOSE_PROJECT, COMPOSE_SERVICE, "team", "user")
+LEDGER_FILE = "usage.db"  # in the state directory
+MAX_SERIES = 1000  # owner-label series of the usage counters; beyond, "(other)"
+STOP_TIMEOUT_S = 10  # the engine's grace before it kills an idle container it stops
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSettings:
+    path: Path
+    interval_s: float = 10.0
+    retention_s: float = 90 * 86400.0
+    max_bytes: int = 1 << 30
+    label_keys: tuple[str, ...] = DEFAULT_LABELS
+    idle_after_s: float = 3600.0
+    idle_policy: IdlePolicy = IdlePolicy.NOTIFY
+
+
+class UsageLedger:
+    """The accounting, the idle tracker and the store of one agent."""
+
+    def __init__(
+        self,
+        settings: UsageSettings,
+        status: StatusService,
+        leases: LeaseService,
+        attributor: Attributor,
+        store: LedgerStore | None,
+        *,
+        off_reason: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.status = status
+        self.leases = leases
+        self.attributor = attributor
+        self.store = store
+        self.off_reason = off_reason  # why there is no store (None: there is one)
+        self._clock = clock
+        self.accounting = Accounting(settings.label_keys, max_gap_s=3 * settings.interval_s)
+        self.idle = IdleTracker(settings.idle_after_s, settings.idle_policy)
+        # Held and busy GPU-seconds since the agent started, by (label key, value): the
+        # Prometheus counters (agent.metrics.usage_families).
+        self.by_owner: dict[tuple[str, str], list[float]] = {}
+        self.actions: dict[tuple[str, str], str] = {}  # (unit key, holder): what was done
+        self.ticks = 0
+        self.last_tick_s: float | None = None  # how long the last tick took (perf_counter)
+        self._task: asyncio.Task[None] | None = None
+        self._acting: set[asyncio.Task[None]] = set()
+        if store is not None:
+            self.accounting.resume(store.open_holds())
+
+    @classmethod
+    def for_agent(
+        cls,
+        settings: UsageSettings,
+        status: StatusService,
+        leases: LeaseService,
+        attributor: Attributor,
+    ) -> UsageLedger:
+        """The agent's ledger, its store not open yet: ``start()`` opens it off the event
+        loop (a large file's check takes about 2 s per GB), and the agent serves meanwhile."""
+        for engine in attributor.engines.values():
+            engine.wanted_labels = frozenset((*settings.label_keys, IDLE_LABEL))
+        return cls(settings, status, leases, attributor, None)
+
+    @property
+    def opening(self) -> bool:
+        """The store is being opened (neither open nor given up)."""
+        return self.store is None and self.off_reason is None
+
+    async def _open_store(self) -> bool:
+        """Open the store; on failure, one line and the agent goes on without a ledger."""
+        settings = self.settings
+        try:
+            store = await asyncio.to_thread(
+                LedgerStore.open,
+                settings.path,
+                retention_s=settings.retention_s,
+                max_bytes=settings.max_bytes,
+            )
+        except LedgerBusy as err:
+            self.off_reason = str(err)
+        except OSError as err:
+            self.off_reason = f"the usage ledger {settings.path} cannot be opened: {err}"
+        else:
+            self.accounting.resume(store.open_holds())
+            self.store = store
+            return True
+        log.warning("%s; the agent serves without a usage ledger", self.off_reason)
+        return False
+
+    @property
+    def path(self) -> Path:
+        return self.settings.path
+
+    def store_status(self) -> LedgerStatus | None:
+        return self.store.status() if self.store is not None else None
+
+    async def flush_soon(self, timeout_s: float = 2.0) -> None:
+        """Wait (at most ``timeout_s``) until what was submitted is written: a report asked
+        right after a tick sees that tick."""
+        if self.store is not None:
+            await asyncio.to_thread(self.store.flush, timeout_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="usage-ledger")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for task in list(self._acting):
+            task.cancel()
+        if self.store is not None:
+            store, self.store = self.store, None
+            self._submit_to(store, self.accounting.take_batch())
+            await asyncio.to_thread(store.close)
+
+    async def _run(self) -> None:
+        if self.store is None and not await self._open_store():
+            return
+        interval = self.settings.interval_s
+        while True:
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # the ledger must never cost the agent anything else
+                log.exception("The usage ledger's tick failed; it tries again next interval")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def tick(self) -> None:
+        """One sweep accounted, written and checked for idle GPUs."""
+        began = time.perf_counter()
+        try:
+            sweep = await self.status.sweep(quiet=True)
+        except StatusUnavailable:
+            return  # the driver is being replaced: the gap is not counted
+        now_s = self._clock()
+        view = self.leases.view()
+        owners = await self.attributor.owners(
+            p.pid for status in sweep.statuses for p in status.processes
+        )
+        lease_facts = await self._lease_containers(view)
+        samples = build_samples(sweep, view, owners, lease_facts)
+        self.accounting.observe(now_s, samples)
+        newly_idle = self.idle.observe(now_s, samples)
+        batch = self.accounting.take_batch()
+        if batch is not None:
+            self._count_owners(batch)
+            if self.store is not None:
+                self._submit_to(self.store, batch)
+        for found in newly_idle:
+            self._act(found)
+        self._release_stopped()
+        self.ticks += 1
+        self.last_tick_s = time.perf_counter() - began
+
+    async def _lease_containers(self, view: TableView) -> dict[str, ProcessOwner]:
+        """The name, image and labels of every leased container (cached lookups)."""
+        found: dict[str, ProcessOwner] = {}
+        for lease in view.leases:
+            if lease.container_id is None or lease.container_id in found:
+                continue
+            known = await self.attributor.container(lease.container_id)
+            if known is not None:
+                kind, facts = known
+                found[lease.container_id] = ProcessOwner(
+                    kind, facts.id, facts.name, facts.image, labels=facts.labels
+                )
+        return found
+
+    @staticmethod
+    def _submit_to(store: LedgerStore, batch: Batch | None) -> None:
+        if batch is not None:
+            store.submit(batch)
+
+    def _count_owners(self, batch: Batch) -> None:
+        for delta in batch.deltas:
+            if not delta.dim.startswith("label:"):
+                continue
+            key = (delta.dim.removeprefix("label:"), delta.value)
+            if key not in self.by_owner and len(self.by_owner) >= MAX_SERIES:
+                key = (key[0], "(other)")
+            totals = self.by_owner.setdefault(key, [0.0, 0.0])
+            totals[0] += delta.held_s
+            totals[1] += delta.busy_s
+
+    # -- idle policies ---------------------------------------------------------------------
+
+    def _act(self, found: IdleUnit) -> None:
+        holder = found.holder
+        slot = (found.mig_uuid or found.gpu_uuid, holder.ident)
+        idle_for = _duration(self._clock() - found.idle_since_s)
+        who = _holder_text(holder)
+        if found.policy is IdlePolicy.STOP and holder.container_id is not None:
+            self.actions[slot] = "stopping"
+            task = asyncio.get_running_loop().create_task(self._stop(found, slot, idle_for))
+            self._acting.add(task)
+            task.add_done_callback(self._acting.discard)
+            return
+        self.actions[slot] = "notified"
+        log.warning(
+            "GPU %s has been idle for %s, held by %s; policy %s%s",
+            found.unit,
+            idle_for,
+            who,
+            found.policy.value,
+            ": its lease ends once its container is stopped"
+            if found.policy is IdlePolicy.RELEASE
+            else ": nothing done",
+        )
+
+    async def _stop(self, found: IdleUnit, slot: tuple[str, str], idle_for: str) -> None:
+        holder = found.holder
+        container_id = holder.container_id or ""
+        known = await self.attributor.container(container_id)
+        engine = self.attributor.engines.get(known[0] if known else OwnerKind.DOCKER)
+        if engine is None:
+            self.actions[slot] = "kept: no engine to stop it through"
+            return
+        path = f"/containers/{quote(container_id, safe='')}/stop?t={STOP_TIMEOUT_S}"
+        try:
+            answered = await engine.post(
+                path, f"to stopping container {container_id[:12]}", timeout_s=STOP_TIMEOUT_S + 20
+            )
+        except EngineError as err:
+            self.actions[slot] = "kept: the engine could not be asked"
+            log.warning(
+                "GPU %s has been idle for %s, held by %s; policy stop, but stopping it failed: %s",
+                found.unit,
+                idle_for,
+                _holder_text(holder),
+                err,
+            )
+            return
+        if answered in (204, 304):
+            self.actions[slot] = "stopped"
+            log.warning(
+                "Stopped %s: its GPU %s had been idle for %s (idle policy stop; the label "
+                "%s=off keeps a container from this)",
+                _holder_text(holder),
+                found.unit,
+                idle_for,
+                IDLE_LABEL,
+            )
+        else:
+            self.actions[slot] = f"kept: the engine answered HTTP {answered}"
+            log.warning(
+                "GPU %s has been idle for %s, held by %s; policy stop, but %s answered HTTP "
+                "%d to the stop",
+                found.unit,
+                idle_for,
+                _holder_text(holder),
+                engine.what,
+                answered,
+            )
+
+    def _release_stopped(self) -> None:
+        """Idle units under ``release`` whose lease's container is stopped: end the lease."""
+        stopped = {
+            lease.id for lease in self.leases.view().leases if lease.state is LeaseState.STOPPED
+        }
+        for found in self.idle.idle:
+            lease_id = found.holder.lease_id
+            if found.policy is not IdlePolicy.RELEASE or lease_id not in stopped:
+                continue
+            self.leases.release(lease_id)
+            stopped.discard(lease_id)
+            self.actions[(found.mig_uuid or found.gpu_uuid, found.holder.ident)] = "released"
+            log.warning(
+                "Released %s: its container is stopped and GPU %s had been idle for %s "
+                "(idle policy release)",
+                lease_id,
+                found.unit,
+                _duration(self._clock() - found.idle_since_s),
+            )
+
+    def action_of(self, found: IdleUnit) -> str | None:
+        return self.actions.get((found.mig_uuid or found.gpu_uuid, found.holder.ident))
+
+
+def build_samples(
+    sweep: Sweep,
+    view: TableView,
+    owners: dict[int, ProcessOwner],
+    lease_containers: dict[str, ProcessOwner],
+) -> list[UnitSample]:
+    """One sample per unit of the table: its holders (leases, foreign holders, and GPU
+    processes of nobody the table knows) and how busy it is."""
+    leases = {lease.id: lease for lease in view.leases}
+    statuses = sweep.statuses
+    samples: list[UnitSample] = []
+    for unit in view.units:
+        if unit.gpu >= len(statuses) or unit.uuid is None:
+            continue
+        status = statuses[unit.gpu]
+        device = sweep.node.devices[unit.gpu] if unit.gpu < len(sweep.node.devices) else None
+        gpu_uuid = device.uuid if device is not None and device.uuid else unit.uuid
+        whole = unit.mig is None
+        holders: list[Holder] = []
+        containers: set[str] = set()
+        for taken in unit.holders:
+            holder = _holder_of(taken, leases, lease_containers)
+            if holder is not None and holder.ident not in {h.ident for h in holders}:
+                holders.append(holder)
+                if holder.container_id:
+                    containers.add(holder.container_id)
+        pids_of_holders = False
+        for process in status.processes:
+            owner = owners.get(process.pid)
+            container_id = owner.container_id if owner is not None else None
+            if container_id is not None and container_id in containers:
+                pids_of_holders = True
+                continue
+            if not whole:
+                continue  # a MIG GPU's processes cannot be told apart by MIG device here
+            holder = _process_holder(process.pid, owner)
+            if holder.ident not in {h.ident for h in holders}:
+                holders.append(holder)
+                pids_of_holders = True
+        util = status.utilization.gpu_pct if whole else None
+        samples.append(
+            UnitSample(
+                unit=unit.name,
+                gpu_index=unit.gpu,
+                gpu_uuid=gpu_uuid,
+                mig_uuid=None if whole else unit.uuid,
+                utilization_pct=util,
+                memory_used_mib=status.memory_used_mib if whole else None,
+                energy_mj=status.telemetry.total_energy_mj if whole else None,
+                holders=tuple(holders),
+                active=bool(util) or pids_of_holders,
+            )
+        )
+    return samples
+
+
+def _holder_of(
+    taken: Taken,
+    leases: dict[str, Lease],
+    lease_containers: dict[str, ProcessOwner],
+) -> Holder | None:
+    if taken.hold is TakenHold.UNHEALTHY:
+        return None
+    if taken.hold is TakenHold.FOREIGN:
+        ident = taken.container_id or "unknown"
+        if ident.startswith("pid "):
+            pid = int(ident.removeprefix("pid ")) if ident[4:].isdigit() else None
+            return Holder(HolderKind.PROCESS, ident, pid=pid)
+        return Holder(HolderKind.CONTAINER, ident, container_id=ident)
+    lease = leases.get(taken.lease_id or "")
+    if lease is None:
+        return None
+    facts = lease_containers.get(lease.container_id or "")
+    labels = dict(lease.owner)
+    if facts is not None:
+        labels.update(facts.labels)
+    policy = labels.pop(IDLE_LABEL, None)
+    return Holder(
+        HolderKind.LEASE,
+        lease.id,
+        lease_id=lease.id,
+        container_id=lease.container_id,
+        container_name=facts.container_name if facts else None,
+        image=facts.image if facts else None,
+        labels=tuple(sorted(labels.items())),
+        since_s=lease.since_s,
+        idle_policy=policy,
+    )
+
+
+def _process_holder(pid: int, owner: ProcessOwner | None) -> Holder:
+    if owner is not None and owner.in_container and owner.container_id:
+        labels = dict(owner.labels)
+        policy = labels.pop(IDLE_LABEL, None)
+        return Holder(
+            HolderKind.CONTAINER,
+            owner.container_id,
+            container_id=owner.container_id,
+            container_name=owner.container_name,
+            image=owner.image,
+            labels=tuple(sorted(labels.items())),
+            idle_policy=policy,
+        )
+    return Holder(HolderKind.PROCESS, f"pid {pid}", pid=pid)
+
+
+def _holder_text(holder: Holder) -> str:
+    if holder.kind is HolderKind.PROCESS:
+        return f"process {holder.pid}"
+    name = shown(holder.container_name) if holder.container_name else None
+    container = f"container {name}" if name else f"container {(holder.container_id or '?')[:12]}"
+    if holder.kind is HolderKind.LEASE:
+        return f"{container} ({holder.lease_id})" if holder.container_id else str(holder.lease_id)
+    return container
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+def idle_rows(ledger: UsageLedger) -> Sequence[tuple[IdleUnit, str | None]]:
+    """Every idle holder now, with what was done about it."""
+    return [(found, ledger.action_of(found)) for found in ledger.idle.idle]
