@@ -106,6 +106,7 @@ def served(dockerd: Dockerd, tmp_path: Path) -> Iterator[Served]:
         "--spec-file", str(dockerd.engine.plugin_specs / "nvidia-docker.spec"),
         "--cdi-spec-dir", "",
         "--engine-socket", str(engine_socket),
+        "--usage-interval", "0.5",
         simulate="hgx-h200-8",
         socket_dir=dockerd.plugin_dir,
     )  # fmt: skip
@@ -381,10 +382,28 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     wait_until(lambda: set(served.bound()) == full, what="4 leases bound", timeout_s=20)
     owners = [lease["Owner"] for lease in served.table()["Leases"]]
     assert sorted(o["name"] for o in owners) == [f"nvdgpus-trainer-{i}" for i in range(1, 5)]
+    # The usage ledger groups them by the labels Compose gave them (docs/usage.md).
+    wait_until(
+        lambda: usage(served, "label:com.docker.compose.project").get("nvdgpus", 0.0) >= 4.0,
+        what="the ledger's GPU-seconds of project nvdgpus", timeout_s=30,
+    )  # fmt: skip
+    assert set(usage(served, "label:com.docker.compose.service")) >= {"trainer"}
+    replicas = usage(served, "container")
+    assert {f"nvdgpus-trainer-{i}" for i in range(1, 5)} <= set(replicas), replicas
 
     down = compose("down")
     assert down.returncode == 0, down.stderr.decode()
     wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+
+
+def usage(served: Served, by: str) -> dict[str, float]:
+    """GPU-seconds per group of ``GET /usage/json?by=BY`` over the last hour."""
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{served.agent.port}/usage/json?by={by}&since=-1h", timeout=10
+    ) as resp:
+        answer = json.loads(resp.read())
+    key = by.removeprefix("label:")
+    return {str(row[key]): float(row["gpu_seconds"]) for row in answer["rows"]}
 
 
 def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logged(
