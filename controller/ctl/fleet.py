@@ -36,7 +36,11 @@ from controller.options import Options, setting
 
 if TYPE_CHECKING:
     from controller.fleet.free_view import FreeAsk
-    from controller.fleet.query import FleetNode, Query
+    from controller.fleet.output import Progress
+    from controller.fleet.query import FleetNode, NodeResult, Query
+    from controller.fleet.report import OrderedWindow
+    from controller.transport.ssh_tunnel import SshOptions
+    from controller.transport.tls import TlsOptions
 
 PROGRESS_MIN_NODES = 8  # a progress bar when more nodes than this are asked (on a terminal)
 PROG = "nvidia-docker-ctl"
@@ -196,7 +200,6 @@ def run_fleet_command(
     printed once every node is done, and the exit code says whether any node qualifies."""
     from controller.fleet.health_view import StatusNotes, gpu_problems  # noqa: PLC0415
     from controller.fleet.output import Progress, ProgressAware  # noqa: PLC0415
-    from controller.fleet.query import NodeResult, ask_fleet  # noqa: PLC0415
     from controller.fleet.report import (  # noqa: PLC0415
         CountingSink,
         JsonDocumentSink,
@@ -264,22 +267,7 @@ def run_fleet_command(
         if progress is not None:
             progress.update(result)
 
-    try:
-        asyncio.run(
-            ask_fleet(
-                asked,
-                query,
-                on_result,
-                parallel=options.parallel,
-                timeout_s=options.timeout_s,
-                ssh=ssh,
-                tls=tls,
-                admit=None if window is None else window.admit,
-            )
-        )
-    finally:
-        if progress is not None:
-            progress.close()
+    ask_each(asked, query, on_result, options, ssh=ssh, tls=tls, window=window, progress=progress)
     sink.close()
 
     counts = sink.summary
@@ -316,6 +304,39 @@ def run_fleet_command(
     if counts.failed == 0:
         return EXIT_FAILED if unhealthy else EXIT_OK
     return EXIT_NO_ANSWER if counts.reached == 0 else EXIT_FAILED
+
+
+def ask_each(
+    asked: Sequence[FleetNode],
+    query: Query,
+    on_result: Callable[[int, NodeResult], None],
+    options: Options,
+    *,
+    ssh: SshOptions | None,
+    tls: TlsOptions,
+    window: OrderedWindow | None,
+    progress: Progress | None,
+) -> None:
+    """Ask every node (``options.parallel`` at once, each within ``options.timeout_s``),
+    ``on_result`` for each answer; the progress line closed at the end, whatever happens."""
+    from controller.fleet.query import ask_fleet  # noqa: PLC0415
+
+    try:
+        asyncio.run(
+            ask_fleet(
+                asked,
+                query,
+                on_result,
+                parallel=options.parallel,
+                timeout_s=options.timeout_s,
+                ssh=ssh,
+                tls=tls,
+                admit=None if window is None else window.admit,
+            )
+        )
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def _ellipsis() -> str:

@@ -22,7 +22,6 @@ failed (a node that did not answer may have idle GPUs), 3 no node's agent could 
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import click
 
 from controller.ctl.flags import operator_options, request_options
-from controller.ctl.fleet import FLEET_OPTIONS, PROG, PROGRESS_MIN_NODES, FleetNodes, gather_nodes
+from controller.ctl.fleet import (
+    FLEET_OPTIONS,
+    PROG,
+    PROGRESS_MIN_NODES,
+    FleetNodes,
+    ask_each,
+    gather_nodes,
+)
 from controller.errors import EXIT_FAILED, EXIT_NO_ANSWER, EXIT_OK
 from controller.fleet.usage_view import MAX_ROWS, check_by, check_time
 from controller.options import Options, setting
@@ -202,7 +208,6 @@ def run_report(
     summary on stderr (not with ``--jsonl``, whose lines carry them)."""
     from controller.ctl.fleet import _ellipsis  # noqa: PLC0415
     from controller.fleet.output import Progress, ProgressAware  # noqa: PLC0415
-    from controller.fleet.query import ask_fleet  # noqa: PLC0415
     from controller.fleet.report import (  # noqa: PLC0415
         CountingSink,
         JsonLinesSink,
@@ -242,22 +247,7 @@ def run_report(
         if progress is not None:
             progress.update(result)
 
-    try:
-        asyncio.run(
-            ask_fleet(
-                asked,
-                query,
-                on_result,
-                parallel=options.parallel,
-                timeout_s=options.timeout_s,
-                ssh=ssh,
-                tls=tls,
-                admit=None if window is None else window.admit,
-            )
-        )
-    finally:
-        if progress is not None:
-            progress.close()
+    ask_each(asked, query, on_result, options, ssh=ssh, tls=tls, window=window, progress=progress)
     sink.close()
     counts = sink.summary
     if output == "jsonl":
