@@ -221,8 +221,11 @@ def test_two_agents_on_one_ledger_file_the_second_serves_without_one(tmp_path: P
     ):
         ask(first, "ml")
         wait_team_seconds(first, "ml", 1.0)
-        wait_until(lambda: call(second, "GET", "/usage/json")[0] != 503,
-                   what="the second agent's ledger opened or given up", proc=second.proc)  # fmt: skip
+        wait_until(
+            lambda: call(second, "GET", "/usage/json")[0] != 503,
+            what="the second agent's ledger opened or given up",
+            proc=second.proc,
+        )
         status, answer = call(second, "GET", "/usage/json")
         info, _ = call(second, "GET", "/gpu/info/json")
         log = second.log()
