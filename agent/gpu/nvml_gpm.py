@@ -15,7 +15,8 @@ GPM functions, a call failed, a metric failed on its own (each has its return co
 pair of samples is recent: two samples further apart than ``MAX_PAIR_S`` give nothing (the
 sampler rested: nobody read status), and values older than ``MAX_AGE_S`` are not served.
 NVLink traffic is asked only of GPUs that have NVLinks. Each of these situations is logged
-once per GPU.
+once per GPU; a GPU (or GPU instance) that GPM says it cannot sample at all is not asked
+again.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ METRICS_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION
 MIN_PAIR_S = 0.1  # two samples closer than this: keep the older one, and the last values
 MAX_PAIR_S = 60.0  # further apart than this (the sampler rested): no values from the pair
 MAX_AGE_S = 60.0  # values computed longer ago than this are not served
+# Answers that say a series can never be sampled (not another try each second).
+_NEVER = frozenset(
+    {nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND, nvml.ERROR_NOT_IN_PYNVML}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +229,8 @@ class GpmSampler:
         if taken.error is not None:
             self._note(series, "sample", f"no GPM sample ({nvml.error_name(taken.error)})")
             self._forget(series)
+            if taken.error in _NEVER:
+                series.dead = True  # it will not work later either: not asked again
             return
         previous, previous_at = series.previous, series.taken_at
         series.previous, series.taken_at = slot, now

@@ -74,6 +74,13 @@ class Struct(types.SimpleNamespace):
     """A ctypes structure as pynvml returns it: attribute access."""
 
 
+# Functions the fake answers that the floor's pynvml (nvidia-ml-py 11.510.69) does not have:
+# GPM came later. Every one exists in the newest pynvml (test_nvml_backend checks).
+NEWER_THAN_THE_FLOOR = frozenset({
+    "nvmlGpmMetricsGet", "nvmlGpmMigSampleGet", "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmQueryIfStreamingEnabled", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+})  # fmt: skip
 GPM_METRIC_SLOTS = 477  # NVML_GPM_METRIC_MAX: the metrics array of nvmlGpmMetricsGet_t
 GPM_METRIC_IDS = {  # nvml.h's NVML_GPM_METRIC_*, the ones the agent asks for
     "GRAPHICS_UTIL": 1, "SM_UTIL": 2, "SM_OCCUPANCY": 3, "ANY_TENSOR_UTIL": 5,

@@ -264,3 +264,17 @@ def test_status_reads_serve_the_sampler_values_and_take_no_sample(
     assert not [call for call in fake.calls if call.startswith("nvmlGpm")]
     backend.close()
     assert all(sample.freed for sample in fake.gpm_samples)
+
+
+def test_a_series_gpm_cannot_sample_is_not_asked_again(
+    make_fake: MakeFake, start_backend: StartBackend
+) -> None:
+    fake = make_fake("h200")
+    devices = start_backend(fake).node_info().devices
+    gpm = sampler(fake, devices, Clock())
+    fake.gpm_supported[0] = False  # said yes at start, then the sample says "not supported"
+    gpm.sample(0)
+    fake.calls.clear()
+    gpm.sample(0)
+    assert "nvmlGpmSampleGet" not in fake.calls
+    assert gpm.profiling(0) is UNKNOWN_PROFILING
