@@ -219,6 +219,9 @@ class Load:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait(10)
+        self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def _median_s(work: Callable[[], object], times: int) -> float:

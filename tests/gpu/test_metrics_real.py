@@ -167,7 +167,21 @@ class Agent:
     def samples(self) -> list[tuple[str, dict[str, str], float]]:
         text = self.get("/metrics").decode()
         parse = cast(Callable[[str], Iterable[Metric]], text_string_to_metric_families)
-        return [(s.name, dict(s.labels), s.value) for f in parse(text) for s in f.samples]
+        lines = "\n" + text
+        found = []
+        for family in parse(text):
+            for s in family.samples:
+                # The parser names a counter's samples <name>_total; the GPU counters are
+                # written without the suffix, as dcgm-exporter writes them: keep their names.
+                name = s.name
+                if (
+                    family.type == "counter"
+                    and name.endswith("_total")
+                    and f"\n{name}" not in lines
+                ):
+                    name = name.removesuffix("_total")
+                found.append((name, dict(s.labels), s.value))
+        return found
 
 
 @pytest.fixture(scope="module")
