@@ -256,7 +256,11 @@ async def _write_cdi_spec(
         config.cdi_spec_dir, config.cdi_dev_root, find_linker_cache_hook(), config.cdi_kind
     )
     # an unhealthy GPU leaves the spec's `all` (NodeFacts knows which, agent.node.life)
-    cdi = CdiSpecWriter(settings, volume_builder(store), unhealthy=lambda facts: facts.unhealthy)
+    cdi = CdiSpecWriter(
+        settings,
+        volume_builder(store),
+        unhealthy=lambda facts: facts.unhealthy | facts.unhealthy_migs,
+    )
     parts.push_async_callback(cdi.close)
     log.info("Writing the CDI spec %s (with the driver volume it mounts)", cdi.path)
     cdi.start(state.facts)

@@ -75,6 +75,7 @@ class MigInstance:
     index: int  # NVML's MIG device index on its GPU
     uuid: str | None
     nodes: tuple[DeviceNode, ...]  # its capability nodes; empty: it cannot be given
+    healthy: bool = True  # withdrawn on its own (its GPU healthy): it keeps its names, leaves "all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,15 @@ def build_spec(inputs: SpecInputs) -> BuiltSpec:
         nodes = [gpu.node, *(node for mig in gpu.mig for node in mig.nodes), *gpu.drm]
         devices += _named(_names(str(gpu.index), gpu.uuid, f"GPU {gpu.index}", left_out), nodes)
         if gpu.healthy:
-            everything += nodes
+            everything += [
+                node for node in nodes
+                if not any(node in mig.nodes for mig in gpu.mig if not mig.healthy)
+            ]  # fmt: skip
+            left_out += [
+                f"GPU {gpu.index} MIG device {mig.index}: unhealthy, not in {ALL!r}"
+                for mig in gpu.mig
+                if not mig.healthy
+            ]
         else:
             left_out.append(f"GPU {gpu.index}: unhealthy, not in {ALL!r}")
         for mig in gpu.mig:

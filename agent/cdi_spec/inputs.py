@@ -62,6 +62,7 @@ def cdi_gpu(
     *,
     healthy: bool = True,
     drm: tuple[spec.DeviceNode, ...] = (),
+    sick_migs: frozenset[int] = frozenset(),
 ) -> spec.Gpu:
     return spec.Gpu(
         index=device.index,
@@ -74,16 +75,22 @@ def cdi_gpu(
                 index=mig.index,
                 uuid=mig.uuid,
                 nodes=tuple(device_node(cap, dev_root) for cap in mig.capabilities),
+                healthy=mig.index not in sick_migs,
             )
             for mig in device.mig_devices
         ),
     )
 
 
+def _sick_migs(unhealthy: frozenset[int | tuple[int, int]], gpu: int) -> frozenset[int]:
+    """The MIG devices of GPU ``gpu`` withdrawn on their own."""
+    return frozenset(item[1] for item in unhealthy if isinstance(item, tuple) and item[0] == gpu)
+
+
 def spec_inputs(
     node: NodeInfo,
     *,
-    unhealthy: frozenset[int] = frozenset(),
+    unhealthy: frozenset[int | tuple[int, int]] = frozenset(),
     driver_volume: Path | None,
     hook: spec.LinkerCacheHook | None,
     dev_root: Path = ROOT,
@@ -98,7 +105,13 @@ def spec_inputs(
     drm = drm or {}
     return spec.SpecInputs(
         gpus=tuple(
-            cdi_gpu(dev, dev_root, healthy=dev.index not in unhealthy, drm=drm.get(dev.index, ()))
+            cdi_gpu(
+                dev,
+                dev_root,
+                healthy=dev.index not in unhealthy,
+                drm=drm.get(dev.index, ()),
+                sick_migs=_sick_migs(unhealthy, dev.index),
+            )
             for dev in node.devices
         ),
         control_nodes=control_nodes(dev_root, exists),

@@ -72,10 +72,12 @@ HOOK_PROGRAM = "nvidia-docker-cdi-hook"
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 
 EnsureVolume = Callable[[str], Path]  # driver version -> the volume's directory (blocking)
-Unhealthy = Callable[[NodeFacts], frozenset[int]]  # facts -> indices of unhealthy GPUs
+# facts -> the units not handed out: GPU indices, and (GPU, MIG device) of MIG devices
+# withdrawn on their own
+Unhealthy = Callable[[NodeFacts], frozenset[int | tuple[int, int]]]
 
 
-def no_unhealthy_gpus(_facts: NodeFacts) -> frozenset[int]:
+def no_unhealthy_gpus(_facts: NodeFacts) -> frozenset[int | tuple[int, int]]:
     """Until the node's health is known to the facts, every GPU counts as healthy."""
     return frozenset()
 

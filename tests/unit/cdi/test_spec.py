@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -164,6 +165,20 @@ def test_mig_devices_by_index_and_uuid() -> None:
     assert nodes_of(doc, "all") == ["/dev/nvidia0", *caps_0, *caps_2, "/dev/nvidia1"]
     assert schema_errors(doc) == []
     assert doc["cdiVersion"] == "0.5.0"
+
+
+def test_a_mig_device_withdrawn_on_its_own_leaves_all_but_keeps_its_names() -> None:
+    inputs = mig_inputs()
+    gpu0 = inputs.gpus[0]
+    sick = (gpu0.mig[0], MigInstance(2, MIG01, caps(21, 23), healthy=False))
+    built = spec.build_spec(replace(inputs, gpus=(replace(gpu0, mig=sick), inputs.gpus[1])))
+    doc = built.document
+    caps_0 = ["/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]
+    assert nodes_of(doc, MIG01) == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21",
+                                    "/dev/nvidia-caps/nvidia-cap23"]  # fmt: skip
+    assert nodes_of(doc, "all") == ["/dev/nvidia0", *caps_0, "/dev/nvidia1"]
+    assert built.left_out == ("GPU 0 MIG device 2: unhealthy, not in 'all'",)
+    assert schema_errors(doc) == []
 
 
 def test_a_mig_device_without_capability_nodes_is_left_out() -> None:
