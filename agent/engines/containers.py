@@ -14,13 +14,14 @@ answer):
 - ``HostConfig.Devices`` whose ``PathOnHost`` is a GPU's device file (``/dev/nvidia3``:
   ``--device``) or a MIG capability file (``/dev/nvidia-caps/nvidia-cap12``, which says
   which MIG devices of a GPU named by its file it gets); or a CDI name
-  (``nvidia.com/gpu=0``), where an engine shows CDI devices there. Not ``nvidiactl``,
+  (``nvidia.com/gpu=0``, or of the agent's own kind under ``--cdi-kind``:
+  ``nvidia-docker.com/gpu=0``), where an engine shows CDI devices there. Not ``nvidiactl``,
   ``nvidia-uvm`` or ``nvidia-modeset``: every GPU container has them, they name no GPU;
 - ``HostConfig.DeviceRequests`` of NVIDIA's device driver (``--gpus``: driver ``nvidia``, or
   no driver and a set of NVIDIA's capabilities only, as ``gpu``): ``all`` for a count of -1, the
   first N GPUs (``0`` to ``N-1``, as dockerd hands them out) for a count of N, else its
   ``DeviceIDs`` (indices, UUIDs, MIG devices) as given; and of the ``cdi`` driver (Docker
-  25+: ``--device nvidia.com/gpu=0``), the ``nvidia.com/gpu=`` names;
+  25+: ``--device nvidia.com/gpu=0``), the names of a GPU kind (``<vendor>/gpu=``);
 - ``NVIDIA_VISIBLE_DEVICES`` in ``Config.Env`` (its last value) when the container runs
   with NVIDIA's runtime (``HostConfig.Runtime`` names ``nvidia``: nvidia-container-runtime
   reads it; ``visible_devices_env`` says otherwise for an engine that runs NVIDIA's hook for
@@ -56,6 +57,7 @@ from urllib.parse import quote
 from agent.engines.http import MIB, BadAnswer, EngineClient, EngineError, bounded_text, parse_answer
 from agent.leases.containers import Container
 from agent.leases.labels import read_label
+from agent.leases.units import cdi_device
 
 MAX_CONTAINERS = 4096  # containers in one list (a resync)
 # The list's answer: a real entry is about 1 KB (its labels, mounts and networks); 16 MiB is
@@ -69,7 +71,6 @@ MAX_DEVICES = 512  # device entries of one container (64 GPUs of 7 MIG devices, 
 MAX_DEVICE_CHARS = 128  # a UUID is 40; "nvidia.com/gpu=MIG-" and a UUID fit
 MAX_HOW_CHARS = 256
 
-CDI_PREFIX = "nvidia.com/gpu="
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # The capabilities dockerd's NVIDIA device driver answers for (a request without a driver
 # goes to the driver that has all the capabilities of one of its sets).
@@ -140,7 +141,7 @@ def given_devices(
         if isinstance(path, str) and (
             _DEVICE_FILE.fullmatch(path)
             or _CAPABILITY_FILE.fullmatch(path)
-            or path.startswith(CDI_PREFIX)
+            or cdi_device(path) is not None
         ):
             found.add([path], f"--device {path}")
     nvidia_request = False
@@ -154,7 +155,7 @@ def given_devices(
             for part in one.split(",")
         ]
         if driver == "cdi":
-            cdi = [name for name in ids if name.startswith(CDI_PREFIX)]
+            cdi = [name for name in ids if cdi_device(name) is not None]
             for name in cdi:
                 found.add([name], f"--device {name}")
         elif driver == "nvidia" or (driver == "" and _nvidia_capabilities(request)):

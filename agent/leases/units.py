@@ -9,13 +9,24 @@ renumbering keeps; without one, its ``dev`` name (``3``, ``0:1``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.node.selection import Target, select_targets
 
-CDI_PREFIX = "nvidia.com/gpu="  # a CDI device name: nvidia.com/gpu=0, =GPU-…, =all
+# A CDI name of a GPU kind: NVIDIA's ``nvidia.com/gpu=`` or the agent's own under
+# ``--cdi-kind`` (``nvidia-docker.com/gpu=``): vendor, then the class ``gpu``.
+CDI_GPU_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/gpu=(?P<name>.+)")
+
+
+def cdi_device(entry: str) -> str | None:
+    """The device part of a CDI GPU name (``nvidia.com/gpu=0`` -> ``0``), else None."""
+    match = CDI_GPU_NAME.fullmatch(entry)
+    return match.group("name") if match else None
+
+
 CAPS_PREFIX = "/dev/nvidia-caps/"
 
 
@@ -116,7 +127,7 @@ class NodeUnits:
             for u in self._by_capability(entry)
         }
         for raw in devices:
-            entry = raw.removeprefix(CDI_PREFIX)
+            entry = cdi_device(raw) or raw
             if entry == "all":
                 units = self.all()
             elif entry.startswith(CAPS_PREFIX):

@@ -99,8 +99,22 @@ def test_what_the_table_makes_of_them() -> None:
         (given_devices(captured("docker-20.10-gpus-all")).devices, list(range(8))),
         (given_devices(captured("docker-26-cdi")).devices, [0]),
         (("/dev/nvidia3", "nvidia.com/gpu=5", gpu1.uuid or ""), [1, 3, 5]),
+        # the agent's own kind (--cdi-kind nvidia-docker.com/gpu) names GPUs too
+        (("nvidia-docker.com/gpu=2", "nvidia-docker.com/gpu=6"), [2, 6]),
+        (("vendor.com/fpga=4",), []),
     ]:
         assert [u.gpu for u in units.given(devices)] == gpus
+
+
+def test_a_device_of_the_agents_own_cdi_kind_is_a_gpu_the_container_holds() -> None:
+    found = given_devices(
+        inspect(devices=[device("nvidia-docker.com/gpu=3"), device("vendor.com/fpga=0")])
+    )
+    assert found.devices == ("nvidia-docker.com/gpu=3",)
+    requested = given_devices(
+        inspect(requests=[{"Driver": "cdi", "DeviceIDs": ["nvidia-docker.com/gpu=GPU-8f6a"]}])
+    )
+    assert requested.devices == ("nvidia-docker.com/gpu=GPU-8f6a",)
 
 
 def inspect(
