@@ -20,7 +20,9 @@ is counted from its grant); a holder no longer seen ends at the last sweep that 
 each figure is within one sweep interval of the truth. Every amount is also added to the
 UTC hour(s) it fell in, per grouping: ``gpu`` (the GPU's UUID; a MIG device counts under its
 GPU), ``image`` and ``label:KEY`` for each recorded label key (``""`` for a holder without
-it): what long reports read (``agent.usage.records``).
+it): what long reports read (``agent.usage.records``). A holder whose labels are not known
+yet (``Holder.settled`` false: a lease before its container is created) keeps its hourly
+amounts with its hold until they are, or until it ends.
 
 ``take_batch()`` hands over what changed since the last batch: one write of the store.
 """
@@ -28,7 +30,7 @@ it): what long reports read (``agent.usage.records``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agent.usage.records import Batch, Hold, HolderKind, HourDelta, Labels, hour_of
 
@@ -48,6 +50,10 @@ class Holder:
     labels: Labels = ()
     since_s: float | None = None  # a lease's grant time, when known
     idle_policy: str | None = None  # its nvidia-docker.idle label, as given (agent.usage.idle)
+    # Its labels are final. False for a lease whose container is not known yet (pending, or
+    # its engine has not said its labels): its hourly amounts wait, so that the seconds
+    # before its container was created count under the container's labels too.
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,9 @@ class _Open:
     hold: Hold
     seen_at: float  # the sweep that last saw it
     resumed: bool = False  # the previous run's, not seen by this run yet
+    settled: bool = True  # its holder's labels are known (see Holder.settled)
+    # While not settled: its amounts by UTC hour, not yet in the hourly deltas.
+    unsettled: dict[int, list[float]] = field(default_factory=dict)
 
 
 class Accounting:
@@ -111,6 +120,7 @@ class Accounting:
         self._last_t = t_s
 
     def _end(self, current: _Open) -> None:
+        self._settle(current)
         current.hold.ended_s = current.hold.last_seen_s
         self._dirty[current.hold.key] = current.hold
 
@@ -143,6 +153,7 @@ class Accounting:
                 if holder.since_s is not None and last is not None and last < holder.since_s:
                     started, step = min(holder.since_s, t_s), max(0.0, t_s - holder.since_s)
                 current = _Open(self._new_hold(holder, sample, started), t_s)
+                current.settled = holder.settled
                 self._open[slot] = current
             hold = current.hold
             self._refresh(hold, holder)
@@ -161,8 +172,10 @@ class Accounting:
             hold.last_seen_s = t_s
             current.seen_at = t_s
             self._dirty[hold.key] = hold
+            if holder.settled and not current.settled:
+                self._settle(current)
             if step > 0.0:
-                self._add_to_hours(t_s - step, t_s, hold, busy, joules or 0.0)
+                self._add_to_hours(current, t_s - step, t_s, busy, joules or 0.0)
 
     def _energy_since(self, t_s: float, sample: UnitSample) -> tuple[float, float] | None:
         """Joules the GPU used since its previous reading, and over how many seconds
@@ -210,24 +223,42 @@ class Accounting:
             hold.labels = holder.labels
 
     def _add_to_hours(
-        self, start_s: float, end_s: float, hold: Hold, busy_s: float, energy_j: float
+        self, current: _Open, start_s: float, end_s: float, busy_s: float, energy_j: float
     ) -> None:
-        """Spread the amounts of [start_s, end_s) over the UTC hours they fall in."""
+        """Spread the amounts of [start_s, end_s) over the UTC hours they fall in: into the
+        hourly deltas, or, while the holder's labels are not known yet, into the hold's own
+        unsettled hours (``settle`` moves them, under the labels then known)."""
         span = end_s - start_s
-        labels = dict(hold.labels)
-        groups = [("gpu", hold.gpu_uuid), ("image", hold.image or "")]
-        groups += [(f"label:{key}", labels.get(key, "")) for key in self.label_keys]
         at = start_s
         while at < end_s:
             hour = hour_of(at)
             piece_end = min(end_s, hour + 3600)
             part = (piece_end - at) / span
-            for dim, value in groups:
-                totals = self._deltas.setdefault((hour, dim, value), [0.0, 0.0, 0.0])
-                totals[0] += piece_end - at
-                totals[1] += busy_s * part
-                totals[2] += energy_j * part
+            amounts = (piece_end - at, busy_s * part, energy_j * part)
+            if current.settled:
+                self._add_hour(current.hold, hour, amounts)
+            else:
+                kept = current.unsettled.setdefault(hour, [0.0, 0.0, 0.0])
+                for i, amount in enumerate(amounts):
+                    kept[i] += amount
             at = piece_end
+
+    def _settle(self, current: _Open) -> None:
+        """The holder's labels are known (or the hold ended): its unsettled hours go to the
+        hourly deltas under the labels the hold has now."""
+        current.settled = True
+        for hour, amounts in current.unsettled.items():
+            self._add_hour(current.hold, hour, (amounts[0], amounts[1], amounts[2]))
+        current.unsettled.clear()
+
+    def _add_hour(self, hold: Hold, hour: int, amounts: tuple[float, float, float]) -> None:
+        labels = dict(hold.labels)
+        groups = [("gpu", hold.gpu_uuid), ("image", hold.image or "")]
+        groups += [(f"label:{key}", labels.get(key, "")) for key in self.label_keys]
+        for dim, value in groups:
+            totals = self._deltas.setdefault((hour, dim, value), [0.0, 0.0, 0.0])
+            for i, amount in enumerate(amounts):
+                totals[i] += amount
 
     def take_batch(self) -> Batch | None:
         """What changed since the last batch (None: nothing)."""

@@ -51,6 +51,10 @@ COMPOSE_SERVICE = "com.docker.compose.service"
 DEFAULT_LABELS = (COMPOSE_PROJECT, COMPOSE_SERVICE, "team", "user")
 LEDGER_FILE = "usage.db"  # in the state directory
 MAX_SERIES = 1000  # owner-label series of the usage counters; beyond, "(other)"
+# A lease whose container is not known yet waits this long for it before the labels of its
+# ask are taken as its own (accounting.Holder.settled); the wrapper creates the container
+# within a second of the grant.
+SETTLE_S = 5.0
 STOP_TIMEOUT_S = 10  # the engine's grace before it kills an idle container it stops
 
 
@@ -194,7 +198,7 @@ class UsageLedger:
             p.pid for status in sweep.statuses for p in status.processes
         )
         lease_facts = await self._lease_containers(view)
-        samples = build_samples(sweep, view, owners, lease_facts)
+        samples = build_samples(sweep, view, owners, lease_facts, now_s)
         self.accounting.observe(now_s, samples)
         newly_idle = self.idle.observe(now_s, samples)
         batch = self.accounting.take_batch()
@@ -209,15 +213,16 @@ class UsageLedger:
         self.last_tick_s = time.perf_counter() - began
 
     async def _lease_containers(self, view: TableView) -> dict[str, ProcessOwner]:
-        """The name, image and labels of every leased container (cached lookups)."""
+        """The name, image and labels of every leased and foreign container (the
+        attribution's cached lookups)."""
         found: dict[str, ProcessOwner] = {}
-        for lease in view.leases:
-            if lease.container_id is None or lease.container_id in found:
-                continue
-            known = await self.attributor.container(lease.container_id)
+        ids = [lease.container_id for lease in view.leases if lease.container_id is not None]
+        ids += [hold.holder for hold in view.foreign if hold.container]
+        for container_id in dict.fromkeys(ids):
+            known = await self.attributor.container(container_id)
             if known is not None:
                 kind, facts = known
-                found[lease.container_id] = ProcessOwner(
+                found[container_id] = ProcessOwner(
                     kind, facts.id, facts.name, facts.image, labels=facts.labels
                 )
         return found
@@ -337,6 +342,7 @@ def build_samples(
     view: TableView,
     owners: dict[int, ProcessOwner],
     lease_containers: dict[str, ProcessOwner],
+    now_s: float,
 ) -> list[UnitSample]:
     """One sample per unit of the table: its holders (leases, foreign holders, and GPU
     processes of nobody the table knows) and how busy it is."""
@@ -353,7 +359,7 @@ def build_samples(
         holders: list[Holder] = []
         containers: set[str] = set()
         for taken in unit.holders:
-            holder = _holder_of(taken, leases, lease_containers)
+            holder = _holder_of(taken, leases, lease_containers, now_s)
             if holder is not None and holder.ident not in {h.ident for h in holders}:
                 holders.append(holder)
                 if holder.container_id:
@@ -392,6 +398,7 @@ def _holder_of(
     taken: Taken,
     leases: dict[str, Lease],
     lease_containers: dict[str, ProcessOwner],
+    now_s: float,
 ) -> Holder | None:
     if taken.hold is TakenHold.UNHEALTHY:
         return None
@@ -400,7 +407,18 @@ def _holder_of(
         if ident.startswith("pid "):
             pid = int(ident.removeprefix("pid ")) if ident[4:].isdigit() else None
             return Holder(HolderKind.PROCESS, ident, pid=pid)
-        return Holder(HolderKind.CONTAINER, ident, container_id=ident)
+        facts = lease_containers.get(ident)
+        labels = dict(facts.labels) if facts is not None else {}
+        policy = labels.pop(IDLE_LABEL, None)
+        return Holder(
+            HolderKind.CONTAINER,
+            ident,
+            container_id=ident,
+            container_name=facts.container_name if facts else None,
+            image=facts.image if facts else None,
+            labels=tuple(sorted(labels.items())),
+            idle_policy=policy,
+        )
     lease = leases.get(taken.lease_id or "")
     if lease is None:
         return None
@@ -419,6 +437,8 @@ def _holder_of(
         labels=tuple(sorted(labels.items())),
         since_s=lease.since_s,
         idle_policy=policy,
+        # the container's labels count for the whole lease, its pending seconds too
+        settled=facts is not None or now_s - lease.since_s >= SETTLE_S,
     )
 
 

@@ -59,7 +59,7 @@ def main() -> None:
             t_s += INTERVAL_S
             sweep = Sweep(node, statuses, (), None, time.monotonic())
             started = time.perf_counter()
-            samples = build_samples(sweep, leases.view(), {}, {})
+            samples = build_samples(sweep, leases.view(), {}, {}, t_s)
             accounting.observe(t_s, samples)
             idle.observe(t_s, samples)
             batch = accounting.take_batch()

@@ -134,7 +134,7 @@ def test_mount_and_rest_answer_within_1s_under_1100_stalled_connections_at_1024_
         created = agent.plugin("VolumeDriver.Create", {"Name": VOLUME}, timeout_s=60)
         assert created == (200, {"Err": ""})
         mount_and_get(agent, 1.0)
-        baseline = agent.open_descriptors()
+        baseline = agent.settled_descriptors()
         with descriptor_peak(agent) as most:
             for _ in range(4):  # a quarter of the attack at a time, then the good client
                 for _ in range(ATTACKERS // 4):
@@ -201,7 +201,7 @@ def test_the_tls_port_under_1100_connections_stalled_in_their_handshake_at_1024_
         )
         mount_and_get(agent, 1.0)  # the GET: plain HTTP to loopback
         tls_get(agent.port, pki.pem("ca"), 1.0)
-        baseline = agent.open_descriptors()
+        baseline = agent.settled_descriptors()
         most = baseline
         for _ in range(4):
             for _ in range(ATTACKERS // 4):
@@ -223,7 +223,7 @@ def test_the_tls_port_under_1100_connections_stalled_in_their_handshake_at_1024_
 
 def test_header_and_idle_timeouts_close_what_clients_leave_open(tmp_path: Path) -> None:
     with running_agent(tmp_path, "--header-timeout", "1", "--idle-timeout", "2") as agent:
-        baseline = agent.open_descriptors()
+        baseline = agent.settled_descriptors()
         started = time.monotonic()
         stalled = [stall(agent.port) for _ in range(20)]
         silent = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(5)]

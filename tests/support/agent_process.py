@@ -70,6 +70,18 @@ class AgentProcess:
     def open_descriptors(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def settled_descriptors(self, timeout_s: float = 30.0) -> int:
+        """The daemon's descriptors once it has opened everything it opens after Ready: the
+        usage ledger's database opens on a thread after the REST API serves (503 until
+        then; 404 without a ledger)."""
+        wait_until(
+            lambda: self.get("/usage/json")[0] != 503,
+            what=f"the agent's usage ledger opened (log: {self.log_path})",
+            timeout_s=timeout_s,
+            proc=self.proc,
+        )
+        return self.open_descriptors()
+
     def get(self, path: str, *, timeout_s: float = 10.0) -> tuple[int, Mapping[str, str], bytes]:
         """One GET on a new connection: status, headers, body."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)

@@ -187,3 +187,24 @@ def test_after_a_long_restart_the_hold_goes_on_without_the_time_away() -> None:
     assert hold.key == left_open[0].key
     assert hold.ended_s is None
     assert hold.held_s == pytest.approx(20.0)  # 10 before, 10 after; the 590 away not counted
+
+
+def test_a_leases_seconds_before_its_container_count_under_the_containers_labels() -> None:
+    accounting = Accounting(["team"], max_gap_s=30)
+    pending = Holder(HolderKind.LEASE, "lease-1", lease_id="lease-1", settled=False)
+    batch = run(
+        accounting,
+        (T0, [sample(pending)]),
+        (T0 + 10, [sample(pending)]),  # granted, its container not created yet
+        (T0 + 20, [sample(ALICE)]),  # created with team=ml
+        (T0 + 30, [sample(ALICE)]),
+    )
+    assert totals(batch, "label:team", "ml")[0] == pytest.approx(30.0)
+    assert totals(batch, "label:team", "")[0] == 0.0
+
+
+def test_a_hold_that_ends_unsettled_counts_under_what_it_had() -> None:
+    accounting = Accounting(["team"], max_gap_s=30)
+    pending = Holder(HolderKind.LEASE, "lease-1", lease_id="lease-1", settled=False)
+    batch = run(accounting, (T0, [sample(pending)]), (T0 + 10, [sample(pending)]), (T0 + 20, []))
+    assert totals(batch, "label:team", "")[0] == pytest.approx(10.0)
