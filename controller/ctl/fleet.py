@@ -209,19 +209,9 @@ def run_fleet_command(
         ProblemSink,
         TableSink,
     )
-    from controller.transport.tls import TlsOptions, bearer_token, client_context  # noqa: PLC0415
 
     asked = gather_nodes(arguments, nodes, options)
-    tls = TlsOptions.from_options(options)
-    # the options' files are checked once, before any node is asked (exit 2 when wrong)
-    if tls.ca or tls.cert:
-        client_context(tls)
-    bearer_token(tls)
-    ssh = None
-    if any(node.endpoint.transport == "ssh" for node in asked):
-        from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
-
-        ssh = SshOptions.from_options(options, timeout_s=options.timeout_s)
+    tls, ssh = transports_for(asked, options)
 
     progress: Progress | None = None
     out: Output = sys.stdout
@@ -304,6 +294,25 @@ def run_fleet_command(
     if counts.failed == 0:
         return EXIT_FAILED if unhealthy else EXIT_OK
     return EXIT_NO_ANSWER if counts.reached == 0 else EXIT_FAILED
+
+
+def transports_for(
+    asked: Sequence[FleetNode], options: Options
+) -> tuple[TlsOptions, SshOptions | None]:
+    """The TLS and SSH settings of a fleet command, their files checked once before any node
+    is asked (a usage error, exit 2, when wrong); SSH (paramiko) only when a node needs it."""
+    from controller.transport.tls import TlsOptions, bearer_token, client_context  # noqa: PLC0415
+
+    tls = TlsOptions.from_options(options)
+    if tls.ca or tls.cert:
+        client_context(tls)
+    bearer_token(tls)
+    ssh = None
+    if any(node.endpoint.transport == "ssh" for node in asked):
+        from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
+
+        ssh = SshOptions.from_options(options, timeout_s=options.timeout_s)
+    return tls, ssh
 
 
 def ask_each(

@@ -37,6 +37,7 @@ from controller.ctl.fleet import (
     FleetNodes,
     ask_each,
     gather_nodes,
+    transports_for,
 )
 from controller.errors import EXIT_FAILED, EXIT_NO_ANSWER, EXIT_OK
 from controller.fleet.usage_view import MAX_ROWS, check_by, check_time
@@ -215,18 +216,9 @@ def run_report(
         Output,
     )
     from controller.fleet.usage_view import explain_refusal  # noqa: PLC0415
-    from controller.transport.tls import TlsOptions, bearer_token, client_context  # noqa: PLC0415
 
     asked = gather_nodes(arguments, nodes, options)
-    tls = TlsOptions.from_options(options)
-    if tls.ca or tls.cert:  # the options' files are checked before any node is asked
-        client_context(tls)
-    bearer_token(tls)
-    ssh = None
-    if any(item.endpoint.transport == "ssh" for item in asked):
-        from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
-
-        ssh = SshOptions.from_options(options, timeout_s=options.timeout_s)
+    tls, ssh = transports_for(asked, options)
 
     progress: Progress | None = None
     out: Output = sys.stdout
