@@ -41,6 +41,7 @@ from agent.edge.descriptors import DescriptorBudget, descriptor_budget
 from agent.edge.error_log import HttpErrorLog, loop_exception_handler
 from agent.edge.plugin_socket import start_plugin_site
 from agent.edge.readiness import NotAnswering, check_plugin, check_rest
+from agent.engine_socket.cdi_form import CdiForm
 from agent.engine_socket.gpus import GpuCreates
 from agent.engine_socket.site import serve_engine_socket
 from agent.errors import (
@@ -152,7 +153,9 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     )
     bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
-    await _serve_engine_socket(config, state, leases, parts)
+    await _serve_engine_socket(
+        config, state, leases, CdiForm(engines[0], cdi) if cdi else None, parts
+    )
     await life.start()
     if usage is not None:
         usage.start()
@@ -337,12 +340,17 @@ async def _usage(
 
 
 async def _serve_engine_socket(
-    config: Config, state: NodeState, leases: LeaseService, parts: contextlib.AsyncExitStack
+    config: Config,
+    state: NodeState,
+    leases: LeaseService,
+    cdi: CdiForm | None,
+    parts: contextlib.AsyncExitStack,
 ) -> None:
-    """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased."""
+    """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased (in the
+    CDI form where the engine reads the agent's spec: ``cdi``)."""
     if config.engine_socket is None:
         return
-    creates = GpuCreates(leases, lambda: state.facts, Cpusets())
+    creates = GpuCreates(leases, lambda: state.facts, Cpusets(), cdi)
     try:
         site = await serve_engine_socket(
             config.engine_socket,

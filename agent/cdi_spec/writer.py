@@ -193,6 +193,15 @@ class CdiSpecWriter:
             return CdiNaming(self.settings.kind)
         return OWN_NAMING
 
+    @property
+    def dirs_in_force(self) -> frozenset[Path]:
+        """The directories of the spec whose names are in force: this agent's spec directory
+        once its spec is written, the other producer's while the agent steps aside for it;
+        empty before either (an engine must read one of them for the names to resolve)."""
+        if self._standing.aside:
+            return frozenset(Path(other.directory) for other in self._standing.clashing)
+        return frozenset((self.settings.spec_dir,)) if self._current is not None else frozenset()
+
     def build(
         self, facts: NodeFacts, driver_volume: Path | None, host: HostFiles | None = None
     ) -> spec.BuiltSpec:

@@ -4,10 +4,13 @@
 what its ``HostConfig.DeviceRequests`` ask of GPUs (a request whose driver is ``nvidia`` or
 whose capabilities name ``gpu``; ``Count`` N, -1 for every GPU, or ``DeviceIDs``), or None
 when they ask for none. ``rewrite`` returns the body an engine without NVIDIA's runtime
-understands: those requests removed (others kept), the lease's device nodes added to
-``HostConfig.Devices``, the driver volume to ``HostConfig.Mounts`` (a volume of the
-plugin's driver, as ``/docker/cli`` gives it), the lease labels (over any the client sent),
-``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set one.
+understands: those requests removed (others kept), and in their place either the lease's
+CDI devices (one request of driver ``cdi``, as the docker CLI sends ``--device
+nvidia.com/gpu=...`` to an engine that reads CDI) or its device nodes added to
+``HostConfig.Devices`` and the driver volume to ``HostConfig.Mounts`` (a volume of the
+plugin's driver, as ``/docker/cli`` gives it); then the lease labels (over any the client
+sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set
+one.
 ``CreateError`` is a body that cannot be read, with the status and line to answer.
 """
 
@@ -23,6 +26,7 @@ from plugin.json_body import BodyError, parse_json
 
 MAX_CREATE_BYTES = 4 * 1024 * 1024
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+CDI_DRIVER = "cdi"  # the device driver of Docker 25+ that resolves CDI names
 _CREATE = re.compile(rb"(?:/v[0-9]{1,3}\.[0-9]{1,3})?/containers/create(?:\?.*)?", re.DOTALL)
 MAX_IDS = 64
 
@@ -63,6 +67,7 @@ class Addition:
 
     devices: tuple[str, ...]  # device nodes, the same path inside
     mounts: tuple[Mount, ...] = ()
+    cdi_devices: tuple[str, ...] = ()  # "nvidia.com/gpu=GPU-...": the CDI form
     labels: Mapping[str, str] = field(default_factory=dict)
     visible: str = ""  # NVIDIA_VISIBLE_DEVICES
     cpuset_cpus: str | None = None
@@ -178,6 +183,16 @@ def rewrite(body: Mapping[str, Any], addition: Addition) -> dict[str, Any]:
     host = dict(_host_config(body) or {})
     requests = host.get("DeviceRequests") or []
     kept = [r for r in requests if not _is_gpu(r)] if isinstance(requests, list) else []
+    if addition.cdi_devices:
+        kept.append(
+            {
+                "Driver": CDI_DRIVER,
+                "Count": 0,
+                "DeviceIDs": list(addition.cdi_devices),
+                "Capabilities": None,
+                "Options": {},
+            }
+        )
     host["DeviceRequests"] = kept or None
     devices = list(host.get("Devices") or [])
     present = {d.get("PathOnHost") for d in devices if isinstance(d, dict)}

@@ -1,10 +1,13 @@
 """A GPU create's lease: asked of the agent's ``LeaseService`` (in-process), turned into the
 create's ``Addition``, given back when the engine does not create the container.
 
-The devices and the driver volume are ``/docker/cli``'s (``agent.api.docker_cli``: the
-node's control devices, then the leased GPUs' nodes, MIG capability nodes included; the
-volumes of the plugin's driver); the labels are ``labels_for`` the lease; the cpuset is the
-grant's NUMA nodes' CPUs where this host has those nodes (``agent.api.leases.Cpusets``).
+Where the engine reads the node's CDI spec (``agent.engine_socket.cdi_form``), the leased
+GPUs are given as the spec's CDI names (``/docker/cli?format=cdi``'s), and the spec brings
+the nodes and the driver volume. Elsewhere the devices and the driver volume are
+``/docker/cli``'s (``agent.api.docker_cli``: the node's control devices, then the leased
+GPUs' nodes, MIG capability nodes included; the volumes of the plugin's driver). The labels
+are ``labels_for`` the lease; the cpuset is the grant's NUMA nodes' CPUs where this host has
+those nodes (``agent.api.leases.Cpusets``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Callable
 
 from agent.api.docker_cli import docker_cli_for
 from agent.api.leases import Cpusets
+from agent.cdi_spec.inputs import CdiNaming, cdi_names
+from agent.engine_socket.cdi_form import CdiForm
 from agent.engine_socket.create import Addition, CreateError, GpuRequest, Mount
 from agent.health.selection import UnhealthyDevice
 from agent.leases.answers import Granted
@@ -38,10 +43,12 @@ class GpuCreates:
         leases: LeaseService,
         facts: Callable[[], NodeFacts],
         cpusets: Cpusets | None = None,
+        cdi: CdiForm | None = None,
     ) -> None:
         self._leases = leases
         self._facts = facts
         self._cpusets = cpusets or Cpusets()
+        self._cdi = cdi  # None: the device-node form always (the agent writes no CDI spec)
 
     def _ask(self, request: GpuRequest, name: str | None) -> Ask:
         owner = [OWNER_VIA]
@@ -67,15 +74,32 @@ class GpuCreates:
         if not isinstance(answer, Granted):
             raise CreateError(409, f"nvidia-docker: {answer.text}")
         try:
-            return answer, self._addition(answer)
+            naming = await self._cdi.naming() if self._cdi is not None else None
+            return answer, self._addition(answer, naming)
         except (InvalidParameter, UnhealthyDevice) as err:
             self.release(answer.lease.id)
             raise CreateError(
                 409, f"nvidia-docker: the leased GPUs cannot be given: {err}"
             ) from None
 
-    def _addition(self, grant: Granted) -> Addition:
+    def _addition(self, grant: Granted, naming: CdiNaming | None) -> Addition:
         facts = self._facts()
+        cpus, mems = self._cpusets.of(grant.numa_nodes)
+        uuids = [u.uuid for u in grant.units if u.uuid]
+        visible = (
+            ",".join(uuids)
+            if len(uuids) == len(grant.units)
+            else ",".join(u.name for u in grant.units)
+        )
+        if naming is not None:
+            return Addition(
+                devices=(),
+                cdi_devices=cdi_names(facts.usable(grant.dev), naming),
+                labels=labels_for(grant.lease),
+                visible=visible,
+                cpuset_cpus=cpus,
+                cpuset_mems=mems,
+            )
         specs = select_volumes(None)
         cli = docker_cli_for(
             facts.node.driver_version, facts.control_devices, facts.usable(grant.dev), specs
@@ -88,13 +112,6 @@ class GpuCreates:
                 VOLUME_DRIVER,
             )
             for spec in specs
-        )
-        cpus, mems = self._cpusets.of(grant.numa_nodes)
-        uuids = [u.uuid for u in grant.units if u.uuid]
-        visible = (
-            ",".join(uuids)
-            if len(uuids) == len(grant.units)
-            else ",".join(u.name for u in grant.units)
         )
         return Addition(
             devices=cli.devices,

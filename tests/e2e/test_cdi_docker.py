@@ -11,11 +11,15 @@ mknod in a private dev root. Nothing machine-wide is written.
 Checked: ``docker run --device nvidia.com/gpu=...`` gives the container exactly the
 selected nodes; the CDI hook (run by runc for dockerd) lets a Debian image without
 LD_LIBRARY_PATH load ``libcuda.so.1`` by soname; ``nvidia-docker run`` sees that the
-engine reads CDI and gives a labelled image its GPUs that way.
+engine reads CDI and gives a labelled image its GPUs that way; the agent's engine socket
+(docs/engine-socket.md) gives ``docker run --gpus`` and ``--gpus '"device=0:1"'`` leased GPUs
+as CDI devices (the device-node form would name the host's ``/dev``, where these nodes do
+not exist), and with every GPU leased refuses a third in one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +28,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +46,7 @@ from tests.support.cdi_node import (
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.fake_driver import FakeDriver
 from tests.support.prerequisites import require_root, unavailable
+from tests.support.services import wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +60,7 @@ class Setup:
     engine: DockerEngine
     agent_port: int
     spec_dir: Path
+    engine_socket: Path  # the agent's (--engine-socket), forwarding to the engine
 
 
 def _dockerd_with_cdi() -> str:
@@ -73,16 +80,26 @@ def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
     base = Path(tempfile.mkdtemp(prefix="nvd-cdi-docker-"))
     spec_dir = base / "cdi"
     spec_dir.mkdir()
+    # The agent starts first (its spec is there before the engine reads the directory) and
+    # follows the engine through a link made once the engine's socket exists.
+    engine_link, engine_socket = base / "engine-link.sock", base / "engine" / "docker.sock"
+    sockets = (
+        "--docker-socket", str(engine_link),
+        "--engine-socket", str(engine_socket),
+        "--podman-socket", str(base / "no-podman.sock"),
+        "--state-dir", str(base / "state"),
+    )  # fmt: skip
     try:
-        with running_cdi_agent(base, fake_driver, spec_dir) as agent:
+        with running_cdi_agent(base, fake_driver, spec_dir, extra_args=sockets) as agent:
             engine, proc = start_engine(
                 base,
                 dockerd=dockerd,
                 extra_args=["--cdi-spec-dir", str(spec_dir)],
                 daemon_json={"features": {"cdi": True}},
             )
+            engine_link.symlink_to(engine.host.removeprefix("unix://"))
             try:
-                yield Setup(engine, agent.port, spec_dir)
+                yield Setup(engine, agent.port, spec_dir, engine_socket)
             finally:
                 stop_engine(engine, proc)
     finally:
@@ -160,3 +177,74 @@ def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> 
     # where these nodes do not exist, and the run would fail)
     assert "nvidia-docker | engine: Docker " in done.stderr
     assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr
+
+
+def through_socket(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
+    environ = {**setup.engine.env(), "DOCKER_HOST": f"unix://{setup.engine_socket}"}
+    return subprocess.run(
+        ["docker", *args], env=environ, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def inspected(setup: Setup, container: str, field: str) -> Any:
+    return json.loads(
+        setup.engine.docker("inspect", "-f", f"{{{{json {field}}}}}", container).stdout
+    )
+
+
+def cdi_request(name: str) -> dict[str, Any]:
+    """The device request of one CDI device, as the docker CLI sends ``--device NAME``."""
+    return {"Driver": "cdi", "Count": 0, "DeviceIDs": [name], "Capabilities": None, "Options": {}}
+
+
+def test_the_engine_socket_gives_leased_gpus_as_cdi_devices(setup: Setup, busybox: str) -> None:
+    started: list[str] = []
+    listing = f"{LIST_NODES}; sleep 600"
+    try:
+        for gpus in ("1", '"device=0:1"'):
+            done = through_socket(
+                setup,
+                "run",
+                "-d",
+                "--network",
+                "none",
+                "--gpus",
+                gpus,
+                busybox,
+                "sh",
+                "-c",
+                listing,
+            )
+            assert done.returncode == 0, done.stderr
+            started.append(done.stdout.strip())
+        requests = [inspected(setup, cid, ".HostConfig.DeviceRequests") for cid in started]
+        assert requests == [
+            [cdi_request(f"nvidia.com/gpu={GPU1.uuid}")],
+            [cdi_request(f"nvidia.com/gpu={MIGS[1].uuid}")],
+        ]
+        seen = [wait_for_output(setup, cid) for cid in started]
+        assert seen == [CONTROL | {"/dev/nvidia1"}, CONTROL | {"/dev/nvidia0", *caps_of(1)}]
+        for cid in started:  # each container is labelled with its lease
+            labels = inspected(setup, cid, ".Config.Labels")
+            assert labels["nvidia-docker.lease"].startswith("lease-"), labels
+        refused = through_socket(setup, "run", "--rm", "--gpus", '"device=0:1"', busybox, "true")
+        assert refused.returncode != 0
+        line, *rest = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert rest == ["Run 'docker run --help' for more information"]  # the CLI's own
+        assert "nvidia-docker:" in line, line
+        assert started[1][:12] in line, line
+    finally:
+        if started:
+            setup.engine.docker("rm", "-f", *started, check=False)
+
+
+def wait_for_output(setup: Setup, container: str) -> set[str]:
+    """What the container's ``LIST_NODES`` printed, once it has (it then sleeps)."""
+    found: set[str] = set()
+
+    def printed() -> bool:
+        found.update(nodes_seen(setup.engine.docker("logs", container).stdout))
+        return bool(found)
+
+    wait_until(printed, what=f"the output of container {container[:12]}", timeout_s=60)
+    return found

@@ -146,3 +146,29 @@ def test_the_users_cpuset_and_mounts_are_kept() -> None:
     assert "CpusetMems" not in new["HostConfig"]
     assert new["HostConfig"]["Mounts"][0] == mine
     assert new["HostConfig"]["DeviceRequests"] is None
+
+
+def test_the_cdi_form_is_one_cdi_request_and_no_nodes_or_volume() -> None:
+    other = {"Driver": "fpga", "Count": 1, "Capabilities": [["fpga"]]}
+    mine = {"PathOnHost": "/dev/fuse", "PathInContainer": "/dev/fuse"}
+    cdi = Addition(
+        devices=(),
+        cdi_devices=("nvidia.com/gpu=GPU-3", "nvidia.com/gpu=MIG-5"),
+        labels={"nvidia-docker.lease": "lease-8"},
+        visible="GPU-3,MIG-5",
+    )
+    new = rewrite(body(CLI_GPUS_2, other, Devices=[mine]), cdi)
+    host = new["HostConfig"]
+    assert host["DeviceRequests"] == [
+        other,
+        {
+            "Driver": "cdi",
+            "Count": 0,
+            "DeviceIDs": ["nvidia.com/gpu=GPU-3", "nvidia.com/gpu=MIG-5"],
+            "Capabilities": None,
+            "Options": {},
+        },
+    ]
+    assert host["Devices"] == [mine]
+    assert "Mounts" not in host
+    assert new["Env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-3,MIG-5"]
