@@ -193,6 +193,8 @@ async def test_a_head_that_never_ends_times_out_alone(
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
         await writer.drain()
+        writer.close()  # closed here, not left to the collector (an unclosed-socket warning)
+        await writer.wait_closed()
 
     engine.handler = handler
     reader, writer = await asyncio.open_unix_connection(str(site.path))
@@ -201,6 +203,7 @@ async def test_a_head_that_never_ends_times_out_alone(
     assert other.startswith(b"HTTP/1.1 200 OK")
     assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the head timeout
     writer.close()
+    await writer.wait_closed()
 
 
 def create(body: object) -> bytes:
