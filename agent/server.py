@@ -153,9 +153,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     )
     bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
-    await _serve_engine_socket(
-        config, state, leases, CdiForm(engines[0], cdi) if cdi else None, parts
-    )
+    await _serve_engine_socket(config, state, leases, engines[0], cdi, parts)
     await life.start()
     if usage is not None:
         usage.start()
@@ -343,14 +341,16 @@ async def _serve_engine_socket(
     config: Config,
     state: NodeState,
     leases: LeaseService,
-    cdi: CdiForm | None,
+    engine: DockerEngine,
+    cdi: CdiSpecWriter | None,
     parts: contextlib.AsyncExitStack,
 ) -> None:
     """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased (in the
-    CDI form where the engine reads the agent's spec: ``cdi``)."""
+    CDI form where ``engine`` reads the spec ``cdi`` writes)."""
     if config.engine_socket is None:
         return
-    creates = GpuCreates(leases, lambda: state.facts, Cpusets(), cdi)
+    form = CdiForm(engine, cdi) if cdi is not None else None
+    creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
     try:
         site = await serve_engine_socket(
             config.engine_socket,

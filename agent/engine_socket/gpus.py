@@ -84,6 +84,7 @@ class GpuCreates:
 
     def _addition(self, grant: Granted, naming: CdiNaming | None) -> Addition:
         facts = self._facts()
+        targets = facts.usable(grant.dev)
         cpus, mems = self._cpusets.of(grant.numa_nodes)
         uuids = [u.uuid for u in grant.units if u.uuid]
         visible = (
@@ -91,31 +92,28 @@ class GpuCreates:
             if len(uuids) == len(grant.units)
             else ",".join(u.name for u in grant.units)
         )
-        if naming is not None:
-            return Addition(
-                devices=(),
-                cdi_devices=cdi_names(facts.usable(grant.dev), naming),
-                labels=labels_for(grant.lease),
-                visible=visible,
-                cpuset_cpus=cpus,
-                cpuset_mems=mems,
+        devices: tuple[str, ...] = ()
+        mounts: tuple[Mount, ...] = ()
+        cdi_devices: tuple[str, ...] = ()
+        if naming is not None:  # the spec brings the nodes and the driver volume
+            cdi_devices = cdi_names(targets, naming)
+        else:
+            specs = select_volumes(None)
+            version = facts.node.driver_version
+            devices = docker_cli_for(version, facts.control_devices, targets, specs).devices
+            mounts = tuple(
+                Mount(
+                    spec.docker_name(version),
+                    spec.mountpoint,
+                    "ro" in spec.mount_options.split(","),
+                    VOLUME_DRIVER,
+                )
+                for spec in specs
             )
-        specs = select_volumes(None)
-        cli = docker_cli_for(
-            facts.node.driver_version, facts.control_devices, facts.usable(grant.dev), specs
-        )
-        mounts = tuple(
-            Mount(
-                spec.docker_name(facts.node.driver_version),
-                spec.mountpoint,
-                "ro" in spec.mount_options.split(","),
-                VOLUME_DRIVER,
-            )
-            for spec in specs
-        )
         return Addition(
-            devices=cli.devices,
+            devices=devices,
             mounts=mounts,
+            cdi_devices=cdi_devices,
             labels=labels_for(grant.lease),
             visible=visible,
             cpuset_cpus=cpus,
