@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -68,33 +67,33 @@ def test_directories_compare_resolved(tmp_path: Path) -> None:
     assert not reads_from([str(real)], [])
 
 
-def test_the_cdi_form_only_where_the_engine_reads_the_spec(
+async def test_the_cdi_form_only_where_the_engine_reads_the_spec(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "nvidia-docker-plugin.engine-socket")
     ours = tmp_path / "cdi"
     engine, clock, spec = Engine({"CDISpecDirs": [str(ours)]}), Clock(), Spec(ours)
     form = CdiForm(engine, spec, clock=clock)
-    assert asyncio.run(form.naming()) is OWN_NAMING
+    assert await form.naming() is OWN_NAMING
     assert "GPU creates get CDI devices" in caplog.text
     spec.dirs_in_force = frozenset()  # the spec is not written (yet): the names would not resolve
-    assert asyncio.run(form.naming()) is None
+    assert await form.naming() is None
     assert "this agent's CDI spec is not written" in caplog.text
     assert engine.asked == 1  # kept KEEP_S seconds
 
 
-def test_an_engine_that_reads_elsewhere_or_cannot_be_asked_gets_device_nodes(
+async def test_an_engine_that_reads_elsewhere_or_cannot_be_asked_gets_device_nodes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "nvidia-docker-plugin.engine-socket")
     engine, clock = Engine({"CDISpecDirs": ["/etc/cdi"]}), Clock()
     form = CdiForm(engine, Spec(tmp_path), clock=clock)
-    assert asyncio.run(form.naming()) is None
+    assert await form.naming() is None
     assert f"reads specs from /etc/cdi, not from {tmp_path}" in caplog.text
     engine.info = None
     clock.now += KEEP_S
-    assert asyncio.run(form.naming()) is None
+    assert await form.naming() is None
     engine.info = {"CDISpecDirs": [str(tmp_path)]}  # CDI turned on, the engine restarted
     clock.now += KEEP_S
-    assert asyncio.run(form.naming()) is OWN_NAMING
+    assert await form.naming() is OWN_NAMING
     assert engine.asked == 3
