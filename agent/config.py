@@ -227,6 +227,15 @@ class Config:
         empty_is_none=True,
         metavar="PATH",
     )
+    engine_connections: int = _setting(
+        256,
+        "--engine-connections",
+        help="Most client connections to --engine-socket open at once (each also holds one "
+        "to the engine); beyond it a client gets one 503 answer. Their descriptors are kept "
+        "from REST connections.",
+        kind="int",
+        minimum=1,
+    )
     event_loop: str = _setting(
         "auto",
         "--event-loop",

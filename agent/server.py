@@ -176,7 +176,11 @@ async def _bind_rest(config: Config, parts: contextlib.AsyncExitStack) -> list[s
 
 
 def _connection_budget(config: Config) -> DescriptorBudget:
-    budget = descriptor_budget(config.max_connections, config.reserved_fds)
+    budget = descriptor_budget(
+        config.max_connections,
+        config.reserved_fds,
+        engine_connections=config.engine_connections if config.engine_socket else 0,
+    )
     if budget.lowered:
         log.warning(
             "--max-connections %d lowered to %d: the descriptor limit is %d and %d are "
@@ -357,6 +361,7 @@ async def _serve_engine_socket(
             config.docker_socket,
             creates,
             head_timeout_s=config.idle_timeout_s + config.header_timeout_s,
+            max_connections=config.engine_connections,
         )
     except OSError as err:
         raise StartupError(

@@ -8,8 +8,8 @@ the limit minus a reserve (``--reserved-fds``) of connections, even when ``--max
 asks for more. The reserve is for what the daemon needs besides REST clients: the plugin
 socket's connections from dockerd, the files of a volume build, its own libraries,
 pipes and engine connections, and TLS connections before their handshake's end
-(``agent.edge.tls_or_plain``). Plain REST connections never exceed the bound, even for a
-moment (``agent.edge.guarded_accept``).
+(``agent.edge.tls_or_plain``); with ``--engine-socket``, two for each of its connections.
+Plain REST connections never exceed the bound, even for a moment (``agent.edge.guarded_accept``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MIN_REST_CONNECTIONS = 16
 @dataclass(frozen=True, slots=True)
 class DescriptorBudget:
     limit: int  # the soft RLIMIT_NOFILE
-    reserved: int
+    reserved: int  # --reserved-fds, and the engine socket's share where it is served
     max_connections: int  # the REST bound in force
     asked: int  # what --max-connections asked for
 
@@ -41,15 +41,25 @@ def soft_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY and soft >= 0 else 1 << 30
 
 
-def descriptor_budget(asked: int, reserved: int, limit: int | None = None) -> DescriptorBudget:
-    """The REST connection bound for ``--max-connections asked`` and ``--reserved-fds``;
-    ``StartupError`` when the limit leaves no room for REST clients."""
+def descriptor_budget(
+    asked: int, reserved: int, limit: int | None = None, *, engine_connections: int = 0
+) -> DescriptorBudget:
+    """The REST connection bound for ``--max-connections asked`` and ``--reserved-fds``,
+    less two descriptors for each of ``engine_connections`` (``--engine-connections``
+    when ``--engine-socket`` is served: the client's and the engine's); ``StartupError``
+    when the limit leaves no room for REST clients."""
     limit = soft_limit() if limit is None else limit
-    room = limit - reserved
+    kept = reserved + 2 * engine_connections
+    room = limit - kept
     if room < MIN_REST_CONNECTIONS:
-        raise StartupError(
-            f"the descriptor limit is {limit} and {reserved} are reserved (--reserved-fds), "
-            f"which leaves fewer than {MIN_REST_CONNECTIONS} for REST connections: raise the "
-            "limit (LimitNOFILE= in the unit, ulimit -n) or lower --reserved-fds"
+        also = (
+            f" and {2 * engine_connections} for the engine socket (--engine-connections)"
+            if engine_connections
+            else ""
         )
-    return DescriptorBudget(limit, reserved, min(asked, room), asked)
+        raise StartupError(
+            f"the descriptor limit is {limit} and {reserved} are reserved (--reserved-fds)"
+            f"{also}, which leaves fewer than {MIN_REST_CONNECTIONS} for REST connections: "
+            "raise the limit (LimitNOFILE= in the unit, ulimit -n) or lower --reserved-fds"
+        )
+    return DescriptorBudget(limit, kept, min(asked, room), asked)

@@ -130,6 +130,20 @@ def test_the_descriptor_limit_goes_into_the_drop_in_only_when_it_differs(tmp_pat
     assert "LimitNOFILE=8192" in unit  # the role's default is the packaged unit's value
 
 
+def test_an_engine_socket_outside_the_units_directories_gets_one_in_the_drop_in(
+    tmp_path: Path,
+) -> None:
+    assert "RuntimeDirectory" not in _drop_in(
+        tmp_path, nvidia_docker_agent_engine_socket="/run/nvidia-docker/docker.sock"
+    )
+    lines = _drop_in(
+        tmp_path, nvidia_docker_agent_engine_socket="/run/gpu-engine/docker.sock"
+    ).splitlines()
+    assert "RuntimeDirectory=gpu-engine" in lines
+    text = _drop_in(tmp_path, nvidia_docker_agent_engine_socket="/srv/engine/docker.sock")
+    assert "ReadWritePaths=/srv/engine" in text.splitlines()
+
+
 # --- the fleet -------------------------------------------------------------------------
 
 
@@ -536,6 +550,53 @@ def test_changing_a_variable_restarts_the_agent_once(fleet: Fleet, rolled_out: R
             assert "--pcie-interval 2" in cmdline
     finally:
         _baseline(fleet)
+
+
+ENGINE_SOCKET = "/run/nvidia-docker/docker.sock"
+PING = (
+    "import socket\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    f"s.connect('{ENGINE_SOCKET}')\n"
+    "s.sendall(b'GET /_ping HTTP/1.1\\r\\nHost: docker\\r\\n\\r\\n')\n"
+    "print(s.recv(65536).decode())\n"
+)
+
+
+@pytest.mark.e2e
+def test_the_engine_socket_through_the_role(fleet: Fleet, rolled_out: Run) -> None:
+    """nvidia_docker_agent_engine_socket on a node whose Docker socket is root:docker 0660:
+    the unprivileged agent joins the group and serves the socket with that group and mode,
+    forwarding to Docker's socket (no engine answers there: Docker's own words come back);
+    a node without the group is stopped before any change."""
+    node = NODES[0]
+    fleet.sh(
+        node,
+        'groupadd --system docker && python3 -c "import socket; '
+        "socket.socket(socket.AF_UNIX).bind('/run/docker.sock')\" && "
+        "chgrp docker /run/docker.sock && chmod 0660 /run/docker.sock",
+    )
+    engine = {"nvidia_docker_agent_engine_socket": ENGINE_SOCKET}
+    try:
+        run = fleet.playbook("-e", json.dumps(engine), "--limit", node)
+        assert run.rc == 0, run.output[-6000:]
+        cmdline = fleet.sh(node, f"tr '\\0' ' ' < /proc/{fleet.unit(node)['MainPID']}/cmdline")
+        assert f"--engine-socket {ENGINE_SOCKET}" in cmdline
+        assert "docker" in fleet.sh(node, "id -nG nvidia-docker").split()
+        assert fleet.sh(node, f"stat -c '%U %G %a' {ENGINE_SOCKET}") == "nvidia-docker docker 660"
+        answer = fleet.sh(node, f'python3 -c "{PING}"')
+        assert answer.startswith("HTTP/1.1 502 Bad Gateway")
+        assert "Cannot connect to the Docker daemon at unix:///var/run/docker.sock" in answer
+        before = _state(fleet, NODES[1])
+        refused = fleet.playbook("-e", json.dumps(engine), "--limit", NODES[1])
+        assert refused.rc != 0
+        assert "needs the group docker of Docker's socket, which this node lacks" in (
+            refused.output
+        )
+        assert _state(fleet, NODES[1]) == before
+    finally:
+        fleet.sh(node, "rm -f /run/docker.sock; gpasswd -d nvidia-docker docker; groupdel docker")
+        _baseline(fleet)
+    assert not fleet.sh(node, f"ls {ENGINE_SOCKET} 2>/dev/null || true")
 
 
 @pytest.mark.e2e

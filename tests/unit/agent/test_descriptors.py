@@ -25,3 +25,11 @@ def test_no_room_for_clients_is_a_startup_error_that_says_what_to_raise() -> Non
 
 def test_the_soft_limit_of_this_process_is_read() -> None:
     assert soft_limit() > 16
+
+
+def test_the_engine_socket_takes_two_descriptors_per_connection_from_rest() -> None:
+    budget = descriptor_budget(1024, 256, limit=1024, engine_connections=128)
+    assert budget.max_connections == 1024 - 256 - 2 * 128
+    assert budget.reserved == 256 + 2 * 128
+    with pytest.raises(StartupError, match=r"and 512 for the engine socket \(--engine-conn"):
+        descriptor_budget(1024, 256, limit=780, engine_connections=256)

@@ -60,7 +60,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeEngine, EngineSocket,
     facts = NodeFacts(NODE, ("/dev/nvidiactl", "/dev/nvidia-uvm"))
     creates = GpuCreates(leases, lambda: facts, Cpusets(tmp_path / "no-sysfs"))
     site = await serve_engine_socket(
-        tmp_path / "ours.sock", engine.path, creates, head_timeout_s=2.0
+        tmp_path / "ours.sock", engine.path, creates, head_timeout_s=2.0, max_connections=64
     )
     yield engine, site, leases
     await site.close()
@@ -296,7 +296,11 @@ async def test_a_create_that_cannot_get_its_gpus_is_answered_here(
 
 async def test_an_engine_that_is_down_is_said_in_one_line(tmp_path: Path) -> None:
     site = await serve_engine_socket(
-        tmp_path / "ours.sock", tmp_path / "nobody.sock", None, head_timeout_s=2.0
+        tmp_path / "ours.sock",
+        tmp_path / "nobody.sock",
+        None,
+        head_timeout_s=2.0,
+        max_connections=64,
     )
     try:
         answer = await exchange(site, b"GET /_ping HTTP/1.1\r\n\r\n")
