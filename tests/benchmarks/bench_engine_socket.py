@@ -8,17 +8,26 @@ interleaved (direct, through, direct, ...), so that both see the same machine:
    (``--calls`` each way): p50/p99 and the ratio;
 2. ``docker ps`` and ``docker run --rm IMAGE true`` with the Docker CLI (``--rounds`` each
    way): median wall time and the ratio, and the added time per run;
-3. a hijacked stream: ``docker run --rm -i IMAGE cat`` fed ``--stream-mib`` MiB and read
+3. a GPU run through the agent, ``docker run --rm --gpus 1 IMAGE sh -c true`` (a lease, the
+   rewritten create, the engine's GPU setup, the lease's end at the container's removal),
+   against the same run without GPUs on the engine's own socket;
+4. a hijacked stream: ``docker run --rm -i IMAGE cat`` fed ``--stream-mib`` MiB and read
    back: MiB/s both ways and the ratio.
 
+``--engine cdi`` runs Debian 13's dockerd (``.cache/docker-cdi``, as scripts/test-all unpacks
+it; ``NVD_DOCKERD_CDI`` names another) reading the agent's CDI spec, so that GPU creates get
+the CDI form; the default, the machine's dockerd (20.10), gets the device-node form. The
+simulated node's device nodes are made in /dev where missing (``tests.support.device_nodes``).
+
     python -m tests.benchmarks.bench_engine_socket [--calls 2000] [--rounds 20]
-        [--stream-mib 256]
+        [--stream-mib 256] [--engine nodes|cdi]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import os
 import socket
 import statistics
@@ -28,10 +37,13 @@ import time
 from pathlib import Path
 
 from tests.support.agent_process import launch_agent, wait_ready
+from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import start_engine, stop_engine
 from tests.support.services import stop_process, wait_until
 
 IMAGE = "nvd-bench/busybox:1"
+REPO = Path(__file__).resolve().parents[2]
+FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -88,74 +100,139 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--stream-mib", type=int, default=256)
+    parser.add_argument(
+        "--engine",
+        choices=("nodes", "cdi"),
+        default="nodes",
+        help="nodes: the machine's dockerd, GPU creates get device nodes and the driver "
+        "volume; cdi: Debian 13's dockerd reading the agent's CDI spec",
+    )
     args = parser.parse_args()
+    with (
+        nvidia_nodes(wanted_nodes(range(8))),
+        tempfile.TemporaryDirectory(prefix="nvd-bench-es-") as tmp,
+    ):
+        _bench(args, Path(tmp))
 
-    engine, dockerd = start_engine()
-    with tempfile.TemporaryDirectory(prefix="nvd-bench-es-") as tmp:
-        base = Path(tmp)
-        ours = base / "engine.sock"
-        agent = launch_agent(
-            base / "agent",
-            "--docker-socket", engine.host.removeprefix("unix://"),
-            "--podman-socket", str(base / "no-podman.sock"),
-            "--state-dir", str(base / "state"),
-            "--cdi-spec-dir", "",
-            "--engine-socket", str(ours),
-            simulate="hgx-h200-8",
-        )  # fmt: skip
-        try:
-            wait_ready(agent)
-            wait_until(ours.exists, what="the engine socket", timeout_s=20)
-            engine.import_busybox(IMAGE)
-            direct, through = engine.host, f"unix://{ours}"
-            paths = {direct: engine.host.removeprefix("unix://"), through: str(ours)}
-            version = _docker(
-                direct, "version", "--format", "{{.Server.Version}}/{{.Client.Version}}"
-            )
-            print(f"engine socket benchmark: dockerd/CLI {version.decode().strip()}")
 
-            for target in ("/_ping", "/containers/json"):
-                times: dict[str, list[float]] = {direct: [], through: []}
-                for _ in range(max(1, args.calls // 200)):
-                    for host in (direct, through):
-                        times[host] += _call_times(paths[host], target, 200)
-                d50, t50 = statistics.median(times[direct]), statistics.median(times[through])
-                print(
-                    f"GET {target:<17} direct p50 {d50 * 1e6:7.0f} us p99 "
-                    f"{_p(times[direct], 0.99) * 1e6:7.0f} us | through p50 {t50 * 1e6:7.0f} us "
-                    f"p99 {_p(times[through], 0.99) * 1e6:7.0f} us | ratio p50 {t50 / d50:.2f}, "
-                    f"added {(t50 - d50) * 1e6:.0f} us"
-                )
+def _by_hand(port: int, engine: str) -> tuple[str, ...]:
+    """The docker arguments of GPU 0 as a user would give them on the engine's own socket:
+    its CDI name (``cdi``), else what ``/docker/cli`` says (device nodes, driver volume)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    if engine == "cdi":
+        conn.request("GET", "/gpu/info/json")
+        uuid = json.loads(conn.getresponse().read())["Devices"][0]["UUID"]
+        return ("--device", f"nvidia.com/gpu={uuid}")
+    conn.request("GET", "/docker/cli?dev=0")
+    return tuple(conn.getresponse().read().decode().split())
 
-            commands: list[tuple[str, tuple[str, ...]]] = [
-                ("docker ps", ("ps",)),
-                ("docker run --rm IMAGE sh -c true", ("run", "--rm", IMAGE, "sh", "-c", "true")),
-            ]
-            for label, command in commands:
-                walls: dict[str, list[float]] = {direct: [], through: []}
-                for _ in range(args.rounds):
-                    for host in (direct, through):
-                        walls[host].append(_timed(host, command))
-                d, t = statistics.median(walls[direct]), statistics.median(walls[through])
-                print(
-                    f"{label:<32} direct {d * 1e3:7.1f} ms | through {t * 1e3:7.1f} ms | "
-                    f"ratio {t / d:.3f}, added {(t - d) * 1e3:+.1f} ms (median of {args.rounds})"
-                )
 
-            data = os.urandom(1024 * 1024) * args.stream_mib
-            rates: dict[str, list[float]] = {direct: [], through: []}
-            for _ in range(3):
+def _gpu_runs(args: argparse.Namespace, port: int, direct: str, through: str) -> None:
+    """A GPU run through the agent (leased, rewritten) against the same GPU given by hand on
+    the engine's own socket, and against a run without GPUs, interleaved."""
+    form = _docker(through, "run", "-d", "--gpus", "1", IMAGE, "sleep", "60").decode().strip()
+    shown = _docker(
+        direct, "inspect", "-f",
+        "{{json .HostConfig.DeviceRequests}} {{len .HostConfig.Devices}}", form,
+    ).decode().split()  # fmt: skip
+    _docker(direct, "rm", "-f", form)
+    print(f"GPU creates through the agent: DeviceRequests {shown[0]}, {shown[1]} device nodes")
+    true = (IMAGE, "sh", "-c", "true")
+    runs = {
+        "no GPU, direct": (direct, ("run", "--rm", *true)),
+        "GPU 0 by hand, direct": (direct, ("run", "--rm", *_by_hand(port, args.engine), *true)),
+        "--gpus 1, through": (through, ("run", "--rm", "--gpus", "1", *true)),
+    }
+    walls: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(args.rounds):
+        for label, (host, command) in runs.items():
+            walls[label].append(_timed(host, command))
+    base, by_hand, leased = (statistics.median(walls[label]) for label in runs)
+    print(
+        f"docker run --rm [GPU] IMAGE sh -c true, median of {args.rounds}: no GPU direct "
+        f"{base * 1e3:.1f} ms | GPU 0 by hand direct {by_hand * 1e3:.1f} ms | --gpus 1 through "
+        f"{leased * 1e3:.1f} ms | through / by hand {leased / by_hand:.3f}, added "
+        f"{(leased - by_hand) * 1e3:+.1f} ms"
+    )
+
+
+def _bench(args: argparse.Namespace, base: Path) -> None:
+    cdi_dir = base / "cdi"
+    if args.engine == "cdi":
+        cdi_dir.mkdir()
+        engine, dockerd = start_engine(
+            base,
+            dockerd=os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD),
+            extra_args=["--cdi-spec-dir", str(cdi_dir)],
+            daemon_json={"features": {"cdi": True}},
+        )
+    else:
+        engine, dockerd = start_engine(base)
+    ours = base / "engine.sock"
+    agent = launch_agent(
+        base / "agent",
+        "--docker-socket", engine.host.removeprefix("unix://"),
+        "--podman-socket", str(base / "no-podman.sock"),
+        "--state-dir", str(base / "state"),
+        "--spec-file", str(engine.plugin_specs / "nvidia-docker.spec"),
+        "--cdi-spec-dir", str(cdi_dir) if args.engine == "cdi" else "",
+        "--engine-socket", str(ours),
+        simulate="hgx-h200-8",
+        socket_dir=engine.root / "nvidia-docker-plugin",
+    )  # fmt: skip
+    try:
+        wait_ready(agent)
+        wait_until(ours.exists, what="the engine socket", timeout_s=20)
+        engine.import_busybox(IMAGE)
+        direct, through = engine.host, f"unix://{ours}"
+        paths = {direct: engine.host.removeprefix("unix://"), through: str(ours)}
+        version = _docker(direct, "version", "--format", "{{.Server.Version}}/{{.Client.Version}}")
+        print(f"engine socket benchmark: dockerd/CLI {version.decode().strip()}")
+
+        for target in ("/_ping", "/containers/json"):
+            times: dict[str, list[float]] = {direct: [], through: []}
+            for _ in range(max(1, args.calls // 200)):
                 for host in (direct, through):
-                    wall = _timed(host, ("run", "--rm", "-i", IMAGE, "cat"), stdin=data)
-                    rates[host].append(args.stream_mib / wall)
-            d, t = max(rates[direct]), max(rates[through])
+                    times[host] += _call_times(paths[host], target, 200)
+            d50, t50 = statistics.median(times[direct]), statistics.median(times[through])
             print(
-                f"docker run -i cat {args.stream_mib} MiB    direct {d:7.0f} MiB/s | through "
-                f"{t:7.0f} MiB/s | ratio {t / d:.3f} (best of 3, container start included)"
+                f"GET {target:<17} direct p50 {d50 * 1e6:7.0f} us p99 "
+                f"{_p(times[direct], 0.99) * 1e6:7.0f} us | through p50 {t50 * 1e6:7.0f} us "
+                f"p99 {_p(times[through], 0.99) * 1e6:7.0f} us | ratio p50 {t50 / d50:.2f}, "
+                f"added {(t50 - d50) * 1e6:.0f} us"
             )
-        finally:
-            stop_process(agent.proc)
-            stop_engine(engine, dockerd)
+
+        commands: list[tuple[str, tuple[str, ...]]] = [
+            ("docker ps", ("ps",)),
+            ("docker run --rm IMAGE sh -c true", ("run", "--rm", IMAGE, "sh", "-c", "true")),
+        ]
+        for label, command in commands:
+            walls: dict[str, list[float]] = {direct: [], through: []}
+            for _ in range(args.rounds):
+                for host in (direct, through):
+                    walls[host].append(_timed(host, command))
+            d, t = statistics.median(walls[direct]), statistics.median(walls[through])
+            print(
+                f"{label:<32} direct {d * 1e3:7.1f} ms | through {t * 1e3:7.1f} ms | "
+                f"ratio {t / d:.3f}, added {(t - d) * 1e3:+.1f} ms (median of {args.rounds})"
+            )
+
+        _gpu_runs(args, agent.port, direct, through)
+
+        data = os.urandom(1024 * 1024) * args.stream_mib
+        rates: dict[str, list[float]] = {direct: [], through: []}
+        for _ in range(3):
+            for host in (direct, through):
+                wall = _timed(host, ("run", "--rm", "-i", IMAGE, "cat"), stdin=data)
+                rates[host].append(args.stream_mib / wall)
+        d, t = max(rates[direct]), max(rates[through])
+        print(
+            f"docker run -i cat {args.stream_mib} MiB    direct {d:7.0f} MiB/s | through "
+            f"{t:7.0f} MiB/s | ratio {t / d:.3f} (best of 3, container start included)"
+        )
+    finally:
+        stop_process(agent.proc)
+        stop_engine(engine, dockerd)
 
 
 if __name__ == "__main__":
