@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import unquote
 
 from controller.errors import Failure, NodeError
-from controller.transport.endpoint import Endpoint
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from controller.transport.endpoint import Endpoint
 
 # Headers of the agent's 400 answers (agent.api.routes): which query parameter, which entry.
 INVALID_PARAMETER_HEADER = "X-Invalid-Parameter"
@@ -99,13 +102,17 @@ def http_error(
         INVALID_PARAMETER_HEADER.lower()
     )
     value = headers.get(INVALID_VALUE_HEADER) or headers.get(INVALID_VALUE_HEADER.lower())
+    if parameter and value is not None:
+        from urllib.parse import unquote  # noqa: PLC0415 (a refusal only)
+
+        value = unquote(value)
     return AgentHttpError(
         node,
         path,
         status,
         first,
         invalid_parameter=parameter,
-        invalid_value=unquote(value) if parameter and value is not None else None,
+        invalid_value=value if parameter else None,
         method=method,
     )
 

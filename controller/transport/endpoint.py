@@ -46,18 +46,20 @@ port (1.0 read ``host:N:`` as an SSH port and ignored it).
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
 
 from controller.errors import EndpointError
 
+TYPE_CHECKING = False  # typing, ipaddress: not imported on the wrapper's run path
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Literal
+
     from controller.options import Options
 
-Transport = Literal["local", "http", "ssh"]
+    Transport = Literal["local", "http", "ssh"]
+    _Invalid = Callable[[str], EndpointError]
 
 DEFAULT_HOST = "localhost"
 DEFAULT_SSH_PORT = 22
@@ -68,8 +70,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
-
-_Invalid = Callable[[str], EndpointError]
 
 SYNTAX_HINT = (
     "use [ssh://|http://|https://|tcp://][user@][host][:ssh_port][:http_port], "
@@ -260,10 +260,8 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
         if end < 0:
             raise invalid("missing ] after the IPv6 address")
         host, rest = address[1:end], address[end + 1 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise invalid(f"{host!r} is not an IPv6 address") from None
+        if not _is_ipv6(host):
+            raise invalid(f"{host!r} is not an IPv6 address")
         if rest and not rest.startswith(":"):
             raise invalid("expected : after the ] of the IPv6 address")
         ports = rest[1:].split(":") if rest else []
@@ -280,6 +278,8 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
 
 
 def _is_ipv6(text: str) -> bool:
+    import ipaddress  # noqa: PLC0415 (IPv6 only)
+
     try:
         ipaddress.IPv6Address(text)
     except ValueError:

@@ -10,8 +10,12 @@ localhost:3476; ``http://`` and ``tcp://`` nodes). HTTPS, tokens and SSH keep
 with the same methods as this one.
 
 ``PlainAgentClient(endpoint, timeout_s=10, connect_timeout_s=None)`` is a context manager
-holding one ``http.client`` connection, kept alive from one request to the next (a new one
-when the agent closes it). ``request``, ``get`` and ``get_json`` take and return what
+holding one HTTP/1.1 connection, kept alive from one request to the next (a new one when
+the agent closes it). It speaks HTTP/1.1 itself, over a ``socket``, as ``http.client``
+would (the request line, ``Host``, ``Accept-Encoding: identity``, ``Content-Length``; an
+answer with ``Content-Length``, chunked, or up to the close): ``http.client`` imports the
+``email`` package, which alone costs more than the questions (docs/nvidia-docker.md,
+"Speed"). ``request``, ``get`` and ``get_json`` take and return what
 ``AgentClient``'s do (headers: names in lower case). As there, ``timeout_s`` bounds each
 request as a whole, connecting included (a deadline that every send and receive honours),
 ``connect_timeout_s`` the connect alone; a body is read up to ``MAX_BODY_BYTES``. Every
@@ -20,13 +24,9 @@ failure is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlencode
 
 from controller.errors import NodeError
 from controller.transport.agent_errors import (
@@ -38,15 +38,24 @@ from controller.transport.agent_errors import (
     node_label,
     timeout_error,
 )
-from controller.transport.endpoint import Endpoint
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
     from types import TracebackType
+    from typing import Any, Protocol
+
+    from controller.transport.endpoint import Endpoint
+else:
+    Protocol = object  # BlockingAgent is a Protocol for type checkers; no typing at run time
 
 DEFAULT_TIMEOUT_S = 10.0  # AgentClient's
 MAX_BODY_BYTES = 16 * 1024 * 1024  # an agent's answer is a few kilobytes
 _READ_BYTES = 64 * 1024
+_MAX_LINE = 65536  # http.client's bounds on a status or header line, and on the headers
+_MAX_HEADERS = 100
 _DISCONNECTED = "Server disconnected"  # aiohttp's words, so that both clients say the same
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 
 
 class BlockingAgent(Protocol):
@@ -81,37 +90,240 @@ class BlockingAgent(Protocol):
     def get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any: ...
 
 
-class _DeadlineSocket(socket.socket):
-    """A connected socket whose sends and receives end by ``deadline`` (``time.monotonic``)."""
+def urlencode(params: Mapping[str, str]) -> str:
+    """``urllib.parse.urlencode(params)``, without importing ``urllib`` (``quote_plus``:
+    UTF-8, letters, digits and ``_.-~`` as they are, a space as ``+``, the rest ``%XX``)."""
+    return "&".join(f"{_quote_plus(str(k))}={_quote_plus(str(v))}" for k, v in params.items())
 
-    deadline = float("inf")
 
-    def _wait_at_most(self) -> None:
+def _quote_plus(text: str) -> str:
+    return "".join(
+        chr(b) if b in _SAFE else "+" if b == 0x20 else f"%{b:02X}" for b in text.encode()
+    )
+
+
+class _Failed(Exception):
+    """The answer cannot be read; ``str()`` is what ``http.client`` would have said."""
+
+
+class _Disconnected(Exception):
+    """The connection ended before a whole answer (``http.client``'s ``RemoteDisconnected``
+    before the status line, ``IncompleteRead`` in the body)."""
+
+
+class _Answer:
+    """One answer: status, reason phrase, headers (names in lower case), body."""
+
+    __slots__ = ("body", "headers", "reason", "status")
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+
+
+class _Connection:
+    """One kept-alive HTTP/1.1 connection (``sock``: None until connected, and after the
+    agent said it closes); every send and receive ends by ``deadline``
+    (``time.monotonic``), the connect by ``timeout`` too."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = DEFAULT_TIMEOUT_S
+        self.deadline = float("inf")
+        self.sock: socket.socket | None = None
+        self._buffer = bytearray()
+        # The Host header as http.client writes it: IPv6 in brackets, no port when it is 80
+        host_text = f"[{host}]" if ":" in host else host
+        self._host_header = host_text if port == 80 else f"{host_text}:{port}"
+
+    def connect(self) -> None:
+        # An ASCII name as bytes: getaddrinfo then does not import the idna codec for it
+        name: str | bytes = self.host.encode() if self.host.isascii() else self.host
+        sock = socket.create_connection((name, self.port), self.timeout)  # type: ignore[arg-type]
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._buffer.clear()
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self._buffer.clear()
+        if sock is not None:
+            sock.close()
+
+    def _left(self, sock: socket.socket) -> None:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        self.settimeout(left)
+        sock.settimeout(left)
 
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        self._wait_at_most()
-        return super().recv_into(buffer, nbytes, flags)
+    def exchange(
+        self, method: str, target: str, headers: dict[str, str], body: bytes | None
+    ) -> _Answer:
+        """Send one request and read its whole answer (a body of at most ``MAX_BODY_BYTES``:
+        else ``_TooBig``)."""
+        sock = self.sock
+        assert sock is not None
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
+        lines.append("Accept-Encoding: identity")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + (body or b"")
+        self._left(sock)
+        sock.sendall(request)
+        while True:  # an interim 1xx answer is skipped, as http.client skips 100 Continue
+            status, reason, version = self._status_line()
+            found = self._headers()
+            if status >= 200:
+                break
+        chunked = found.get("transfer-encoding", "").lower() == "chunked"
+        connection = found.get("connection", "").lower()
+        closes = "close" in connection if version == 11 else "keep-alive" not in connection
+        length = None if chunked else _length(found.get("content-length"))
+        if status in (204, 304) or method == "HEAD":
+            data = b""
+        elif chunked:
+            data = self._chunked()
+        elif length is not None:
+            if length > MAX_BODY_BYTES:
+                raise _TooBig
+            data = self._up_to(length)
+            closes = closes or len(data) < length  # it ended early: the connection is gone
+        else:
+            data = self._to_close()
+            closes = True
+        if closes:
+            self.close()
+        return _Answer(status, reason, found, data)
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        self._wait_at_most()
-        super().sendall(data, flags)
+    def _status_line(self) -> tuple[int, str, int]:
+        line = self._line("status line")
+        if not line:
+            raise _Disconnected
+        text = line.decode("iso-8859-1")  # http.client's BadStatusLine says it as it came
+        parts = text.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+            raise _Failed(text)
+        version, reason = parts[0], (parts[2] if len(parts) > 2 else "").strip()
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise _Failed(text) from None
+        if not 100 <= status <= 999:
+            raise _Failed(text)
+        if version in ("HTTP/1.0", "HTTP/0.9"):
+            return status, reason, 10
+        if not version.startswith("HTTP/1."):
+            raise _Failed(version)  # http.client's UnknownProtocol
+        return status, reason, 11
+
+    def _headers(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        count = 0
+        last = None
+        while True:
+            line = self._line("header line")
+            if line in (b"\r\n", b"\n", b""):
+                return found
+            count += 1
+            if count > _MAX_HEADERS:
+                raise _Failed(f"got more than {_MAX_HEADERS} headers")
+            text = line.decode("iso-8859-1").rstrip("\r\n")
+            if text[:1] in (" ", "\t") and last is not None:  # a folded line goes on
+                found[last] += text
+                continue
+            name, colon, value = text.partition(":")
+            if not colon:
+                continue
+            last = name.lower()
+            found[last] = value.lstrip(" \t")
+
+    def _line(self, what: str) -> bytes:
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n")
+            if end >= 0:
+                if end + 1 > _MAX_LINE:
+                    raise _Failed(f"got more than {_MAX_LINE} bytes when reading {what}")
+                line = bytes(buffer[: end + 1])
+                del buffer[: end + 1]
+                return line
+            if len(buffer) > _MAX_LINE:
+                raise _Failed(f"got more than {_MAX_LINE} bytes when reading {what}")
+            if not self._receive():
+                line = bytes(buffer)
+                buffer.clear()
+                return line
+
+    def _receive(self) -> int:
+        """Read what has come (at most ``_READ_BYTES``) into the buffer; 0 at the end."""
+        sock = self.sock
+        assert sock is not None
+        self._left(sock)
+        chunk = sock.recv(_READ_BYTES)
+        self._buffer += chunk
+        return len(chunk)
+
+    def _up_to(self, size: int) -> bytes:
+        """``size`` bytes, or fewer when the connection ends first (as ``http.client``'s
+        ``read(amt)``, which the client read bodies with, takes a short body)."""
+        while len(self._buffer) < size and self._receive():
+            pass
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def _exactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            if not self._receive():
+                raise _Disconnected
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def _to_close(self) -> bytes:
+        while self._receive():
+            if len(self._buffer) > MAX_BODY_BYTES:
+                raise _TooBig
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+    def _chunked(self) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            line = self._line("chunk size")
+            try:
+                chunk = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                raise _Disconnected from None  # http.client: IncompleteRead
+            if chunk == 0:
+                break
+            size += chunk
+            if size > MAX_BODY_BYTES:
+                raise _TooBig
+            parts.append(self._exactly(chunk))
+            self._exactly(2)  # the CRLF after the chunk
+        while self._line("trailer line") not in (b"\r\n", b"\n", b""):
+            pass
+        return b"".join(parts)
 
 
-class _Connection(http.client.HTTPConnection):
-    """``HTTPConnection`` whose socket keeps the current request's deadline."""
+class _TooBig(Exception):
+    """The body is over ``MAX_BODY_BYTES``."""
 
-    deadline = float("inf")
 
-    def connect(self) -> None:
-        raw = socket.create_connection((self.host, self.port), self.timeout)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = _DeadlineSocket(raw.family, raw.type, raw.proto, raw.detach())
-        sock.deadline = self.deadline
-        self.sock = sock
+def _length(text: str | None) -> int | None:
+    """``Content-Length`` as http.client reads it (none, negative or not a number: None)."""
+    try:
+        length = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return None if length is None or length < 0 else length
 
 
 class PlainAgentClient:
@@ -167,8 +379,6 @@ class PlainAgentClient:
         connection = self._connection
         connection.deadline = time.monotonic() + limit
         connection.timeout = min(self.connect_timeout_s, limit)
-        if isinstance(connection.sock, _DeadlineSocket):
-            connection.sock.deadline = connection.deadline
         target = path + ("?" + urlencode(params) if params else "")
         headers = {"Accept": "*/*"}
         body = None
@@ -178,31 +388,38 @@ class PlainAgentClient:
         try:
             if connection.sock is None:
                 self._connect()
-            connection.request(method, target, body=body, headers=headers)
-            response = connection.getresponse()
-            data = self._read(response, method, path)
+            answer = connection.exchange(method, target, headers, body)
         except NodeError:
             connection.close()
             raise
         except TimeoutError:
             connection.close()
             raise timeout_error(self.node, path, limit, method) from None
-        except (http.client.RemoteDisconnected, http.client.IncompleteRead, BrokenPipeError) as exc:
+        except _TooBig:
+            connection.close()
+            raise self._too_big(method, path) from None
+        except (_Disconnected, BrokenPipeError) as exc:
             connection.close()
             raise disconnected_error(
                 self.node, path, _DISCONNECTED, plain_http=True, method=method
             ) from exc
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, _Failed) as exc:
             connection.close()
             raise NodeError(
                 self.node, f"{method} {path} failed: {exc or type(exc).__name__}"
             ) from exc
-        found = {name.lower(): value for name, value in response.getheaders()}
-        if response.status not in answers:
+        if answer.status not in answers:
             raise http_error(
-                self.node, path, response.status, response.reason, found, data, None, method
+                self.node,
+                path,
+                answer.status,
+                answer.reason,
+                answer.headers,
+                answer.body,
+                None,
+                method,
             )
-        return response.status, data, found
+        return answer.status, answer.body, answer.headers
 
     def _connect(self) -> None:
         try:
@@ -213,19 +430,6 @@ class PlainAgentClient:
             raise connect_error(
                 self.node, self.endpoint.agent_url, exc, connect_failure(exc)
             ) from exc
-
-    def _read(self, response: http.client.HTTPResponse, method: str, path: str) -> bytes:
-        """The whole body, at most ``MAX_BODY_BYTES``."""
-        if response.length is not None and response.length > MAX_BODY_BYTES:
-            raise self._too_big(method, path)
-        parts: list[bytes] = []
-        size = 0
-        while chunk := response.read(_READ_BYTES):
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise self._too_big(method, path)
-            parts.append(chunk)
-        return b"".join(parts)
 
     def _too_big(self, method: str, path: str) -> NodeError:
         return NodeError(

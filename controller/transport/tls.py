@@ -14,19 +14,22 @@
   port not speaking TLS at all.
 
 This module knows nothing of aiohttp (``controller.transport.client`` unwraps its errors).
+It imports ``ssl`` (about 10 ms) only where a context is made or a TLS error read, so that
+the wrapper's plain-HTTP run, which takes ``TlsOptions`` from here, never imports it.
 """
 
 from __future__ import annotations
 
 import functools
-import ssl
+import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from controller.errors import Failure, UsageError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import ssl
+
     from controller.options import Options
 
 
@@ -89,10 +92,12 @@ def client_context(options: TlsOptions) -> ssl.SSLContext:
 
 @functools.lru_cache(maxsize=64)
 def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    import ssl  # noqa: PLC0415 (HTTPS only: see the module docstring)
+
     if key is not None and cert is None:
         raise TlsFileError("a client key (--key, NV_TLS_KEY) needs its certificate too")
     for path, what in ((ca, "CA file (--ca, NV_TLS_CA)"), (cert, "client certificate")):
-        if path is not None and not Path(path).is_file():
+        if path is not None and not os.path.isfile(path):
             raise TlsFileError(f"TLS {what} {path} does not exist")
     try:
         context = ssl.create_default_context(cafile=ca)
@@ -122,7 +127,8 @@ def bearer_token(options: TlsOptions) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _read_token(path: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
         raise TlsFileError(
@@ -140,6 +146,8 @@ def _read_token(path: str) -> str:
 
 
 def _reason(err: BaseException) -> str:
+    import ssl  # noqa: PLC0415 (an error of ssl's: imported already)
+
     if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
         return str(err.verify_message)
     reason = getattr(err, "reason", None)
@@ -152,6 +160,8 @@ def _reason(err: BaseException) -> str:
 
 def tls_failure(error: BaseException, options: TlsOptions, host: str) -> tuple[Failure, str]:
     """The kind of a TLS error and the line that says what to do (``host`` as connected)."""
+    import ssl  # noqa: PLC0415 (see _reason)
+
     if isinstance(error, ssl.SSLCertVerificationError):
         why = _reason(error)
         if error.verify_code in _NAME_MISMATCH_CODES:

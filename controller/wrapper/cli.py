@@ -19,9 +19,10 @@ Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``vers
 this wrapper many times per task. That path imports only this module, ``docker_args`` and
 ``errors`` (all stdlib-free) and execs docker: it never asks the daemon anything, so it also
 works while the daemon is down. run/create import the GPU step; it asks a node's agent over
-plain HTTP with the standard library (``controller.transport.plain_http``: no aiohttp, no
-asyncio), and imports aiohttp only for HTTPS or a token, paramiko only for SSH, NVML only
-when no local agent answers.
+plain HTTP with the standard library (``controller.transport.plain_http``: a ``socket``, no
+aiohttp, asyncio or ``http.client``), and imports aiohttp and ssl only for HTTPS or a token,
+paramiko only for SSH, NVML only when no local agent answers, ``logging`` only where one of
+those may log or ``NV_DEBUG`` is on (``controller.logs.configure_when_needed``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
     docker = docker_command(environ)
     command = docker_args.scan(args)
     if command.wants_gpus_check:
-        from controller.logs import configure  # noqa: PLC0415 (slow path only)
+        from controller.logs import configure_when_needed  # noqa: PLC0415 (slow path only)
         from controller.options import Options  # noqa: PLC0415
         from controller.wrapper.gpu_args import gpu_arguments  # noqa: PLC0415
 
@@ -75,7 +76,7 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
             progress=_terminal(sys.stderr),
             command="wrapper",
         )
-        configure(PROG, options.debug)
+        configure_when_needed(PROG, options.debug)
         changes = gpu_arguments(command, options)
         for warning in changes.warnings:
             _log("Warning", warning)

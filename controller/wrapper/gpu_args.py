@@ -45,22 +45,26 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
 
 from controller.errors import DockerError, GpuError, NodeError
-from controller.options import Options
+from controller.logs import configure_pending
 from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
-from controller.transport.plain_http import BlockingAgent, PlainAgentClient
+from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
-from controller.wrapper.docker_args import DockerCommand
 from controller.wrapper.engine_cdi import engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
+TYPE_CHECKING = False  # typing: not imported on the run path (docs/nvidia-docker.md, "Speed")
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from controller.options import Options
+    from controller.transport.plain_http import BlockingAgent
     from controller.transport.ssh_tunnel import SshOptions
+    from controller.wrapper.docker_args import DockerCommand
 
 VOLUMES_LABEL = "com.nvidia.volumes.needed"
 CUDA_LABEL = "com.nvidia.cuda.version"
@@ -207,6 +211,7 @@ def open_agent(endpoint: Endpoint, reach: Reach, connect_timeout_s: float | None
     ``AgentClient`` (HTTPS, tokens, SSH) behind the same methods."""
     if endpoint.transport == "http" and endpoint.scheme == "http" and reach.tls.token_file is None:
         return PlainAgentClient(endpoint, connect_timeout_s=connect_timeout_s)
+    configure_pending()  # aiohttp (and paramiko) log: controller.logs
     from controller.transport.client import BlockingAgentClient  # noqa: PLC0415 (aiohttp)
 
     return BlockingAgentClient(
@@ -321,6 +326,7 @@ def _refused(parameter: str, entry: str, count: int, node: str, said: str = "") 
 def _facts_from_nvml(
     volumes: str, devices: str, cuda_needed: str | None, cdi: bool = False
 ) -> GpuFacts:
+    configure_pending()  # the agent's modules log: controller.logs
     from agent.api.cdi_cli import cdi_cli  # noqa: PLC0415
     from agent.api.docker_cli import control_devices, docker_cli_for  # noqa: PLC0415
     from agent.gpu.backend import GpuBackendError  # noqa: PLC0415
@@ -414,6 +420,7 @@ def reach(endpoint: Endpoint, options: Options) -> Reach:
     tls = TlsOptions.from_options(options)
     if endpoint.transport != "ssh":
         return Reach(tls)
+    configure_pending()  # paramiko logs: controller.logs
     from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
 
     return Reach(tls, SshOptions.from_options(options, prompt=True))

@@ -30,18 +30,18 @@ pending time; one the wrapper cannot use (its own later step fails) it gives bac
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import sys
-import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from controller.errors import Failure, GpuError, NodeError
 from controller.options import AutoGpus, Options
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from controller.transport.plain_http import BlockingAgent
     from controller.wrapper.docker_args import DockerCommand
 
@@ -113,6 +113,8 @@ def parse_gpus_flag(value: str) -> GpusFlag:
     ``device=``; ``capabilities=`` and ``options=`` are taken and need nothing here (the
     leased GPUs come with the whole driver volume or the CDI spec's files). Unlike docker,
     ``device=0,1`` without the inner quotes also means devices 0 and 1 (docker refuses it)."""
+    import csv  # noqa: PLC0415 (--gpus only)
+
     shown = f"--gpus {value!r}"
     try:
         fields = next(csv.reader([value]), [])
@@ -347,6 +349,8 @@ def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool 
     devices = every_gpu(agent, info) if ask.every_gpu else None
     note = None
     if terminal and ask.wait_s > 0:
+        import threading  # noqa: PLC0415 (a waiting ask on a terminal only)
+
         note = threading.Timer(WAIT_NOTE_AFTER_S, _waiting, (agent.node, ask))
         note.daemon = True
         note.start()

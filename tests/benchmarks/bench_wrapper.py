@@ -28,7 +28,11 @@ forms ``NV_GPU=auto``, ``--gpus 1``, ``--gpus all``. What the lease costs is a l
 minus ``NV_GPU=0``. ``NV_CDI=no``: the engine is not asked (its ``docker version`` is the
 engine's cost, the same with or without a lease).
 
-    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5] [--lease]
+``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
+repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
+and after in one run, under the same load.
+
+    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5] [--lease] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -56,12 +60,13 @@ if __name__ == '__main__':
     sys.exit(main())
 """
 COMMANDS = (["--version"], ["ps", "-a"], ["inspect", "mesos-abc"], ["version"])
+COMPARED = "compared: "  # --compare: the other checkout's variants
 
 
-def _plain_venv(tmp: Path) -> Path:
-    """A fresh venv that sees the repository through a static ``.pth`` path entry: the start-up
-    of a regular (non-editable) install, without setuptools' editable-install finder, which
-    imports pathlib and re at every start (about 10 ms)."""
+def _plain_venv(tmp: Path, repo: Path = REPO) -> Path:
+    """A fresh venv that sees the repository (``repo``) through a static ``.pth`` path entry:
+    the start-up of a regular (non-editable) install, without setuptools' editable-install
+    finder, which imports pathlib and re at every start (about 10 ms)."""
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -71,18 +76,20 @@ def _plain_venv(tmp: Path) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    Path(purelib, "nvidia_docker_repo.pth").write_text(f"{REPO}\n")
+    Path(purelib, "nvidia_docker_repo.pth").write_text(f"{repo}\n")
     return python
 
 
-def _launcher(python: Path, where: Path, *, pip_template: bool = False) -> list[str]:
-    """Our launcher ``bin/nvidia-docker`` as pip installs it (shebang set to the venv's
-    Python); ``pip_template``: the console script pip would have written instead, whose
-    ``import re`` is why we ship a plain script."""
+def _launcher(
+    python: Path, where: Path, *, pip_template: bool = False, launcher: Path = LAUNCHER
+) -> list[str]:
+    """Our launcher ``bin/nvidia-docker`` (``launcher``) as pip installs it (shebang set to
+    the venv's Python); ``pip_template``: the console script pip would have written instead,
+    whose ``import re`` is why we ship a plain script."""
     if pip_template:
         text = PIP_SCRIPT.format(python=python)
     else:
-        text = LAUNCHER.read_text().replace("#!python", f"#!{python}", 1)
+        text = launcher.read_text().replace("#!python", f"#!{python}", 1)
     script = where / ("nvidia-docker-pip-template" if pip_template else "nvidia-docker")
     script.write_text(text)
     script.chmod(0o755)
@@ -124,14 +131,7 @@ def lease_path(opts: argparse.Namespace) -> int:
         served_in_thread(LeaseAgent(forgetful=True)) as port,
     ):
         python = _plain_venv(Path(tmp))
-        # the libraries (aiohttp) of this environment, without its editable-install finder
-        purelib = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        Path(purelib, "nvidia_docker_libs.pth").write_text(f"{_site_packages()}\n")
+        _see_libraries(python)
         docker = Path(tmp) / "docker"
         docker.write_text(FAKE_DOCKER)
         docker.chmod(0o755)
@@ -151,6 +151,18 @@ def lease_path(opts: argparse.Namespace) -> int:
         for name, extra_env, flags in LEASE_VARIANTS:
             variants[name] = ([*launcher, run[0], *flags, *run[1:]], {**env, **extra_env})
         leasing = {name for name, _, _ in LEASE_VARIANTS[1:]}
+        if opts.compare is not None:  # the same variants, run from the other checkout
+            other = Path(opts.compare).resolve()
+            where = Path(tmp, "compare")
+            where.mkdir()
+            other_python = _plain_venv(where, other)
+            _see_libraries(other_python)
+            other_launcher = _launcher(other_python, where, launcher=other / "bin/nvidia-docker")
+            for name, extra_env, flags in LEASE_VARIANTS:
+                argv = [*other_launcher, run[0], *flags, *run[1:]]
+                variants[f"{COMPARED}{name}"] = (argv, {**env, **extra_env})
+                if name in leasing:
+                    leasing.add(f"{COMPARED}{name}")
         for name, (argv, variant_env) in variants.items():  # each works, leases or not
             done = subprocess.run(
                 argv, env=variant_env, capture_output=True, text=True, check=False
@@ -163,8 +175,11 @@ def lease_path(opts: argparse.Namespace) -> int:
                 return 1
         print(f"bench_wrapper | run path: a plain venv ({python}), the fake agent on "
               f"127.0.0.1:{port}, a shell-script docker, NV_CDI=no")  # fmt: skip
+        if opts.compare is not None:
+            print(f"bench_wrapper | {COMPARED}...: the same, from {opts.compare}")
         print(f"bench_wrapper | python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-              f"{opts.runs} runs each, interleaved")  # fmt: skip
+              f"{opts.runs} runs each, interleaved, load average "
+              f"{' '.join(f'{load:.2f}' for load in os.getloadavg())} before")  # fmt: skip
         print()
         samples: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(opts.warmup):
@@ -177,19 +192,32 @@ def lease_path(opts: argparse.Namespace) -> int:
                 samples[name].append(_time(argv, variant_env))
         base = statistics.median(samples["docker"])
         plain = statistics.median(samples["NV_GPU=0"])
-        print(f"{'variant':<14} {'median ms':>10} {'p90 ms':>8} {'+ms vs docker':>14} "
+        print(f"{'variant':<22} {'median ms':>10} {'p90 ms':>8} {'+ms vs docker':>14} "
               f"{'+ms vs NV_GPU=0':>16}")  # fmt: skip
         for name, values in samples.items():
             med = statistics.median(values)
             p90 = statistics.quantiles(values, n=10)[-1]
-            print(f"{name:<14} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} {(med - base) * 1e3:>+14.1f} "
+            print(f"{name:<22} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} {(med - base) * 1e3:>+14.1f} "
                   f"{(med - plain) * 1e3:>+16.1f}")  # fmt: skip
         worst = max(statistics.median(samples[name]) for name, _, _ in LEASE_VARIANTS[1:])
+        print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
         print()
         print(f"what a lease adds to the run path (worst form, median): "
               f"{(worst - plain) * 1e3:+.1f} ms; the run path with a lease over docker: "
               f"{(worst - base) * 1e3:+.1f} ms")  # fmt: skip
     return 0
+
+
+def _see_libraries(python: Path) -> None:
+    """Let the plain venv of ``python`` import this environment's libraries (aiohttp), without
+    this environment's editable-install finder."""
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "nvidia_docker_libs.pth").write_text(f"{_site_packages()}\n")
 
 
 def _time(argv: list[str], env: dict[str, str]) -> float:
@@ -204,6 +232,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (pyc, caches)")
     parser.add_argument(
         "--lease", action="store_true", help="time run with and without a lease instead"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="DIR",
+        help="with --lease: also time the checkout in DIR, interleaved (before and after)",
     )
     opts = parser.parse_args()
     if opts.lease:

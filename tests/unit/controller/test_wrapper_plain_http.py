@@ -1,9 +1,9 @@
 """``nvidia-docker run`` over plain HTTP imports neither aiohttp nor asyncio
-(``controller.transport.plain_http``; docs/nvidia-docker.md, "Speed"), and its client says
-what ``AgentClient`` says.
+(``controller.transport.plain_http``; docs/nvidia-docker.md, "Speed"), nor anything outside a
+short list of the standard library's modules, and its client says what ``AgentClient`` says.
 
 The wrapper runs as a process whose ``os.execvp`` (the moment it becomes docker) reports the
-argv and which of the heavy modules are loaded; docker is a shell script that answers
+argv and which modules the run imported; docker is a shell script that answers
 ``image inspect`` with a GPU image's labels; the node's agent is ``tests.support.lease_agent``
 on a loopback port.
 """
@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from aiohttp import web
 
 from controller.errors import Failure, NodeError
+from controller.transport import plain_http
 from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import parse_endpoint
 from controller.transport.plain_http import PlainAgentClient
@@ -30,6 +34,27 @@ from tests.support.services import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("aiohttp", "asyncio", "paramiko", "yarl", "multidict", "controller.transport.client")
+# What the run path over plain HTTP imports besides our own modules, on Python 3.11 to 3.13
+# (top-level names, under python -S: nothing before it): a lean set, without http.client and
+# the email package, urllib, ssl, logging, typing, ipaddress, pathlib, hashlib
+# (docs/nvidia-docker.md, "Speed"). A module added to the run path fails this test until it
+# is added here, its cost measured.
+LEAN = frozenset(
+    {
+        "__future__", "_ast", "_collections", "_collections_abc", "_csv", "_functools", "_json",
+        "_locale", "_opcode", "_opcode_metadata", "_operator", "_posixsubprocess", "_socket",
+        "_sre", "_stat", "_tokenize", "_weakrefset", "array", "ast", "collections", "contextlib",
+        "copy", "copyreg", "csv", "dataclasses", "dis", "enum", "errno", "fcntl", "functools",
+        "genericpath", "importlib", "inspect", "itertools", "json", "keyword", "linecache",
+        "locale", "math", "opcode", "operator", "os", "posixpath", "pwd", "re", "reprlib",
+        "select", "selectors", "signal", "socket", "stat", "subprocess", "threading", "token",
+        "tokenize", "types", "warnings", "weakref",
+    }
+)  # fmt: skip
+NOT_ON_THE_RUN_PATH = (
+    "http", "email", "urllib", "ssl", "_ssl", "logging", "typing", "ipaddress", "pathlib",
+    "hashlib", "encodings.idna", "controller.wrapper.help",
+)  # fmt: skip
 DOCKER = """#!/bin/sh
 labels='{"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}'
 case "$1 $2" in
@@ -38,12 +63,16 @@ case "$1 $2" in
 esac
 """
 PROBE = (
-    "import json, os, sys\n"
+    "import sys\n"
+    "before = set(sys.modules)\n"
+    "import os\n"
     "from controller.wrapper import cli\n"
     f"heavy = {HEAVY!r}\n"
     "def execvp(_file, argv):\n"
     "    loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"
-    "    print(json.dumps({'argv': argv, 'loaded': loaded}))\n"
+    "    new = sorted(set(sys.modules) - before)\n"
+    "    import json\n"
+    "    print(json.dumps({'argv': argv, 'loaded': loaded, 'new': new}))\n"
     "    sys.exit(0)\n"
     "os.execvp = execvp\n"
     "sys.exit(cli.main())\n"
@@ -95,10 +124,15 @@ def test_the_run_path_over_plain_http_imports_no_aiohttp_nor_asyncio(
 ) -> None:
     lease_agent, port = agent
     args = ["run", *flags, "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
-    done = _run(tmp_path, args, NV_HOST=f"{scheme}://127.0.0.1:{port}", **env)
+    done = _run(tmp_path, args, "-S", NV_HOST=f"{scheme}://127.0.0.1:{port}", **env)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["loaded"] == []
+    new = [m for m in report["new"] if m.split(".")[0] not in ("controller", "agent")]
+    assert sorted(m for m in new if m not in LEAN and m.split(".")[0] not in LEAN) == []
+    assert [
+        m for m in new if m in NOT_ON_THE_RUN_PATH or m.split(".")[0] in NOT_ON_THE_RUN_PATH
+    ] == []
     assert "--device=/dev/nvidia0" in report["argv"]
     leased = any(arg.startswith("--label=nvidia-docker.lease=") for arg in report["argv"])
     assert leased is ("NV_GPU" not in env or env["NV_GPU"] == "auto")
@@ -241,3 +275,115 @@ def test_not_json_and_no_agent(plain_port: int) -> None:
 def test_https_is_not_its_business() -> None:
     with pytest.raises(ValueError, match="plain HTTP only"):
         PlainAgentClient(parse_endpoint("https://node3:3476"))
+
+
+# --- HTTP/1.1 as http.client speaks it: the request, chunks, closes, broken answers -------
+
+
+def test_urlencode_is_urllibs() -> None:
+    params = {"dev": "0 GPU-1a", "vol": "nvidia_driver", "x": "a+b&c=d/é~_.-", "format": "cdi"}
+    assert plain_http.urlencode(params) == urlencode(params)
+
+
+def _one_answer(answer: bytes) -> tuple[int, list[bytes], threading.Thread]:
+    """A server on loopback that reads one request and writes ``answer`` (then closes)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        with server, server.accept()[0] as conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            seen.append(data)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return port, seen, thread
+
+
+def _ask(port: int, call: Callable[[PlainAgentClient], object]) -> object:
+    with PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{port}"), timeout_s=5) as agent:
+        return call(agent)
+
+
+def test_the_request_is_http_clients() -> None:
+    port, seen, thread = _one_answer(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+    status = _ask(port, lambda a: a.request("POST", "/leases", payload={"n": 1}, answers=(201,)))
+    thread.join(5)
+    assert status == (201, b"{}", {"content-length": "2"})
+    assert seen[0].split(b"\r\n\r\n")[0].split(b"\r\n") == [
+        b"POST /leases HTTP/1.1",
+        f"Host: 127.0.0.1:{port}".encode(),
+        b"Accept-Encoding: identity",
+        b"Content-Length: 8",
+        b"Accept: */*",
+        b"Content-Type: application/json",
+    ]
+
+
+def test_chunked_to_the_close_and_short_answers() -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
+    port, _seen, thread = _one_answer(chunked)
+    assert _ask(port, lambda a: a.get("/x")) == b"abcde"
+    thread.join(5)
+    port, _seen, thread = _one_answer(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\nto the end")
+    assert _ask(port, lambda a: a.get("/x")) == b"to the end"
+    thread.join(5)
+    # a body shorter than its Content-Length is taken as it came, as http.client's read(amt)
+    port, _seen, thread = _one_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")
+    assert _ask(port, lambda a: a.get("/x")) == b"abc"
+    thread.join(5)
+
+
+def test_a_closing_agent_gets_a_new_connection(plain_port: int) -> None:
+    port, _seen, thread = _one_answer(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx"
+    )
+    with PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent:
+        assert agent.get("/x") == b"x"
+        assert agent._connection.sock is None
+    thread.join(5)
+
+
+def test_broken_answers_say_what_http_client_said() -> None:
+    node = "http://127.0.0.1:{port}"
+    cases = [
+        (b"", "GET /x failed: Server disconnected (an agent serving TLS closes plain HTTP "
+         "connections: https://?)"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "GET /x failed: SSH-2.0-OpenSSH_9.2\r\n"),
+        (b"HTTP/2 200\r\n\r\n", "GET /x failed: HTTP/2"),
+        (b"HTTP/1.1 abc OK\r\n\r\n", "GET /x failed: HTTP/1.1 abc OK\r\n"),
+    ]  # fmt: skip
+    for answer, line in cases:
+        port, _seen, thread = _one_answer(answer)
+        with pytest.raises(NodeError) as info:
+            _ask(port, lambda a: a.get("/x"))
+        thread.join(5)
+        assert str(info.value) == f"{node.format(port=port)}: {line}"
+
+
+def test_logging_is_configured_only_where_a_library_may_log() -> None:
+    probe = (
+        "import sys\n"
+        "from controller import logs\n"
+        "logs.configure_when_needed('nvidia-docker', False)\n"
+        "assert 'logging' not in sys.modules\n"
+        "logs.configure_pending()\n"
+        "import logging\n"
+        "assert [logging.getLogger(n).propagate for n in logs.QUIET] == [False, False]\n"
+        "logs.configure_when_needed('nvidia-docker', True)\n"
+        "assert [logging.getLogger(n).propagate for n in logs.QUIET] == [True, True]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
