@@ -32,7 +32,7 @@ from agent.leases.view import TableView
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.exposition import render_families
 from agent.metrics.gpu_families import gpu_families
-from agent.metrics.lease_families import lease_families
+from agent.metrics.lease_families import Named, lease_families
 from agent.metrics.processes_json import processes_body
 from agent.node.state import NodeState
 from agent.node.status import StatusService, StatusUnavailable, Sweep
@@ -117,7 +117,8 @@ class MetricsService:
                 last_xids=self.health.last_xids if self.health is not None else None,
             )
             view.gpu_text = render_families(families)  # counters keep dcgm-exporter's names
-        return view.gpu_text + self.agent.render() + render(self._live(sweep))
+        live = self._live(sweep, await self._lease_containers())
+        return view.gpu_text + self.agent.render() + render(live)
 
     async def processes(self, devices: Sequence[DeviceInfo]) -> bytes:
         """The ``/gpu/processes/json`` body for the given GPUs."""
@@ -163,7 +164,20 @@ class MetricsService:
         released.add_metric([why], 1)
         return [self._build_info(), released]
 
-    def _live(self, sweep: Sweep) -> list[Metric]:
+    async def _lease_containers(self) -> dict[str, Named]:
+        """The name and image of every leased container, from the attribution's cache (an
+        engine is asked once for a container it has not seen, as for a GPU process)."""
+        if self.leases is None:
+            return {}
+        ids = {lease.container_id for lease in self.leases().leases if lease.container_id}
+        named: dict[str, Named] = {}
+        for container_id in sorted(ids):
+            known = await self.attributor.container(container_id)
+            if known is not None:
+                named[container_id] = (known[1].name, known[1].image)
+        return named
+
+    def _live(self, sweep: Sweep, lease_containers: dict[str, Named]) -> list[Metric]:
         families: list[Metric] = [self._build_info()]
         if sweep.throughput_age_s is not None:
             families.append(
@@ -190,7 +204,7 @@ class MetricsService:
         lookups.add_metric(["failed"], failures)
         families.append(lookups)
         if self.leases is not None:
-            families += lease_families(self.leases(), self.hostname)
+            families += lease_families(self.leases(), self.hostname, lease_containers)
         if self.usage is not None:
             families += self.usage()
         return families

@@ -5,12 +5,14 @@ Each tick takes the node's status the way every reader does (``StatusService.swe
 quiet reader: a scrape's sweep in flight is joined, and the resting PCIe sampler is left
 resting, so the ledger adds one worker round trip per interval at most and no NVML call of
 its own), the lease table's view (who holds each unit), and the owners of the GPU processes
-(``agent.attribution``: its cache keeps the engines out of it). From those it builds one
-``UnitSample`` per unit (``build_samples``), runs them through the accounting and the idle
-tracker, and submits the batch to the store (one transaction, on the store's own thread:
-the event loop never waits for SQLite). Holders that became idle are acted on by policy
-(``agent.usage.idle``): a line in the log, a stopped container's lease released, or the
-container stopped through its engine.
+(``agent.attribution``: its cache keeps the engines out of it). The table is told first what
+the sweep shows (``agent.usage.table_feed``: the GPU processes' holders), so
+that a process started outside the engines makes its GPU foreign within one interval. From
+those it builds one ``UnitSample`` per unit (``build_samples``), runs them through the
+accounting and the idle tracker, and submits the batch to the store (one transaction, on the
+store's own thread: the event loop never waits for SQLite). Holders that became idle are
+acted on by policy (``agent.usage.idle``): a line in the log, a stopped container's lease
+released, or the container stopped through its engine.
 
 The store is opened off the event loop once the agent serves (``start``): a ledger that
 another agent holds (``LedgerBusy``) or that cannot be opened leaves the agent serving
@@ -43,6 +45,7 @@ from agent.usage.accounting import Accounting, Holder, UnitSample
 from agent.usage.idle import IDLE_LABEL, IdlePolicy, IdleTracker, IdleUnit
 from agent.usage.records import Batch, HolderKind
 from agent.usage.store import LedgerBusy, LedgerStatus, LedgerStore
+from agent.usage.table_feed import gpu_users
 
 log = logging.getLogger("nvidia-docker-plugin.usage")
 
@@ -193,11 +196,12 @@ class UsageLedger:
         except StatusUnavailable:
             return  # the driver is being replaced: the gap is not counted
         now_s = self._clock()
-        view = self.leases.view()
         owners = await self.attributor.owners(
             p.pid for status in sweep.statuses for p in status.processes
         )
-        lease_facts = await self._lease_containers(view)
+        self.leases.processes_seen(gpu_users(sweep, owners))
+        view = self.leases.view()  # with the foreign holders just seen
+        lease_facts = await self._lease_containers(view, owners)
         samples = build_samples(sweep, view, owners, lease_facts, now_s)
         self.accounting.observe(now_s, samples)
         newly_idle = self.idle.observe(now_s, samples)
@@ -212,13 +216,22 @@ class UsageLedger:
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - began
 
-    async def _lease_containers(self, view: TableView) -> dict[str, ProcessOwner]:
-        """The name, image and labels of every leased and foreign container (the
-        attribution's cached lookups)."""
-        found: dict[str, ProcessOwner] = {}
+    async def _lease_containers(
+        self, view: TableView, owners: dict[int, ProcessOwner]
+    ) -> dict[str, ProcessOwner]:
+        """The name, image and labels of every leased and foreign container: those of this
+        sweep's GPU processes as their owners say them (their engine known), the others
+        from the attribution's cached lookups."""
+        found = {
+            owner.container_id: owner
+            for owner in owners.values()
+            if owner.in_container and owner.container_id
+        }
         ids = [lease.container_id for lease in view.leases if lease.container_id is not None]
         ids += [hold.holder for hold in view.foreign if hold.container]
         for container_id in dict.fromkeys(ids):
+            if container_id in found:
+                continue
             known = await self.attributor.container(container_id)
             if known is not None:
                 kind, facts = known
@@ -373,6 +386,8 @@ def build_samples(
                 continue
             if not whole:
                 continue  # a MIG GPU's processes cannot be told apart by MIG device here
+            if f"pid {process.pid}" in {h.ident for h in holders}:
+                continue  # the table's foreign holder of this process (agent.usage.table_feed)
             holder = _process_holder(process.pid, owner)
             if holder.ident not in {h.ident for h in holders}:
                 holders.append(holder)

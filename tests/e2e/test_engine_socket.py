@@ -158,6 +158,15 @@ def test_two_runs_of_two_gpus_get_four_distinct_gpus_and_leases(served: Served) 
     assert any(m["Type"] == "volume" and m["Target"] == "/usr/local/nvidia" for m in host["Mounts"])
     owners = {lease["Container"]: lease["Owner"] for lease in served.table()["Leases"]}
     assert owners[second] == {"via": "engine-socket", "name": "second"}
+    with urllib.request.urlopen(f"{served.url}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    leased = [
+        line for line in metrics.splitlines()
+        if line.startswith("nvidia_docker_gpu_leased{") and f'container_id="{second}"' in line
+    ]  # fmt: skip
+    assert len(leased) == 2, metrics  # one per GPU, with the container's name and image
+    assert all('container_name="second"' in line for line in leased), leased
+    assert all(f'image="{IMAGE}"' in line for line in leased), leased
 
     listed = served.ok("ps", "--format", "{{.ID}}")
     assert {first[:12], second[:12]} <= set(listed.split())

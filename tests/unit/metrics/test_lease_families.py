@@ -12,15 +12,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.leases.asks import Ask
 from agent.leases.containers import Container
 from agent.leases.table import LeaseTable
-from agent.metrics.lease_families import MAX_OWNER_CHARS, lease_families
+from agent.metrics.lease_families import MAX_OWNER_CHARS, Named, lease_families
 from agent.metrics.service import render
 from tests.unit.leases.nodes import T0, builtin, cid, granted, healthy, leased_container
 
 Samples = list[dict[str, str]]
 
 
-def _samples(table: LeaseTable, family: str) -> Samples:
-    text = render(lease_families(table.view(), "node-7")).decode()
+def _samples(table: LeaseTable, family: str, containers: dict[str, Named] | None = None) -> Samples:
+    text = render(lease_families(table.view(), "node-7", containers)).decode()
     parse = cast(Callable[[str], Iterable[Metric]], text_string_to_metric_families)
     return [
         {**sample.labels, "value": str(sample.value)}
@@ -50,6 +50,9 @@ def test_a_lease_is_one_sample_per_gpu_with_its_owner_then_its_container() -> No
     table.started(leased_container(1, grant.lease, running=True), T0 + 2)
     running = _samples(table, "nvidia_docker_gpu_leased")
     assert {(s["state"], s["container_id"]) for s in running} == {("running", cid(1))}
+    assert {(s["container_name"], s["image"]) for s in running} == {("", "")}  # not known
+    named = _samples(table, "nvidia_docker_gpu_leased", {cid(1): ("trainer", "pytorch:2.3")})
+    assert {(s["container_name"], s["image"]) for s in named} == {("trainer", "pytorch:2.3")}
 
     table.destroyed(cid(1), T0 + 3)
     assert _samples(table, "nvidia_docker_gpu_leased") == []
