@@ -1,5 +1,6 @@
 """Leases on a real NVIDIA GPU: the grant names the GPU NVML and nvidia-smi know, its device
-node and the CPUs of its NUMA node; the table survives the agent's kill -9.
+node and the CPUs of its NUMA node; the table survives the agent's kill -9; a CUDA program
+started outside any container makes the GPU foreign while it runs.
 
 Run on a GPU machine: ``pytest -m gpu tests/gpu/test_leases_real.py``. The agent uses real
 NVML, its own port and directories (its lease state in a temporary directory); no container
@@ -61,7 +62,8 @@ class Agent:
              "-s", str(self.root / "plugins"), "-d", str(self.root / "volumes"),
              "--state-dir", str(self.root / "state"), "--cdi-spec-dir", "",
              "--docker-socket", str(self.root / "no-docker.sock"),
-             "--podman-socket", str(self.root / "no-podman.sock")],
+             "--podman-socket", str(self.root / "no-podman.sock"),
+             "--usage-interval", "0.5"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -158,3 +160,56 @@ def test_the_table_survives_kill_9(agent: Agent) -> None:
     ]
     status, again = _call(agent.port, "POST", "/leases", {"devices": grant["Dev"]})
     assert (status, again["Refusal"]) == (409, "taken"), again
+
+
+# A CUDA context on GPU 0 through the driver's own library (no framework needed): NVML then
+# lists this process among the GPU's compute processes.
+CUDA_PROGRAM = """
+import ctypes, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _foreign(port: int) -> list[str]:
+    status, table = _call(port, "GET", "/leases/json")
+    assert status == 200, table
+    return [hold["Holder"] for hold in table["Foreign"]]
+
+
+def test_a_cuda_program_outside_containers_makes_the_gpu_foreign(agent: Agent) -> None:
+    program = subprocess.Popen(
+        [sys.executable, "-c", CUDA_PROGRAM], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert program.stdout is not None
+        assert program.stdout.readline().strip() == "ready"
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{agent.port}/gpu/processes/json", timeout=30
+        ) as answer:
+            listed = [
+                p["PID"] for d in json.loads(answer.read())["Devices"] for p in d["Processes"]
+            ]
+        if program.pid not in listed:
+            pytest.skip(
+                f"NVML lists the GPU's processes as {listed}, not as pid {program.pid}: "
+                "another PID namespace (a sandbox), where the agent cannot place them"
+            )
+        holder = f"pid {program.pid}"
+        wait_until(lambda: holder in _foreign(agent.port), what=f"{holder} foreign", timeout_s=30)
+        status, refused = _call(agent.port, "POST", "/leases", {"devices": "0"})
+        assert (status, refused["Refusal"]) == (409, "taken"), refused
+        assert f"by {holder} (a GPU process)" in refused["Error"], refused
+    finally:
+        program.kill()
+        program.wait(timeout=30)
+        if program.stdout is not None:
+            program.stdout.close()
+    wait_until(lambda: not _foreign(agent.port), what="the GPU free again", timeout_s=30)
+    status, grant = _call(agent.port, "POST", "/leases", {"devices": "0"})
+    assert status == 201, grant
