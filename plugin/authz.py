@@ -12,7 +12,8 @@ nvidia-docker: <line>`` (HTTP 403). After serving it sends the answer to
 Two requests are asked about (``ask_of``), every other one is allowed at once, without a
 look at the body:
 
-- ``POST [/v1.NN]/containers/<id or name>/start``: ``StartAsk``;
+- ``POST [/v1.NN]/containers/<id or name>/start`` and ``.../restart`` (``docker restart``
+  starts a container too, stopped or running): ``StartAsk``;
 - ``POST [/v1.NN]/containers/create[?name=...]`` with a JSON object body: ``CreateAsk``,
   with that body (``Labels``, ``Env``, ``HostConfig``).
 
@@ -43,13 +44,14 @@ MAX_AUTHZ_BODY_BYTES = 2 * 1024 * 1024
 MAX_URI_CHARS = 4096
 
 _VERSION = r"(?:/v[0-9]{1,3}(?:\.[0-9]{1,3})?)?"
-_START = re.compile(_VERSION + r"/containers/([^/?#]{1,256})/start")
+_START = re.compile(_VERSION + r"/containers/([^/?#]{1,256})/(?:start|restart)")
 _CREATE = re.compile(_VERSION + r"/containers/create")
 
 
 @dataclass(frozen=True, slots=True)
 class StartAsk:
-    """``docker start``: the container as the URI names it (an id, a prefix or a name)."""
+    """``docker start`` or ``docker restart``: the container as the URI names it (an id, a
+    prefix or a name)."""
 
     container: str
 

@@ -192,5 +192,13 @@ def test_a_start_after_the_gpus_went_elsewhere_is_refused(node: Node) -> None:
     assert f"container {first[:12]} may not start: its {first_lease} has ended" in again.stderr
     assert f"GPU {GPU} by container {second[:12]} ({second_lease})" in again.stderr
     assert node.docker("inspect", "-f", "{{.State.Running}}", first).stdout.strip() == "false"
+    restarted = node.docker("restart", "-t", "0", first)  # docker restart asks too
+    assert restarted.returncode != 0
+    assert f"container {first[:12]} may not start: its {first_lease} has ended" in (
+        restarted.stderr
+    )
+    assert node.docker("inspect", "-f", "{{.State.Running}}", first).stdout.strip() == "false"
+    again = node.docker("restart", "-t", "0", second)  # its own lease: restarted
+    assert again.returncode == 0, again.stderr
 
     assert node.docker("rm", "-f", first, second).returncode == 0

@@ -86,9 +86,15 @@ async def test_activate_names_authz_only_with_a_gate(
 
 @pytest.mark.parametrize(
     "uri",
-    [f"/v1.50/containers/{CID}/start", "/containers/web-1/start", "/v1.24/containers/x/start?a=1"],
+    [
+        f"/v1.50/containers/{CID}/start",
+        "/containers/web-1/start",
+        "/v1.24/containers/x/start?a=1",
+        f"/v1.50/containers/{CID}/restart?t=0",
+        "/containers/web-1/restart",
+    ],
 )
-async def test_a_start_is_asked_about(client: Client, gate: Gate, uri: str) -> None:
+async def test_a_start_or_restart_is_asked_about(client: Client, gate: Gate, uri: str) -> None:
     assert await authz(client, request("POST", uri)) == ALLOW
     name = uri.split("/containers/")[1].split("/", maxsplit=1)[0]
     assert gate.asked == [StartAsk(name)]
