@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -32,43 +32,30 @@ from agent.attribution.docker_engine import (
     parse_answer,
 )
 from agent.attribution.owners import Attributor, ProcessOwner
+from tests.support.unix_server import Handler, serving
 
 ID = "8f3c2b1a" * 8
 OTHER = "0123abcd" * 8
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @asynccontextmanager
 async def engine_at(tmp_path: Path, handler: Handler) -> AsyncIterator[DockerEngine]:
     """A client of a server on a unix socket that answers each request with ``handler``."""
-    path = tmp_path / "engine.sock"
-    handlers: set[asyncio.Task[None]] = set()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
         try:
             await reader.readuntil(b"\r\n\r\n")
             await handler(reader, writer)
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass  # the client hung up: what these tests expect of a bad answer
-        finally:
-            writer.close()
 
-    server = await asyncio.start_unix_server(serve, path)
-    engine = DockerEngine(path, timeout_s=10)
-    try:
-        yield engine
-    finally:
-        await engine.close()
-        server.close()
-        await server.wait_closed()
-        for task in handlers:  # the answers that wait for ever
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+    async with serving(tmp_path / "engine.sock", serve):
+        engine = DockerEngine(tmp_path / "engine.sock", timeout_s=10)
+        try:
+            yield engine
+        finally:
+            await engine.close()
 
 
 def answering(*pieces: bytes) -> Handler:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +19,10 @@ from agent.engine_socket.site import EngineSocket, serve_engine_socket
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
+from tests.support.unix_server import Handler, serving
 from tests.unit.leases.nodes import build_node, healthy
 
 NODE = build_node([0, 0, 1, 1])
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @dataclass
@@ -50,22 +50,18 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeEngine, EngineSocket,
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         engine.connections += 1
-        try:
-            await engine.handler(reader, writer)
-        finally:
-            writer.close()
+        await engine.handler(reader, writer)
 
-    server = await asyncio.start_unix_server(serve, path=str(engine.path))
-    leases = LeaseService.open(NODE, healthy(NODE), LeaseSettings(), None)
-    facts = NodeFacts(NODE, ("/dev/nvidiactl", "/dev/nvidia-uvm"))
-    creates = GpuCreates(leases, lambda: facts, Cpusets(tmp_path / "no-sysfs"))
-    site = await serve_engine_socket(
-        tmp_path / "ours.sock", engine.path, creates, head_timeout_s=2.0, max_connections=64
-    )
-    yield engine, site, leases
-    await site.close()
-    server.close()
-    await leases.close()
+    async with serving(engine.path, serve):
+        leases = LeaseService.open(NODE, healthy(NODE), LeaseSettings(), None)
+        facts = NodeFacts(NODE, ("/dev/nvidiactl", "/dev/nvidia-uvm"))
+        creates = GpuCreates(leases, lambda: facts, Cpusets(tmp_path / "no-sysfs"))
+        site = await serve_engine_socket(
+            tmp_path / "ours.sock", engine.path, creates, head_timeout_s=2.0, max_connections=64
+        )
+        yield engine, site, leases
+        await site.close()
+        await leases.close()
 
 
 async def exchange(site: EngineSocket, data: bytes, *, half_close: bool = True) -> bytes:

@@ -16,23 +16,20 @@ from pathlib import Path
 import pytest
 
 from agent.engine_socket.site import serve_engine_socket
+from tests.support.unix_server import serving
 
 NOBODY = 65534
 ENGINE_GID = 4321  # the engine socket's group (docker's, on a real node)
 
 
-async def _engine(path: Path) -> asyncio.Server:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while await reader.readuntil(b"\r\n\r\n"):
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_unix_server(answer, path=str(path))
+async def _answer_every_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A stand-in engine: every request head answered ``200 OK``."""
+    try:
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
 
 
 async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -46,42 +43,41 @@ async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> b
 async def test_a_client_beyond_the_bound_gets_one_503_and_the_others_keep_going(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = await _engine(tmp_path / "engine.sock")
-    site = await serve_engine_socket(
-        tmp_path / "ours.sock",
-        tmp_path / "engine.sock",
-        None,
-        head_timeout_s=5.0,
-        max_connections=2,
-    )
-    held = [await asyncio.open_unix_connection(str(site.path)) for _ in range(2)]
-    try:
-        for reader, writer in held:  # both served: their requests answered by the engine
-            assert (await _ping(reader, writer)).endswith(b"OK")
-        reader, writer = await asyncio.open_unix_connection(str(site.path))
-        answer = await _ping(reader, writer)
-        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
-        message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
-        assert "has its 2 connections open (--engine-connections)" in message
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # and closed
-        writer.close()
-        assert "a client refused (1 so far)" in caplog.text
-        for reader, writer in held:  # the held ones are still served
-            assert (await _ping(reader, writer)).endswith(b"OK")
-        held[0][1].close()
-        await held[0][1].wait_closed()
-        for _ in range(100):  # its slot frees once the agent sees the end of it
-            if site.open_connections < 2:
-                break
-            await asyncio.sleep(0.02)
-        reader, writer = await asyncio.open_unix_connection(str(site.path))
-        assert (await _ping(reader, writer)).endswith(b"OK")
-        writer.close()
-    finally:
-        for _, writer in held:
+    async with serving(tmp_path / "engine.sock", _answer_every_head):
+        site = await serve_engine_socket(
+            tmp_path / "ours.sock",
+            tmp_path / "engine.sock",
+            None,
+            head_timeout_s=5.0,
+            max_connections=2,
+        )
+        held = [await asyncio.open_unix_connection(str(site.path)) for _ in range(2)]
+        try:
+            for reader, writer in held:  # both served: their requests answered by the engine
+                assert (await _ping(reader, writer)).endswith(b"OK")
+            reader, writer = await asyncio.open_unix_connection(str(site.path))
+            answer = await _ping(reader, writer)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+            message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+            assert "has its 2 connections open (--engine-connections)" in message
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and closed
             writer.close()
-        await site.close()
-        engine.close()
+            assert "a client refused (1 so far)" in caplog.text
+            for reader, writer in held:  # the held ones are still served
+                assert (await _ping(reader, writer)).endswith(b"OK")
+            held[0][1].close()
+            await held[0][1].wait_closed()
+            for _ in range(100):  # its slot frees once the agent sees the end of it
+                if site.open_connections < 2:
+                    break
+                await asyncio.sleep(0.02)
+            reader, writer = await asyncio.open_unix_connection(str(site.path))
+            assert (await _ping(reader, writer)).endswith(b"OK")
+            writer.close()
+        finally:
+            for _, writer in held:
+                writer.close()
+            await site.close()
 
 
 def _bind_as_nobody(tmp_path: Path, groups: list[int]) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -26,8 +26,8 @@ from agent.engines.http import (
     parse_answer,
 )
 from tests.support.fake_engine import CHUNKED_HEAD, chunk
+from tests.support.unix_server import Handler, serving
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 PATH = "/events?filters=%7B%22type%22%3A%5B%22container%22%5D%7D"
 
 
@@ -35,31 +35,17 @@ PATH = "/events?filters=%7B%22type%22%3A%5B%22container%22%5D%7D"
 async def served(tmp_path: Path, handler: Handler) -> AsyncIterator[EngineClient]:
     """A client of a unix socket whose every connection ``handler`` answers (after the
     request's head), and which is hung up when the test is done."""
-    path = tmp_path / "engine.sock"
-    handlers: set[asyncio.Task[None]] = set()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
         try:
             await reader.readuntil(b"\r\n\r\n")
             await handler(reader, writer)
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
-        finally:
-            writer.close()
 
-    server = await asyncio.start_unix_server(serve, path)
-    try:
-        yield EngineClient(path, timeout_s=5)
-    finally:
-        server.close()
-        await server.wait_closed()
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+    async with serving(tmp_path / "engine.sock", serve):
+        yield EngineClient(tmp_path / "engine.sock", timeout_s=5)
 
 
 def sending(*pieces: bytes, then_wait: bool = False) -> Handler:
