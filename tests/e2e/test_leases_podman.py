@@ -1,15 +1,26 @@
 """GPU leases end to end with Podman: ``NV_DOCKER=podman nvidia-docker`` (Debian 12's 4.3),
 Podman's API service on a socket of the test, and a real agent process serving the
-simulated ``hgx-h200-8`` node, following that service's events (``--podman-socket``).
+simulated ``hgx-h200-8`` node (eight H200s), following that service's events
+(``--podman-socket``) and keeping its state in a directory of the test (``--state-dir``).
 
 Podman reads CDI, so the wrapper gives each container its leased GPU as a CDI name
 (``nvidia.com/gpu=<UUID>``) of the agent's spec. Podman 4.3 reads specs from
 ``/var/run/cdi`` only: the agent writes its spec there, under the machine-wide CDI lock,
 and the test removes it afterwards. The device nodes the spec names are made with mknod in
 a private dev root (``--cdi-dev-root``): nothing is made under /dev, nothing opens them.
+Podman 4 does not show a container's CDI devices in its inspect answer: the agent knows a
+Podman container's GPUs from its lease labels alone.
 
-Checked: concurrent ``NV_GPU=auto:1`` runs each get a GPU of their own, the agent binds
-each lease to its Podman container, and ``podman rm -f`` frees the GPU within a second.
+Checked, as tests/e2e/test_leases_docker.py checks them with dockerd: eight concurrent
+``NV_GPU=auto:1`` runs each get a GPU of their own (as its CDI name, and only it) and the
+agent binds each lease to its Podman container; a ninth is refused in one line naming the
+holders, and with ``NV_GPU_WAIT`` gets the GPU that a ``podman rm -f`` frees; that removal
+frees the GPU within a second, while a ``podman stop`` keeps it for the grace time; the
+leases survive a ``kill -9`` of the agent (its state file, or without it the containers'
+labels) and no GPU is given twice afterwards; while Podman's API service is down (its event
+stream dropped) the agent keeps the leases, and when the service answers again the agent
+resyncs: a container removed meanwhile loses its lease, one stopped meanwhile keeps it for
+the grace time, and new events are followed.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -33,16 +45,15 @@ from typing import Any
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
-from tests.support.podman import CDI_LOCK, RUN_LIMITS, Podman, private_podman
-from tests.support.prerequisites import require_command, require_root
+from tests.support.podman import CDI_LOCK, RUN_LIMITS, ApiService, api_service, private_podman
+from tests.support.prerequisites import require_root
 from tests.support.services import machine_lock, stop_process, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "nvd-leases/busybox:1"
 GPUS = 8
-RUNS = 3  # concurrent leased containers
 NVIDIA_MAJOR, UVM_MAJOR = 195, 510  # any free majors do for nodes never opened
 CDI_DIR = Path("/var/run/cdi")
 SPEC = CDI_DIR / "nvidia-docker.json"
@@ -51,42 +62,14 @@ LEASE_LABEL = "nvidia-docker.lease"
 LEASE_DEVICES = "nvidia-docker.lease.devices"
 
 
-def _pings(socket_path: Path) -> bool:
-    if not socket_path.exists():
-        return False
-    done = subprocess.run(
-        ["curl", "-sf", "--max-time", "5", "--unix-socket", str(socket_path), "http://d/_ping"],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    return done.returncode == 0
-
-
-@dataclass
-class PodmanService:
-    podman: Podman
-    socket_path: Path
-
-
 @pytest.fixture(scope="module")
-def podman_service() -> Iterator[PodmanService]:
+def podman_service() -> Iterator[ApiService]:
     """A private Podman with the busybox image, and its API service on a socket."""
     require_root()
-    require_command("curl", "apt-get install curl: to see the service answer")
     with private_podman() as podman:
         podman.import_busybox(IMAGE, {})
-        socket_path = podman.base / "podman.sock"
-        service = subprocess.Popen(
-            [*podman.command, "system", "service", "--time=0", f"unix://{socket_path}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_until(lambda: _pings(socket_path), what="podman system service", proc=service)
-            yield PodmanService(podman, socket_path)
-        finally:
-            stop_process(service)
+        with api_service(podman) as service:
+            yield service
 
 
 def _foreign_specs() -> list[str]:
@@ -108,10 +91,29 @@ def _make_dev_root(root: Path) -> None:
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
 
+def wrapper_command() -> list[str]:
+    """The installed console script when there is one, else the module."""
+    script = Path(sys.executable).with_name("nvidia-docker")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
 @dataclass
 class Node:
-    service: PodmanService
+    """The agent of the simulated node, following ``service``; restartable."""
+
+    service: ApiService
+    base: Path
     agent: AgentProcess
+
+    @property
+    def state_file(self) -> Path:
+        return self.base / "state" / "leases.json"
 
     @property
     def url(self) -> str:
@@ -123,44 +125,125 @@ class Node:
             table: dict[str, Any] = json.loads(resp.read())
         return table
 
-    def bound(self) -> dict[str, str]:
-        """Container id -> lease id, of every lease bound to a container."""
+    def leases(self) -> dict[str, dict[str, Any]]:
+        """Container id -> its lease (as /leases/json shows it), of every bound lease."""
         return {
-            lease["Container"]: lease["Lease"]
+            lease["Container"]: lease
             for lease in self.table()["Leases"]
             if lease["Container"] is not None
         }
 
-    def run_leased(self) -> subprocess.CompletedProcess[str]:
-        """``NV_DOCKER=podman NV_GPU=auto:1 nvidia-docker run -d IMAGE sleep 600``."""
-        script = Path(sys.executable).with_name("nvidia-docker")
-        module = [sys.executable, "-m", "controller.wrapper.cli"]
-        command = [str(script)] if script.exists() else module
+    def bound(self) -> dict[str, str]:
+        """Container id -> lease id, of every lease bound to a container."""
+        return {cid: lease["Lease"] for cid, lease in self.leases().items()}
+
+    def gpu_names(self) -> dict[str, str]:
+        """Unit UUID -> its name (``0`` .. ``7``)."""
+        return {unit["UUID"]: unit["Name"] for unit in self.table()["Units"]}
+
+    def wrapper_env(self, **env: str) -> dict[str, str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
         environ.update(
             NV_DOCKER=" ".join(self.service.podman.command),
             NV_HOST=self.url,
             NV_GPU="auto:1",
             PYTHONPATH=str(REPO),
+            **env,
         )
+        return environ
+
+    def wrapper_args(self) -> list[str]:
+        return [*wrapper_command(), "run", "-d", *RUN_LIMITS, IMAGE, "sleep", "600"]
+
+    def run_leased(self, **env: str) -> subprocess.CompletedProcess[str]:
+        """``NV_DOCKER=podman NV_GPU=auto:1 nvidia-docker run -d IMAGE sleep 600``."""
         return subprocess.run(
-            [*command, "run", "-d", *RUN_LIMITS, IMAGE, "sleep", "600"],
-            env=environ,
+            self.wrapper_args(),
+            env=self.wrapper_env(**env),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=90,
             stdin=subprocess.DEVNULL,
             check=False,
         )
 
-    def inspect(self, container_id: str) -> dict[str, Any]:
-        done = self.service.podman("inspect", container_id)
-        (found,) = json.loads(done.stdout)
-        return dict(found)
+    def run_leased_many(self, count: int) -> list[str]:
+        """``count`` leased containers started at once; their ids."""
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            runs = list(pool.map(lambda _: self.run_leased(), range(count)))
+        for run in runs:
+            assert run.returncode == 0, run.stderr
+        return [run.stdout.strip() for run in runs]
+
+    def podman(self, *args: str) -> str:
+        return self.service.podman(*args).stdout.strip()
+
+    def labels(self, container_id: str) -> tuple[str, str, list[str]]:
+        """(its lease label, its lease's device UUID, the --device values it was created
+        with)."""
+        (found,) = json.loads(self.podman("inspect", container_id))
+        config = found["Config"]
+        given = [arg for arg in config["CreateCommand"] if arg.startswith("--device")]
+        return config["Labels"][LEASE_LABEL], config["Labels"][LEASE_DEVICES], given
+
+    def containers(self) -> list[str]:
+        """Every container of the Podman store, full ids."""
+        return self.podman("ps", "-aq", "--no-trunc").split()
+
+    def wait_bound(self, containers: list[str], what: str, timeout_s: float = 30) -> None:
+        """Until every container of ``containers`` (and no other) holds a lease."""
+        wait_until(
+            lambda: set(self.bound()) == set(containers),
+            what=what,
+            timeout_s=timeout_s,
+            proc=self.agent.proc,
+        )
+
+    def follows(self) -> int:
+        """How many times the agent has followed the service's events (at start, and once
+        more after each reconnection, each time with the containers listed: a resync)."""
+        log = self.log()
+        return log.count("Following the container events of Podman") + log.count(
+            "answers again: following its container events"
+        )
+
+    def wait_following(self, more_than: int, timeout_s: float = 60) -> None:
+        wait_until(
+            lambda: self.follows() > more_than,
+            what=f"the agent following Podman's API service (log: {self.agent.log_path})",
+            timeout_s=timeout_s,
+            proc=self.agent.proc,
+        )
+
+    def kill9(self) -> None:
+        self.agent.proc.send_signal(signal.SIGKILL)
+        self.agent.proc.wait(timeout=10)
+
+    def start(self) -> None:
+        """Start the agent again (on the same state directory, dev root and log)."""
+        follows = self.follows()
+        self.agent = _launch(self.service, self.base)
+        wait_ready(self.agent)
+        self.wait_following(follows)  # ready is the REST API; the table follows after it
+
+    def log(self) -> str:
+        return self.agent.log()
+
+
+def _launch(service: ApiService, base: Path) -> AgentProcess:
+    return launch_agent(
+        base,
+        "--podman-socket", str(service.socket_path),
+        "--docker-socket", str(base / "no-docker.sock"),
+        "--state-dir", str(base / "state"),
+        "--cdi-spec-dir", str(CDI_DIR),
+        "--cdi-dev-root", str(base / "devroot"),
+        simulate="hgx-h200-8",
+    )  # fmt: skip
 
 
 @pytest.fixture
-def node(podman_service: PodmanService) -> Iterator[Node]:
+def node(podman_service: ApiService) -> Iterator[Node]:
     """An agent following the Podman service, its CDI spec in /var/run/cdi; afterwards every
     container removed, the agent stopped, the spec removed."""
     with machine_lock(CDI_LOCK):
@@ -169,28 +252,20 @@ def node(podman_service: PodmanService) -> Iterator[Node]:
         made_dir = not CDI_DIR.exists()
         base = Path(tempfile.mkdtemp(prefix="nvd-leases-podman-"))
         _make_dev_root(base / "devroot")
-        agent = launch_agent(
-            base,
-            "--podman-socket", str(podman_service.socket_path),
-            "--docker-socket", str(base / "no-docker.sock"),
-            "--state-dir", str(base / "state"),
-            "--cdi-spec-dir", str(CDI_DIR),
-            "--cdi-dev-root", str(base / "devroot"),
-            simulate="hgx-h200-8",
-        )  # fmt: skip
+        node = Node(podman_service, base, _launch(podman_service, base))
         try:
-            wait_ready(agent)
-            following = "Following the container events of Podman"
+            wait_ready(node.agent)
             wait_until(
-                lambda: SPEC.exists() and following in agent.log(),
-                what=f"the agent's CDI spec and its following Podman (log: {agent.log_path})",
+                lambda: SPEC.exists() and node.follows() > 0,
+                what=f"the agent's CDI spec and its following Podman (log: {node.agent.log_path})",
                 timeout_s=30,
-                proc=agent.proc,
+                proc=node.agent.proc,
             )
-            yield Node(podman_service, agent)
+            yield node
         finally:
+            podman_service.start()  # a test that stopped it: back for the next one
             podman_service.podman("rm", "--all", "--force", "--time", "0", check=False)
-            stop_process(agent.proc)
+            stop_process(node.agent.proc)
             SPEC.unlink(missing_ok=True)
             if made_dir:
                 with contextlib.suppress(OSError):
@@ -198,36 +273,161 @@ def node(podman_service: PodmanService) -> Iterator[Node]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def test_concurrent_podman_runs_get_a_gpu_each_and_rm_f_frees_it(node: Node) -> None:
-    with ThreadPoolExecutor(max_workers=RUNS) as pool:
-        runs = list(pool.map(lambda _: node.run_leased(), range(RUNS)))
-    for run in runs:
-        assert run.returncode == 0, run.stderr
-    containers = [run.stdout.strip() for run in runs]
+def test_eight_concurrent_podman_runs_get_a_gpu_each_and_a_ninth_waits_for_one(
+    node: Node,
+) -> None:
+    containers = node.run_leased_many(GPUS)
 
-    leases = {}
-    for cid in containers:
-        config = node.inspect(cid)["Config"]
-        labels = config["Labels"]
-        leases[cid] = (labels[LEASE_LABEL], labels[LEASE_DEVICES])
-        # The leased GPU, and only it, as the CDI name of the agent's spec.
-        given = [arg for arg in config["CreateCommand"] if arg.startswith("--device")]
-        assert given == [f"--device=nvidia.com/gpu={labels[LEASE_DEVICES]}"]
-    assert len({lease for lease, _ in leases.values()}) == RUNS
-    assert len({uuid for _, uuid in leases.values()}) == RUNS
-    wait_until(
-        lambda: node.bound() == {cid: lease for cid, (lease, _) in leases.items()},
-        what="each lease bound to its Podman container",
-        timeout_s=20,
+    leases = {cid: node.labels(cid) for cid in containers}
+    for _, uuid, given in leases.values():
+        assert given == [f"--device=nvidia.com/gpu={uuid}"]  # the leased GPU, and only it
+    assert len({lease for lease, _, _ in leases.values()}) == GPUS
+    assert len({uuid for _, uuid, _ in leases.values()}) == GPUS
+    node.wait_bound(containers, "8 leases bound to their Podman containers")
+    assert node.bound() == {cid: lease for cid, (lease, _, _) in leases.items()}
+    assert {u["State"] for u in node.table()["Units"]} == {"leased"}
+
+    refused = node.run_leased()
+    assert refused.returncode != 0
+    line = one_line(refused.stderr)
+    assert "has no lease for 1 GPU now" in line, line
+    assert "NV_GPU_WAIT" in line, line
+    print(f"the ninth: {line}")
+    names = node.gpu_names()
+    for cid, (lease, uuid, _) in leases.items():  # who holds what: GPU N by container C (lease)
+        assert f"GPU {names[uuid]} by container {cid[:12]} ({lease})" in line, line
+    assert sorted(node.containers()) == sorted(containers)  # none for the refused one
+
+    waiter = subprocess.Popen(
+        node.wrapper_args(),
+        env=node.wrapper_env(NV_GPU_WAIT="60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
-    held = {u["UUID"] for u in node.table()["Units"] if u["State"] == "leased"}
-    assert held == {uuid for _, uuid in leases.values()}
+    try:
+        wait_until(
+            lambda: len(node.table()["Waiting"]) == 1,
+            what="the ninth ask waiting in the queue",
+            timeout_s=30,
+        )
+        freed = containers[3]
+        node.podman("rm", "--force", "--time", "0", freed)
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            waiter.kill()
+        waiter.wait(timeout=10)
+    assert waiter.returncode == 0, err
+    ninth = out.strip()
+    assert node.labels(ninth)[1] == leases[freed][1]  # the GPU the removal freed
+    node.wait_bound([*(c for c in containers if c != freed), ninth], "the ninth lease bound")
+    assert node.table()["Waiting"] == []
 
-    gone = containers[0]
-    node.service.podman("rm", "--force", "--time", "0", gone)
+
+def test_podman_rm_f_frees_the_gpu_within_a_second(node: Node) -> None:
+    kept, gone = node.run_leased_many(2)
+    node.wait_bound([kept, gone], "2 leases bound")
+
+    started = time.monotonic()
+    node.podman("rm", "--force", "--time", "0", gone)
     returned = time.monotonic()
     wait_until(lambda: gone not in node.bound(), what="the removed one's lease gone")
-    freed_s = time.monotonic() - returned
-    print(f"podman rm -f: its lease was gone {freed_s:.3f} s after it returned")
-    assert freed_s < FREED_WITHIN_S
-    assert set(node.bound()) == set(containers[1:])
+    freed = time.monotonic()
+
+    print(  # the figure, for `pytest -s`
+        f"podman rm -f took {returned - started:.3f} s; its lease was gone "
+        f"{freed - returned:.3f} s after it returned"
+    )
+    assert freed - returned < FREED_WITHIN_S
+    assert set(node.bound()) == {kept}
+    states = [u["State"] for u in node.table()["Units"]]
+    assert states.count("leased") == 1
+    assert states.count("free") == GPUS - 1
+
+    # Stopped (Podman's "died"), the lease is kept for the grace time; started, it runs.
+    node.podman("stop", "--time", "0", kept)
+    wait_until(lambda: node.leases()[kept]["State"] == "stopped", what="the lease stopped")
+    node.podman("start", kept)
+    wait_until(lambda: node.leases()[kept]["State"] == "running", what="the lease running")
+
+
+@pytest.mark.parametrize("state_file", ["kept", "deleted"])
+def test_leases_survive_a_kill_9_of_the_agent(node: Node, state_file: str) -> None:
+    containers = node.run_leased_many(GPUS)
+    node.wait_bound(containers, "8 leases bound")
+    before = node.bound()
+
+    def saved() -> set[str]:
+        snapshot = json.loads(node.state_file.read_text())
+        return {
+            lease["container_id"] for lease in snapshot["leases"] if lease["state"] == "running"
+        }
+
+    wait_until(lambda: saved() == set(containers), what="the state file: 8 running leases")
+    node.kill9()
+    if state_file == "deleted":
+        node.state_file.unlink()
+    node.start()
+
+    node.wait_bound(containers, "8 leases back after the restart")
+    assert node.bound() == before
+    leases = node.leases()
+    assert {lease["State"] for lease in leases.values()} == {"running"}
+    # each GPU once, and each the one its container's labels name
+    names = node.gpu_names()
+    assert {cid: lease["Units"] for cid, lease in leases.items()} == {
+        cid: [names[node.labels(cid)[1]]] for cid in containers
+    }
+    if state_file == "kept":
+        assert "restored 8 leases and 0 foreign holders from the snapshot" in node.log()
+    else:  # rebuilt from the labels by the resync; a missing file is no error
+        assert node.log().count("leased again to container") == GPUS
+        assert "cannot be used" not in node.log()
+    refused = node.run_leased()  # every GPU is held again: nothing to give
+    assert refused.returncode != 0
+    assert "not enough free GPUs" in one_line(refused.stderr)
+
+    # The restarted table follows the service, and its new ids come after every id it knew.
+    freed_gpu = node.labels(containers[0])[1]
+    node.podman("rm", "--force", "--time", "0", containers[0])
+    wait_until(lambda: containers[0] not in node.bound(), what="the removed one's lease gone")
+    (newcomer,) = node.run_leased_many(1)
+    node.wait_bound([*containers[1:], newcomer], "the newcomer's lease bound")
+    assert node.bound()[newcomer] not in before.values()
+    assert node.labels(newcomer)[1] == freed_gpu  # the only free one
+
+
+def test_a_restart_of_podmans_api_service_resyncs_the_leases(node: Node) -> None:
+    removed, stopped, kept = node.run_leased_many(3)
+    node.wait_bound([removed, stopped, kept], "3 leases bound")
+    before = node.bound()
+    follows = node.follows()
+
+    node.service.stop()  # the event stream drops; the containers run on
+    wait_until(
+        lambda: "Container events stopped" in node.log(),
+        what="the agent seeing the event stream end",
+        timeout_s=30,
+        proc=node.agent.proc,
+    )
+    node.podman("rm", "--force", "--time", "0", removed)  # the CLI, not the service:
+    node.podman("stop", "--time", "0", stopped)  # no event reaches the agent
+    assert node.bound() == before  # nothing told it yet: it holds rather than frees
+
+    node.service.start()
+    node.wait_following(follows)  # listed again, and resynced
+    leases = node.leases()
+    assert set(leases) == {stopped, kept}
+    assert leases[stopped]["State"] == "stopped"  # for the grace time
+    assert leases[kept]["State"] == "running"
+    assert node.bound() == {cid: before[cid] for cid in (stopped, kept)}
+
+    # The new stream's events are followed: a new run is bound, a removal frees at once.
+    (newcomer,) = node.run_leased_many(1)
+    node.wait_bound([stopped, kept, newcomer], "the newcomer's lease bound after the restart")
+    node.podman("rm", "--force", "--time", "0", kept)
+    returned = time.monotonic()
+    wait_until(lambda: kept not in node.bound(), what="the removed one's lease gone")
+    assert time.monotonic() - returned < FREED_WITHIN_S

@@ -17,12 +17,18 @@ default where it is installed, refuses a hybrid layout (v1 controllers plus a cg
 ``/sys/fs/cgroup/unified``: "cgroups in hybrid mode not supported"), so there every call
 passes ``--runtime runc``; on v1 and v2 machines Podman's own choice stays. ``describe``
 says which layout and runtime a run used (the test session's header prints it).
+
+``api_service`` runs Podman's API service (``podman system service``, what the
+``podman.socket`` unit gives a node) on a socket of the test, ready once it answers
+``/_ping``; a test can stop and start it again (``ApiService.restart``), as a node's
+service restarts: the socket goes away while it is down.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,7 +37,7 @@ from pathlib import Path
 
 from tests.support.dockerd import BUSYBOX
 from tests.support.prerequisites import unavailable
-from tests.support.services import machine_lock
+from tests.support.services import machine_lock, stop_process, wait_until
 
 LOCK = "podman"  # machine_lock names: one podman test run at a time on the machine
 CDI_LOCK = "cdi"  # and one writer of the machine-wide CDI directories
@@ -159,3 +165,66 @@ def private_podman() -> Iterator[Podman]:
             for path in MACHINE_PATHS:
                 if path not in there_before:
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def answers_ping(socket_path: Path, timeout_s: float = 5.0) -> bool:
+    """Whether an API service answers ``GET /_ping`` with 200 on ``socket_path``."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(socket_path))
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: podman\r\n\r\n")
+            head = sock.recv(64)
+    except OSError:
+        return False
+    return head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200"))
+
+
+@dataclass
+class ApiService:
+    """Podman's API service on ``socket_path``, for ``podman``'s store (``start``,
+    ``stop``, ``restart``: each returns once the service answers, or has ended)."""
+
+    podman: Podman
+    socket_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.proc = subprocess.Popen(
+            [*self.podman.command, "system", "service", "--time=0", f"unix://{self.socket_path}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(
+            lambda: answers_ping(self.socket_path),
+            what=f"podman system service on {self.socket_path}",
+            timeout_s=timeout_s,
+            proc=self.proc,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM (then SIGKILL): the service ends, its socket is removed, the containers
+        run on (conmon is their parent, not the service)."""
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+        self.socket_path.unlink(missing_ok=True)  # a killed service leaves it behind
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@contextlib.contextmanager
+def api_service(podman: Podman, socket_path: Path | None = None) -> Iterator[ApiService]:
+    """Podman's API service for ``podman`` (on ``<its base>/podman.sock`` by default),
+    answering; stopped afterwards."""
+    service = ApiService(podman, socket_path or podman.base / "podman.sock")
+    try:
+        service.start()
+        yield service
+    finally:
+        service.stop()
