@@ -5,9 +5,12 @@ Two GPUs are, best first: joined by NVLink (or NVSwitch), then under the same PC
 unknown, the same ``cpu_affinity``), then across CPU sockets (SYS), then unknown. The link is
 read from either GPU's ``topology`` (``PeerLink`` by bus id). A set is as good as its worst
 pair, then its next worst, and so on; among equal sets the one with the fewest leases on its
-units and then the lowest utilization wins, then the lowest indices (so that the same state
-always picks the same set). Up to ``EXHAUSTIVE`` candidate sets are all compared; beyond
-that (large nodes, large asks) a greedy search from every starting GPU picks one.
+units and then the lowest busy level (``agent.leases.loads``: the larger of utilization and
+memory used, in steps of 10 %, summed over the set) wins, then the lowest indices (so that
+the same state and loads always pick the same set). Connection comes first: a busy NVLink
+pair is picked before an idle pair that only shares a PCIe switch. Up to ``EXHAUSTIVE``
+candidate sets are all compared; beyond that (large nodes, large asks) a greedy search from
+every starting GPU picks one.
 
 MIG devices are picked least loaded first, then in index order: the MIG devices of one GPU
 share its links.
@@ -25,7 +28,7 @@ from agent.leases.units import Unit
 EXHAUSTIVE = 2000  # candidate sets compared one by one (C(8,4) = 70, C(16,4) = 1820)
 
 PairScore = tuple[int, int, int]  # (NVLink, PCIe tier, PciLink value): larger is better
-Load = tuple[int, int]  # (leases on it, utilization %): smaller is better
+Load = tuple[int, int]  # (leases on it, busy level 0-10): smaller is better
 LoadOf = Callable[[Unit], Load]
 
 TIER_SWITCH = 3

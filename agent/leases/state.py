@@ -54,7 +54,7 @@ class TableState:
     ) -> None:
         self._settings = settings or LeaseSettings()
         self._node(node, health)
-        self._utilization: dict[int, int] = {}
+        self._levels: dict[int, int] = {}  # GPU index -> busy level (set_load)
         self._leases: dict[str, Lease] = {}
         self._foreign: dict[tuple[str, ForeignSource], ForeignHold] = {}
         self._waiting: list[Waiting] = []
@@ -392,7 +392,7 @@ class TableState:
         occ = self._occ(besides)
 
         def load_of(unit: Unit) -> Load:
-            return (occ.sharers(unit), self._utilization.get(unit.gpu, 0))
+            return (occ.sharers(unit), self._levels.get(unit.gpu, 0))
 
         return Planner(self._units, occ, self._conn, load_of)
 

@@ -39,6 +39,7 @@ from agent.leases.answers import (
 from agent.leases.asks import Ask, InvalidAsk, check_ask
 from agent.leases.containers import Container, GpuUser
 from agent.leases.holders import ForeignSource, Lease, LeaseState, lease_number
+from agent.leases.loads import GpuLoad
 from agent.leases.plans import FINAL, Wanted, advised, wanted_of
 from agent.leases.snapshot import Snapshot
 from agent.leases.state import TableState
@@ -248,17 +249,24 @@ class LeaseTable(TableState):
     ) -> Outcome[None]:
         """The node's devices changed (driver reload, MIG change): units are matched by UUID;
         pending leases on units that left are revoked, and containers whose units left may
-        not start again."""
+        not start again. The GPUs' loads are forgotten until the next ``set_load``."""
         self._check_health(node, health)
         self._begin(now_s)
         self._node(node, health)
+        self._levels = {}  # by index, of the old devices: the next sweep says anew
         self._revoke_unusable()
         return self._done(None)
 
-    def set_load(self, utilization: Sequence[int | None]) -> None:
-        """Each GPU's utilization in percent (by index; None: unknown, taken as 0), from the
-        status sweeps: what "least loaded" weighs after the leases on a unit."""
-        self._utilization = {i: max(0, u or 0) for i, u in enumerate(utilization)}
+    def set_load(self, loads: Sequence[GpuLoad | None]) -> None:
+        """Each GPU's load in the latest status sweep (by index; None: unknown, taken as
+        idle): what "least loaded" weighs after the leases on a unit, as its busy level
+        (``GpuLoad.level``). These replace the last sweep's; a node change forgets them
+        until the next sweep. Nothing else changes: it is not an operation (no changes,
+        no time), and picks depend on it as on any other input."""
+        count = len(self._units.node.devices)
+        self._levels = {
+            i: load.level for i, load in enumerate(loads) if load is not None and i < count
+        }
 
     def tick(self, now_s: float) -> Outcome[None]:
         """Let time pass: expiries, ends of grace, queue timeouts, and the queue served."""

@@ -45,6 +45,7 @@ from agent.leases.answers import (
 from agent.leases.asks import Ask
 from agent.leases.containers import Container, GpuUser
 from agent.leases.holders import Lease
+from agent.leases.loads import GpuLoad
 from agent.leases.settings import LeaseSettings
 from agent.leases.snapshot import Snapshot, SnapshotError, snapshot_from_json, snapshot_to_json
 from agent.leases.table import LeaseTable
@@ -184,8 +185,10 @@ class LeaseService:
     def set_node(self, node: NodeInfo, health: Sequence[DeviceHealth]) -> None:
         self._apply(self._table.set_node(node, health, self._clock()))
 
-    def set_load(self, utilization: Sequence[int | None]) -> None:
-        self._table.set_load(utilization)
+    def set_load(self, loads: Sequence[GpuLoad | None]) -> None:
+        """Each GPU's load in the latest status sweep (the usage ledger's, every interval):
+        what picks weigh among equally connected GPUs. Changes no lease."""
+        self._table.set_load(loads)
 
     # -- after every call ------------------------------------------------------------------
 

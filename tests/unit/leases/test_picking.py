@@ -3,19 +3,26 @@ then across sockets), the least loaded among equals, and the cpuset hint of the 
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from agent.gpu import nodefile
-from agent.gpu.model import PciLink
+from agent.gpu.model import NodeInfo, PciLink
 from agent.leases.answers import Refusal, Refused
 from agent.leases.asks import Ask
+from agent.leases.loads import GpuLoad
 from agent.leases.picking import EXHAUSTIVE, Connectivity, pick_gpus
 from agent.leases.settings import LeaseSettings
 from agent.leases.table import LeaseTable
 from agent.leases.units import NodeUnits
+from agent.node.status import Sweep
+from agent.usage.table_feed import gpu_loads
 
 from .nodes import T0, build_node, builtin, granted, healthy, names
 
@@ -25,7 +32,7 @@ NODE_LINK = (PciLink.SAME_CPU, 0)
 SYS = (PciLink.CROSS_CPU, 0)
 
 
-def _pairs_node() -> LeaseTable:
+def _pairs_info() -> NodeInfo:
     """8 GPUs, 0-3 on socket 0 and 4-7 on socket 1; NVLink pairs 0-1, 2-3, 4-5, 6-7; PCIe
     switches 0+2, 1+3, 4+6, 5+7 (so an NVLink pair spans two switches)."""
     links: dict[tuple[int, int], tuple[PciLink, int]] = {}
@@ -37,12 +44,27 @@ def _pairs_node() -> LeaseTable:
         links[pair] = NV
     for pair in ((0, 2), (1, 3), (4, 6), (5, 7)):
         links[pair] = PIX
-    node = build_node([0, 0, 0, 0, 1, 1, 1, 1], links)
+    return build_node([0, 0, 0, 0, 1, 1, 1, 1], links)
+
+
+def _pairs_node() -> LeaseTable:
+    node = _pairs_info()
     return LeaseTable(node, healthy(node), now_s=T0)
 
 
 def _take(table: LeaseTable, devices: str) -> None:
     granted(table.ask(Ask(devices=devices), T0))
+
+
+def _busy(*utilization_pct: int) -> list[GpuLoad]:
+    """Loads of GPUs by utilization alone (memory unknown)."""
+    return [GpuLoad(u) for u in utilization_pct]
+
+
+def _sweep_loads(file: nodefile.NodeFile) -> list[GpuLoad]:
+    """The loads a status sweep of a simulated node gives the table (the ledger's feed)."""
+    sweep = Sweep(file.info, tuple(d.status for d in file.devices), (), None)
+    return gpu_loads(sweep)
 
 
 def test_hgx_a_two_gpu_ask_gets_an_nvlink_pair_on_one_socket() -> None:
@@ -58,7 +80,7 @@ def test_hgx_least_loaded_among_equals_leaves_the_busy_pair_for_last() -> None:
     the idle ones go first, socket 1's before the busy pair of socket 0."""
     file = nodefile.load("hgx-h200-8")
     table = LeaseTable(file.info, healthy(file.info), now_s=T0)
-    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    table.set_load(_sweep_loads(file))
     got = [names(granted(table.ask(Ask(count=2), T0))) for _ in range(4)]
     assert got == [["0", "1"], ["4", "5"], ["6", "7"], ["2", "3"]]
 
@@ -68,7 +90,7 @@ def test_hgx_four_gpus_are_one_socket_the_idle_one() -> None:
     table = LeaseTable(file.info, healthy(file.info), now_s=T0)
     assert names(granted(table.ask(Ask(count=4), T0))) == ["0", "1", "2", "3"]  # no load known
     table = LeaseTable(file.info, healthy(file.info), now_s=T0)
-    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    table.set_load(_sweep_loads(file))
     grant = granted(table.ask(Ask(count=4), T0))
     assert names(grant) == ["4", "5", "6", "7"]
     assert grant.numa_nodes == (1,)
@@ -77,7 +99,7 @@ def test_hgx_four_gpus_are_one_socket_the_idle_one() -> None:
 def test_hgx_five_gpus_keep_four_on_one_socket_and_the_hint_names_both() -> None:
     file = nodefile.load("hgx-h200-8")
     table = LeaseTable(file.info, healthy(file.info), now_s=T0)
-    table.set_load([d.status.utilization.gpu_pct for d in file.devices])
+    table.set_load(_sweep_loads(file))
     grant = granted(table.ask(Ask(count=5), T0))
     assert names(grant) == ["0", "4", "5", "6", "7"]  # 4 cross-socket pairs, not 6
     assert grant.numa_nodes == (0, 1)
@@ -123,10 +145,96 @@ def test_pairs_node_one_numa_node_beats_across_sockets() -> None:
 
 def test_pairs_node_least_loaded_among_equals() -> None:
     table = _pairs_node()
-    table.set_load([90, 90, 0, 0, 50, 50, 0, 0])
+    table.set_load(_busy(90, 90, 0, 0, 50, 50, 0, 0))
     assert names(granted(table.ask(Ask(count=2), T0))) == ["2", "3"]
     assert names(granted(table.ask(Ask(count=2), T0))) == ["6", "7"]
     assert names(granted(table.ask(Ask(count=2), T0))) == ["4", "5"]
+
+
+def test_among_equally_connected_gpus_the_less_loaded_is_picked() -> None:
+    table = _pairs_node()
+    table.set_load([GpuLoad(95, 99), GpuLoad(0, 1), GpuLoad(0, 80)] + [GpuLoad(60)] * 5)
+    assert names(granted(table.ask(Ask(count=1), T0))) == ["1"]  # idle
+    # GPU 2 computes nothing, but its memory is 80 % used: after the GPUs at 60 %
+    got = [names(granted(table.ask(Ask(count=1), T0))) for _ in range(7)]
+    assert got == [["3"], ["4"], ["5"], ["6"], ["7"], ["2"], ["0"]]
+
+
+def test_load_within_one_step_of_10_percent_ties_and_goes_by_index() -> None:
+    table = _pairs_node()
+    table.set_load([GpuLoad(7, 3), GpuLoad(0, 0), GpuLoad(2, 9)] + [GpuLoad(10)] * 5)
+    got = [names(granted(table.ask(Ask(count=1), T0))) for _ in range(3)]
+    assert got == [["0"], ["1"], ["2"]]  # idle noise does not reorder idle GPUs
+
+
+def test_connection_quality_wins_over_load() -> None:
+    table = _pairs_node()
+    _take(table, "3 5 7")  # left: the NVLink pair 0+1, the PCIe switch pairs 0+2 and 4+6
+    table.set_load([GpuLoad(100, 100), GpuLoad(100, 100), *[GpuLoad(0, 0)] * 6])
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["0", "1"]  # busy, but NVLink
+    assert names(granted(table.ask(Ask(count=2), T0))) == ["4", "6"]  # one switch, not SYS
+
+
+def test_leases_on_a_shared_gpu_weigh_before_its_load() -> None:
+    node = builtin("hgx-h200-8")
+    table = LeaseTable(node, healthy(node), LeaseSettings(sharing=2), now_s=T0)
+    table.set_load([GpuLoad(90)] + [GpuLoad(0)] * 7)
+    picks = [names(granted(table.ask(Ask(exclusive=False), T0))) for _ in range(9)]
+    assert picks == [["1"], ["2"], ["3"], ["4"], ["5"], ["6"], ["7"], ["0"], ["1"]]
+
+
+def test_loads_are_replaced_by_each_sweep_and_forgotten_at_a_node_change() -> None:
+    node = _pairs_info()
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    table.set_load(_busy(90))
+    assert names(granted(table.ask(Ask(count=1), T0))) == ["1"]
+    table.set_load(_busy(0, 90))  # the next sweep: GPU 0 idle again
+    assert names(granted(table.ask(Ask(count=1), T0))) == ["0"]
+    table.set_load(_busy(0, 0, 90))
+    table.set_node(node, healthy(node), T0)  # a driver reload: indices may mean other GPUs
+    assert names(granted(table.ask(Ask(count=1), T0))) == ["2"]
+
+
+LOADS = st.lists(
+    st.tuples(st.none() | st.integers(0, 100), st.none() | st.integers(0, 100)),
+    min_size=8,
+    max_size=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(loads=LOADS, taken=st.sets(st.integers(0, 7), max_size=5), count=st.integers(1, 4))
+def test_loads_never_cost_connection_and_get_the_least_loaded_equal_set(
+    loads: list[tuple[int | None, int | None]], taken: set[int], count: int
+) -> None:
+    """Whatever the loads: the pick is as well connected as without them, no equally
+    connected free set is less loaded, and the same inputs pick the same GPUs."""
+    node = _pairs_info()
+    conn = Connectivity(node)
+    free = [g for g in range(8) if g not in taken]
+    assume(len(free) >= count)
+    gpu_loads = [GpuLoad(u, m) for u, m in loads]
+
+    def quality(gpus: Sequence[int]) -> list[tuple[int, int, int]]:
+        return sorted(conn.score(a, b) for a, b in itertools.combinations(gpus, 2))
+
+    def level(gpus: Sequence[int]) -> int:
+        return sum(gpu_loads[g].level for g in gpus)
+
+    def pick(with_loads: bool) -> list[int]:
+        table = LeaseTable(node, healthy(node), now_s=T0)
+        if taken:
+            _take(table, " ".join(map(str, sorted(taken))))
+        if with_loads:
+            table.set_load(gpu_loads)
+        return [int(n) for n in names(granted(table.ask(Ask(count=count), T0)))]
+
+    loaded = pick(True)
+    assert quality(loaded) == quality(pick(False))
+    for other in itertools.combinations(free, count):
+        if quality(other) == quality(loaded):
+            assert level(loaded) <= level(other), (loaded, other)
+    assert pick(True) == loaded
 
 
 def test_across_sockets_when_nothing_better_is_left() -> None:
@@ -205,7 +313,7 @@ def test_mig_profile_ask_for_two_takes_two_of_that_profile() -> None:
 def test_mig_devices_go_least_loaded_first() -> None:
     node = build_node([0, 1], migs={0: ["1g.10gb", "1g.10gb"], 1: ["1g.10gb", "1g.10gb"]})
     table = LeaseTable(node, healthy(node), now_s=T0)
-    table.set_load([80, 10])
+    table.set_load(_busy(80, 10))
     assert names(granted(table.ask(Ask(mig_profile="1g.10gb"), T0))) == ["1:0"]
 
 

@@ -3,13 +3,14 @@
 Any interleaving of asks (count, named devices, MIG profiles, shared, waiting), releases,
 withdrawals, time passing, container events (create, start, die, destroy; leased containers,
 clones of them, foreign containers with devices), missed events and resyncs, health changes,
-GPU processes, MIG changes and agent restarts (snapshot through JSON, restore, resync; or the
-snapshot lost) never gives an exclusive GPU to two holders, never exceeds a GPU's sharing
-count, never leases an unhealthy GPU, never grants what a foreign holder holds, never keeps
-a holder the world no longer has (so that, everyone gone, every GPU is free again: checked
-too at the end of every run), keeps every container's lease bound to it until it ends by a
-rule (removal, release, grace), keeps the documented timings, and serves the queue first
-come, first served with nothing overtaking it.
+GPU processes, the GPUs' loads (which steer picks), MIG changes and agent restarts (snapshot
+through JSON, restore, resync; or the snapshot lost) never gives an exclusive GPU to two
+holders, never exceeds a GPU's sharing count, never leases an unhealthy GPU, never grants
+what a foreign holder holds, never keeps a holder the world no longer has (so that,
+everyone gone, every GPU is free again: checked too at the end of every run), keeps every
+container's lease bound to it until it ends by a rule (removal, release, grace), keeps the
+documented timings, and serves the queue first come, first served with nothing overtaking
+it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from agent.leases.asks import Ask, InvalidAsk
 from agent.leases.containers import Container, GpuUser
 from agent.leases.holders import ForeignSource, Lease, LeaseState
 from agent.leases.labels import LeaseLabel, labels_for, read_label
+from agent.leases.loads import GpuLoad
 from agent.leases.settings import LeaseSettings
 from agent.leases.snapshot import snapshot_from_json, snapshot_to_json
 from agent.leases.table import LeaseTable
@@ -341,6 +343,11 @@ class LeaseMachine(RuleBasedStateMachine):
         self.pids = pids
         users = [GpuUser(gpu, None, pid) for pid, gpu in sorted(pids.items())]
         self._do(lambda: self.table.processes_seen(users, self.now))
+
+    @rule(loads=st.lists(st.integers(0, 100), min_size=4, max_size=4))
+    def sweep_loads(self, loads: list[int]) -> None:
+        """A status sweep's loads (utilization alone): picks among equals follow them."""
+        self.table.set_load([GpuLoad(pct) for pct in loads])
 
     # --- the node --------------------------------------------------------------------------
 
