@@ -6,13 +6,14 @@ quiet reader: a scrape's sweep in flight is joined, and the resting PCIe sampler
 resting, so the ledger adds one worker round trip per interval at most and no NVML call of
 its own), the lease table's view (who holds each unit), and the owners of the GPU processes
 (``agent.attribution``: its cache keeps the engines out of it). The table is told first what
-the sweep shows (``agent.usage.table_feed``: the GPU processes' holders), so
-that a process started outside the engines makes its GPU foreign within one interval. From
-those it builds one ``UnitSample`` per unit (``build_samples``), runs them through the
-accounting and the idle tracker, and submits the batch to the store (one transaction, on the
-store's own thread: the event loop never waits for SQLite). Holders that became idle are
-acted on by policy (``agent.usage.idle``): a line in the log, a stopped container's lease
-released, or the container stopped through its engine.
+the sweep shows (``agent.usage.table_feed``: each GPU's load, which picks weigh among
+equally connected GPUs, and the GPU processes' holders), so that a process started outside
+the engines makes its GPU foreign within one interval. From those it builds one
+``UnitSample`` per unit (``build_samples``), runs them through the accounting and the idle
+tracker, and submits the batch to the store (one transaction, on the store's own thread:
+the event loop never waits for SQLite). Holders that became idle are acted on by policy
+(``agent.usage.idle``): a line in the log, a stopped container's lease released, or the
+container stopped through its engine.
 
 The store is opened off the event loop once the agent serves (``start``): a ledger that
 another agent holds (``LedgerBusy``) or that cannot be opened leaves the agent serving
@@ -45,7 +46,7 @@ from agent.usage.accounting import Accounting, Holder, UnitSample
 from agent.usage.idle import IDLE_LABEL, IdlePolicy, IdleTracker, IdleUnit
 from agent.usage.records import Batch, HolderKind
 from agent.usage.store import LedgerBusy, LedgerStatus, LedgerStore
-from agent.usage.table_feed import gpu_users
+from agent.usage.table_feed import gpu_loads, gpu_users
 
 log = logging.getLogger("nvidia-docker-plugin.usage")
 
@@ -199,6 +200,7 @@ class UsageLedger:
         owners = await self.attributor.owners(
             p.pid for status in sweep.statuses for p in status.processes
         )
+        self.leases.set_load(gpu_loads(sweep))  # first: an ask served next picks by them
         self.leases.processes_seen(gpu_users(sweep, owners))
         view = self.leases.view()  # with the foreign holders just seen
         lease_facts = await self._lease_containers(view, owners)

@@ -10,9 +10,10 @@ process's GPU becomes a foreign holder of that GPU until a tick no longer sees i
 the attribution cannot place (it ended, or lives in another PID namespace, which is also
 what a simulated node's made-up processes are) tells nothing and is left out.
 
-Each GPU's utilization is not given to the table yet (``set_load``): ties between equally
-connected GPUs are broken by index, so that a pick does not depend on whether a tick came
-before it.
+Each tick also gives the table every GPU's load in that sweep (``gpu_loads``, for
+``set_load``): its utilization and the share of its memory used, which picks weigh among
+equally connected GPUs (``agent.leases.loads``). The table keeps the latest tick's until the
+next one, so a pick depends on the last sweep before it, as it does on the leases then.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agent.attribution.cgroup import OwnerKind
 from agent.attribution.owners import ProcessOwner
 from agent.leases.containers import GpuUser
 from agent.leases.holders import CONTAINER_ID
+from agent.leases.loads import GpuLoad, memory_used_pct
 from agent.node.status import Sweep
 
 ENGINE_KINDS = (OwnerKind.DOCKER, OwnerKind.PODMAN)  # whose container ids the table follows
@@ -41,3 +43,15 @@ def gpu_users(sweep: Sweep, owners: Mapping[int, ProcessOwner]) -> list[GpuUser]
                 container = None
             users.append(GpuUser(device.index, container, process.pid))
     return users
+
+
+def gpu_loads(sweep: Sweep) -> list[GpuLoad]:
+    """Each GPU's load in the sweep, in index order: its utilization and memory used (of
+    its total, ``DeviceInfo.memory.global_mib``); unknown values (a lost GPU) stay None."""
+    return [
+        GpuLoad(
+            status.utilization.gpu_pct,
+            memory_used_pct(status.memory_used_mib, device.memory.global_mib),
+        )
+        for device, status in zip(sweep.node.devices, sweep.statuses, strict=False)
+    ]
