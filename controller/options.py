@@ -1,6 +1,6 @@
 """The operator's options: every setting of ``nvidia-docker`` and ``nvidia-docker-ctl``, once.
 
-Each field of ``Options`` carries its default and, in its metadata, a ``Setting``: the
+Each field of ``Options`` carries its default and, with it, a ``Setting``: the
 environment variable that sets it, the ``nvidia-docker-ctl`` flags that set it (none: the
 environment only), the help, and how text becomes the value. ``Options.build(environ,
 given)`` is called once, at each command's edge (``controller.ctl.main``'s click group,
@@ -13,20 +13,26 @@ The ctl's click options (``controller.ctl.flags``) and the variables listed in b
 commands' help are made from the same declarations, so a setting's name, default, help,
 type and variable are written here and nowhere else. A value that cannot be used raises
 ``OptionsError``: one line naming the variable or flag and what a good value is.
+
+``Options`` is a ``controller.record`` (a frozen value class like a frozen dataclass, made
+without importing ``dataclasses``: ``nvidia-docker run`` builds it, docs/nvidia-docker.md,
+"Speed"), its fields declared with ``option(default, help, ...)``; the ctl's requests
+(``FleetNodes``, ...) are dataclasses whose fields are declared with ``setting``, the same
+arguments. ``declarations(cls)`` reads either.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 
 from controller import env_text
 from controller.errors import UsageError
+from controller.record import field, fields, is_record, record
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing, dataclasses, re: not imported on the wrapper's run path
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
@@ -40,7 +46,7 @@ class OptionsError(UsageError):
     """A variable or flag whose value cannot be used; the message names it."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Setting:
     """How one option is given.
 
@@ -70,15 +76,34 @@ class Setting:
 
 
 def setting(default: Any, help: str, **how: Any) -> Any:
-    """A field with its ``Setting``."""
+    """A dataclass field with its ``Setting`` (the ctl's requests: ``FleetNodes``, ...)."""
+    from dataclasses import field as dataclass_field  # noqa: PLC0415 (the ctl's classes)
+
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple: options are frozen")
-    return field(default=default, metadata={"setting": Setting(help, **how)})
+    return dataclass_field(default=default, metadata={"setting": Setting(help, **how)})
+
+
+def option(default: Any, help: str, **how: Any) -> Any:
+    """A field of ``Options`` (a ``record``) with its ``Setting``: ``setting``'s twin for a
+    class that is not a dataclass (``Options`` is on the wrapper's run path, which does not
+    import ``dataclasses``: docs/nvidia-docker.md, "Speed")."""
+    if isinstance(default, list | dict | set):
+        raise TypeError("use a tuple: options are frozen")
+    return field(default=default, meta=Setting(help, **how))
 
 
 def declarations(cls: type) -> Iterator[tuple[str, Setting, Any]]:
-    """``(field name, Setting, default)`` of each declared field of a dataclass, in order."""
-    for item in fields(cls):
+    """``(field name, Setting, default)`` of each declared field of a dataclass or a
+    ``record`` (``Options``), in order."""
+    if is_record(cls):
+        for name, default, declared in fields(cls):
+            if isinstance(declared, Setting):
+                yield name, declared, default
+        return
+    from dataclasses import fields as dataclass_fields  # noqa: PLC0415 (the ctl's classes)
+
+    for item in dataclass_fields(cls):
         declared = item.metadata.get("setting")
         if isinstance(declared, Setting):
             yield item.name, declared, item.default
@@ -136,7 +161,7 @@ def convert(setting: Setting, text: str, where: str, home: str) -> Any:
         raise OptionsError(f"{given} cannot be used: {err}") from None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AutoGpus:
     """``NV_GPU=auto[:N]`` or ``auto:mig:PROFILE[:N]``: ask the node's agent for a lease of
     ``count`` free GPUs (or MIG devices of ``mig_profile``) instead of naming them."""
@@ -153,7 +178,7 @@ class AutoGpus:
 
 AUTO = "auto"
 MAX_AUTO_COUNT = 64  # no node has more GPUs (the agent's bound too)
-_MIG_PROFILE = re.compile(r"[0-9]+(?:c\.[0-9]+)?g\.[0-9]+gb(?:\+[a-z0-9]+)*")  # 1g.18gb, 1c.2g.35gb
+_MIG_PROFILE = r"[0-9]+(?:c\.[0-9]+)?g\.[0-9]+gb(?:\+[a-z0-9]+)*"  # 1g.18gb, 1c.2g.35gb
 _AUTO_GRAMMAR = (
     "auto, auto:N, auto:mig:PROFILE or auto:mig:PROFILE:N (e.g. auto:2, auto:mig:1g.18gb)"
 )
@@ -171,7 +196,9 @@ def _gpus(text: str) -> str | AutoGpus:
     parts = words[0].split(":")[1:]
     profile = None
     if parts and parts[0] == "mig":
-        if len(parts) < 2 or not _MIG_PROFILE.fullmatch(parts[1]):
+        import re  # noqa: PLC0415 (compiled for a MIG profile only)
+
+        if len(parts) < 2 or not re.fullmatch(_MIG_PROFILE, parts[1]):
             raise ValueError(f"name a MIG profile as nvidia-smi mig -lgip does: {_AUTO_GRAMMAR}")
         profile, parts = parts[1], parts[2:]
     if len(parts) > 1 or (parts and not parts[0].isdigit()):
@@ -182,16 +209,19 @@ def _gpus(text: str) -> str | AutoGpus:
     return AutoGpus(count, profile)
 
 
+_NO_ENVIRONMENT: Mapping[str, str] = MappingProxyType({})  # an Options built by no edge
+
+
 def _ssh_config(text: str) -> str | None:
     value = text.strip()
     return None if value.lower() == "none" else value
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Options:
     """What the operator set, for one run of ``nvidia-docker`` or ``nvidia-docker-ctl``."""
 
-    nv_host: str | None = setting(
+    nv_host: str | None = option(
         None,
         "The node whose agent is asked when a command names none, in the NV_HOST grammar "
         "(nvidia-docker: it wins over docker's address; nvidia-docker-ctl: else the local "
@@ -199,7 +229,7 @@ class Options:
         env="NV_HOST",
         wrapper=True,
     )
-    docker: tuple[str, ...] = setting(
+    docker: tuple[str, ...] = option(
         ("docker",),
         "The docker command, split on white space (NV_DOCKER='sudo docker', NV_DOCKER=podman).",
         env=env_text.DOCKER_VAR,
@@ -208,7 +238,7 @@ class Options:
         ctl=False,
         shown="docker",
     )
-    gpus: str | AutoGpus = setting(  # noqa: RUF009 (frozen: a str or a frozen AutoGpus)
+    gpus: str | AutoGpus = option(
         "",
         "GPUs to give: indices, UUID prefixes (GPU-..., MIG-...) or MIG devices (<gpu>:<mig>), "
         "commas or spaces between them, with no lease, or auto[:N], auto:mig:PROFILE[:N] for "
@@ -219,7 +249,7 @@ class Options:
         ctl=False,
         shown="all",
     )
-    gpu_wait_s: float = setting(
+    gpu_wait_s: float = option(
         0.0,
         "Seconds a lease ask (NV_GPU=auto..., --gpus) may wait in the node's queue for GPUs "
         "to free; 0: refused at once when not enough are free.",
@@ -231,7 +261,7 @@ class Options:
         ctl=False,
         shown="0",
     )
-    gpu_shared: bool = setting(
+    gpu_shared: bool = option(
         False,
         "yes: a lease ask takes shared GPUs (as many leases at once as a GPU's sharing count "
         "on the node allows).",
@@ -241,7 +271,7 @@ class Options:
         ctl=False,
         shown="no",
     )
-    cpuset: bool = setting(
+    cpuset: bool = option(
         True,
         "no: a leased container gets no --cpuset-cpus/--cpuset-mems of its GPUs' NUMA nodes "
         "(it never does when the command line gives either).",
@@ -251,7 +281,7 @@ class Options:
         ctl=False,
         shown="yes",
     )
-    cdi: str = setting(
+    cdi: str = option(
         "auto",
         "The GPU arguments' form: auto asks the engine whether it reads CDI (Podman 4+, "
         "Docker 25+ with CDI on); yes: --device=nvidia.com/gpu=UUID without asking; no: the "
@@ -261,17 +291,17 @@ class Options:
         wrapper=True,
         ctl=False,
     )
-    docker_host: str | None = setting(
+    docker_host: str | None = option(
         None,
         "docker's daemon address; the node when NV_HOST is not set.",
         env="DOCKER_HOST",
         wrapper=True,
         ctl=True,
     )
-    docker_context: str | None = setting(
+    docker_context: str | None = option(
         None, "docker's context (docker context ls).", env="DOCKER_CONTEXT", wrapper=True
     )
-    docker_config: str | None = setting(
+    docker_config: str | None = option(
         None,
         "docker's configuration directory (its contexts).",
         env="DOCKER_CONFIG",
@@ -279,7 +309,7 @@ class Options:
         wrapper=True,
         shown="~/.docker",
     )
-    tls_ca: str | None = setting(
+    tls_ca: str | None = option(
         None,
         "CA certificate(s) that signed the agents' TLS certificates (https:// nodes); "
         "default: the system's CAs.",
@@ -289,7 +319,7 @@ class Options:
         metavar="FILE",
         wrapper=True,
     )
-    tls_cert: str | None = setting(
+    tls_cert: str | None = option(
         None,
         "Client certificate, for agents with mutual TLS.",
         env="NV_TLS_CERT",
@@ -298,7 +328,7 @@ class Options:
         metavar="FILE",
         wrapper=True,
     )
-    tls_key: str | None = setting(
+    tls_key: str | None = option(
         None,
         "The key of --cert (default: in the --cert file).",
         env="NV_TLS_KEY",
@@ -307,7 +337,7 @@ class Options:
         metavar="FILE",
         wrapper=True,
     )
-    token_file: str | None = setting(
+    token_file: str | None = option(
         None,
         "Bearer token for agents with --token-file (the first token in the file).",
         env="NV_TOKEN_FILE",
@@ -316,7 +346,7 @@ class Options:
         metavar="FILE",
         wrapper=True,
     )
-    ssh_strict_host_key_checking: bool = setting(
+    ssh_strict_host_key_checking: bool = option(
         True,
         "no: accept any SSH host key and write none (throw-away test nodes only).",
         env="NV_SSH_STRICT_HOST_KEY_CHECKING",
@@ -324,7 +354,7 @@ class Options:
         wrapper=True,
         shown="yes",
     )
-    ssh_known_hosts: tuple[str, ...] = setting(
+    ssh_known_hosts: tuple[str, ...] = option(
         DEFAULT_KNOWN_HOSTS,
         "known_hosts files, colon separated.",
         env="NV_SSH_KNOWN_HOSTS",
@@ -332,14 +362,14 @@ class Options:
         wrapper=True,
         shown=":".join(DEFAULT_KNOWN_HOSTS),
     )
-    ssh_identity: tuple[str, ...] = setting(
+    ssh_identity: tuple[str, ...] = option(
         (),
         "SSH private key files to try, colon separated, before ~/.ssh/id_*.",
         env="NV_SSH_IDENTITY",
         kind="paths",
         wrapper=True,
     )
-    ssh_config: str | None = setting(
+    ssh_config: str | None = option(
         DEFAULT_SSH_CONFIG,
         "The OpenSSH client configuration to honour (Host aliases, HostName, User, Port, "
         "IdentityFile, ProxyJump, ProxyCommand); none: read none.",
@@ -347,7 +377,7 @@ class Options:
         parse=_ssh_config,
         wrapper=True,
     )
-    ssh_max_handshakes: int = setting(
+    ssh_max_handshakes: int = option(
         32,
         "SSH logins in progress at once (key exchanges are CPU work on both ends).",
         env="NV_SSH_MAX_HANDSHAKES",
@@ -356,7 +386,7 @@ class Options:
         maximum=4096,
         wrapper=True,
     )
-    parallel: int = setting(
+    parallel: int = option(
         64,
         "Nodes asked at the same time.",
         env="NV_FLEET_PARALLEL",
@@ -366,7 +396,7 @@ class Options:
         maximum=4096,
         metavar="N",
     )
-    timeout_s: float = setting(
+    timeout_s: float = option(
         10.0,
         "Seconds for each node as a whole (connect, SSH login, requests).",
         env="NV_FLEET_TIMEOUT",
@@ -377,7 +407,7 @@ class Options:
         metavar="S",
         shown="10",
     )
-    output: str = setting(
+    output: str = option(
         "table",
         "How the answers are printed: a table (or text), or JSON.",
         flags=("--json", "--jsonl"),
@@ -389,7 +419,7 @@ class Options:
             "One JSON line per node, as they answer.",
         ),
     )
-    debug: bool = setting(
+    debug: bool = option(
         False,
         "Print tracebacks with errors, and the libraries' warnings (SSH).",
         env=env_text.DEBUG_VAR,
@@ -404,6 +434,10 @@ class Options:
     progress: bool = False  # stderr is a terminal: a progress line may be drawn there
     password_prompt: bool = False  # stdin is a terminal: an SSH login may ask for one
     mesos_environment: tuple[tuple[str, str], ...] = ()  # MESOS_* variables (mesos exec)
+    # The edge's whole environment, for the commands the wrapper runs (docker image inspect,
+    # ...: they get it, as they would from subprocess) and their search path (PATH); read
+    # no setting of ours from it (those are the fields above).
+    environment: Mapping[str, str] = field(default=_NO_ENVIRONMENT, compare=False)
 
     @classmethod
     def build(
@@ -450,6 +484,7 @@ class Options:
             progress=progress,
             password_prompt=password_prompt,
             mesos_environment=mesos,
+            environment=environ,
         )
 
     @property
@@ -502,6 +537,8 @@ def help_rows(rows: Sequence[tuple[str, str]], indent: int, width: int = 88) -> 
 def brief(text: str) -> str:
     """A setting's help up to its first sentence or clause (outside parentheses), with its
     default: for one line of a list."""
+    import re  # noqa: PLC0415 (help only)
+
     default = re.search(r" \[default: [^]]*\]$", text)
     body = text[: default.start()] if default else text
     depth = 0

@@ -47,9 +47,9 @@ port (1.0 read ``host:N:`` as an SSH port and ignored it).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from controller.errors import EndpointError
+from controller.record import field, record
 
 TYPE_CHECKING = False  # typing, ipaddress: not imported on the wrapper's run path
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ SYNTAX_HINT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Endpoint:
     """Where a node's agent answers, and how to get there.
 
@@ -97,6 +97,27 @@ class Endpoint:
     source: str = "default"
     tls: bool = False
     ssh_defaults: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def __init__(  # written out: a fleet parses thousands (record's own takes twice as long)
+        self,
+        transport: Transport,
+        host: str = DEFAULT_HOST,
+        ssh_port: int = DEFAULT_SSH_PORT,
+        http_port: int = DEFAULT_HTTP_PORT,
+        user: str | None = None,
+        source: str = "default",
+        tls: bool = False,
+        ssh_defaults: frozenset[str] = frozenset(),
+    ) -> None:
+        store = object.__setattr__
+        store(self, "transport", transport)
+        store(self, "host", host)
+        store(self, "ssh_port", ssh_port)
+        store(self, "http_port", http_port)
+        store(self, "user", user)
+        store(self, "source", source)
+        store(self, "tls", tls)
+        store(self, "ssh_defaults", ssh_defaults)
 
     @property
     def scheme(self) -> str:

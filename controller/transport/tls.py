@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 
 from controller.errors import Failure, UsageError
+from controller.record import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ _CLIENT_CERT_ALERTS = frozenset(
 _NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TlsOptions:
     """What a client trusts and shows: CA, client certificate and key, token file."""
 

@@ -29,14 +29,13 @@ pending time; one the wrapper cannot use (its own later step fails) it gives bac
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from controller.errors import Failure, GpuError, NodeError
 from controller.options import AutoGpus, Options
+from controller.record import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ WAITABLE = frozenset({"not_enough", "taken", "others_waiting"})  # refusals a wa
 _GPUS_KEYS = "N, all, count=N, device=LIST, capabilities=, driver=, options="
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LeaseAsk:
     """One ask, as ``POST /leases`` takes it, and how the user wrote it (``source``)."""
 
@@ -99,7 +98,7 @@ class LeaseAsk:
         return body
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpusFlag:
     """docker's ``--gpus`` value, read as docker reads it (opts/gpus.go)."""
 
@@ -223,7 +222,7 @@ def owner_labels(command: DockerCommand, options: Options) -> tuple[tuple[str, s
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Grant:
     """A ``201`` answer: the lease, its devices and what the container must carry."""
 
@@ -404,7 +403,9 @@ def _waiting(node: str, ask: LeaseAsk) -> None:
 
 def release(agent: BlockingAgent, lease: str) -> None:
     """Give back a lease the wrapper cannot use (best effort: it also ends by itself)."""
-    with contextlib.suppress(NodeError):
+    try:  # noqa: SIM105 (contextlib is not imported on the run path)
         agent.request(
             "DELETE", f"{LEASES_PATH}/{lease}", answers=(200, 404, 409), timeout_s=RELEASE_TIMEOUT_S
         )
+    except NodeError:
+        pass
