@@ -18,19 +18,24 @@ failure to ask means "no": the volume form works with every engine.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 
-from controller.wrapper.docker_args import DockerCommand
+from controller.record import record
+from controller.wrapper import docker_cli
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from controller.options import Options
+    from controller.wrapper.docker_args import DockerCommand
 
 DOCKER_CDI_MAJOR = 25  # Docker Engine 25.0 added CDI (opt-in; on by default from 28.2)
 PODMAN_CDI_MAJOR = 4
 PROBE_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EngineCdi:
     engine: str  # "Podman 4.3.1", "Docker 20.10.24+dfsg1", "NV_CDI=yes"
     reads_cdi: bool
@@ -43,17 +48,13 @@ def _major(version: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _ask(docker: Sequence[str], command: DockerCommand, *args: str) -> str | None:
+def _ask(
+    docker: Sequence[str], command: DockerCommand, environment: Mapping[str, str], *args: str
+) -> str | None:
+    argv = [*docker, *command.global_args, *args]
     try:
-        done = subprocess.run(
-            [*docker, *command.global_args, *args],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = docker_cli.ask(argv, environment, timeout_s=PROBE_TIMEOUT_S)
+    except OSError:  # not found, or no answer in time (TimeoutError)
         return None
     return done.stdout  # Docker prints its client's part even when the daemon is down
 
@@ -65,10 +66,13 @@ def _json(text: str | None) -> object:
         return None
 
 
-def ask_engine(docker: Sequence[str], command: DockerCommand) -> EngineCdi:
-    """Ask the engine (see the module docstring)."""
+def ask_engine(
+    docker: Sequence[str], command: DockerCommand, environment: Mapping[str, str]
+) -> EngineCdi:
+    """Ask the engine (see the module docstring) with the ``docker`` command, run in
+    ``environment`` (the edge's: ``Options.environment``)."""
     started = time.perf_counter()
-    version = _json(_ask(docker, command, "version", "--format", "{{json .}}"))
+    version = _json(_ask(docker, command, environment, "version", "--format", "{{json .}}"))
     client = version.get("Client") if isinstance(version, dict) else None
     if not isinstance(client, dict):
         return EngineCdi("unknown engine", False, "no answer to `version`", _since(started))
@@ -86,7 +90,7 @@ def ask_engine(docker: Sequence[str], command: DockerCommand) -> EngineCdi:
     if major is None or major < DOCKER_CDI_MAJOR:
         why = f"Docker reads CDI from {DOCKER_CDI_MAJOR}.0 on"
         return EngineCdi(name, False, why, _since(started))
-    dirs = _json(_ask(docker, command, "info", "--format", "{{json .CDISpecDirs}}"))
+    dirs = _json(_ask(docker, command, environment, "info", "--format", "{{json .CDISpecDirs}}"))
     if isinstance(dirs, list) and dirs:
         return EngineCdi(name, True, f"CDI spec dirs {', '.join(map(str, dirs))}", _since(started))
     return EngineCdi(name, False, "CDI is off in the engine (no CDI spec dirs)", _since(started))
@@ -96,11 +100,12 @@ def _since(started: float) -> float:
     return time.perf_counter() - started
 
 
-def engine_cdi(docker: Sequence[str], command: DockerCommand, choice: str) -> EngineCdi:
+def engine_cdi(options: Options, command: DockerCommand) -> EngineCdi:
     """``NV_CDI`` (``yes``, ``no``, ``auto``: ``Options.cdi``) when not auto, else the
     engine's answer."""
+    choice = options.cdi
     if choice == "auto":
-        return ask_engine(docker, command)
+        return ask_engine(options.docker, command, options.environment)
     return EngineCdi(f"NV_CDI={choice}", choice == "yes", "set by NV_CDI")
 
 

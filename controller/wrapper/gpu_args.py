@@ -37,26 +37,32 @@ asked for, its labels, cpuset and ``NVIDIA_VISIBLE_DEVICES`` are inserted too, a
 path knows the GPUs, not who holds them. ``NV_GPU=0,1`` and no selection ask for none.
 
 Every failure is a ``ControllerError`` with one line; no container is created.
+
+Speed (docs/nvidia-docker.md, "Speed"): this path imports no ``dataclasses`` (its value
+classes are ``controller.record``'s), ``subprocess`` (the docker CLI runs through
+``docker_cli``, ``os.posix_spawnp``; only a pull takes ``subprocess``), ``typing`` or
+``contextlib``.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
 
 from controller.errors import DockerError, GpuError, NodeError
 from controller.logs import configure_pending
+from controller.record import record, replace
 from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
+from controller.wrapper import docker_cli
 from controller.wrapper.engine_cdi import engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
-TYPE_CHECKING = False  # typing: not imported on the run path (docs/nvidia-docker.md, "Speed")
+# typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
@@ -73,7 +79,7 @@ CDI_DEVICE_ARG = "--device=nvidia.com/gpu="
 LOCAL_PROBE_CONNECT_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpuFacts:
     """What the wrapper needs from a node."""
 
@@ -84,7 +90,7 @@ class GpuFacts:
     grant: Grant | None = None  # the lease these devices are (NV_GPU=auto..., --gpus)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpuArguments:
     """What ``gpu_arguments`` changes in the command line: arguments inserted right after
     ``run``/``create``, the run options dropped (``--gpus``: the lease gives the GPUs), and
@@ -117,17 +123,10 @@ def _padded(version: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]
 # --- docker ---------------------------------------------------------------------------------
 
 
-def _docker(
-    docker: Sequence[str], command: DockerCommand, *args: str
-) -> subprocess.CompletedProcess[str]:
+def _docker(options: Options, command: DockerCommand, *args: str) -> docker_cli.Answer:
+    docker = options.docker
     try:
-        return subprocess.run(
-            [*docker, *command.global_args, *args],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        return docker_cli.ask([*docker, *command.global_args, *args], options.environment)
     except FileNotFoundError:
         raise DockerError(
             f"the docker command {docker[0]!r} was not found: install docker, "
@@ -140,28 +139,39 @@ def _first_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def image_labels(docker: Sequence[str], command: DockerCommand) -> dict[str, str] | None:
+def image_labels(options: Options, command: DockerCommand) -> dict[str, str] | None:
     """The image's labels, pulling it when missing; None when docker should just run
     (``--pull never`` and the image is not here: docker says so itself)."""
     image = command.image
     assert image is not None
-    fmt = "{{json .Config.Labels}}"
-    done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
+    done = _inspect(options, command, image)
     if done.returncode != 0:
         message = done.stderr.lower()
         if "no such image" not in message and "image not known" not in message:  # docker, podman
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
         if command.options.get("pull") == "never":
             return None
-        _pull(docker, command, image)
-        done = _docker(docker, command, "image", "inspect", "--format", fmt, image)
+        _pull(options, command, image)
+        done = _inspect(options, command, image)
         if done.returncode != 0:
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
-    labels = json.loads(done.stdout or "null")
+    return _labels(done.stdout)
+
+
+def _inspect(options: Options, command: DockerCommand, image: str) -> docker_cli.Answer:
+    labels = "{{json .Config.Labels}}"
+    return _docker(options, command, "image", "inspect", "--format", labels, image)
+
+
+def _labels(printed: str) -> dict[str, str]:
+    labels = json.loads(printed or "null")
     return {str(k): str(v) for k, v in (labels or {}).items()}
 
 
-def _pull(docker: Sequence[str], command: DockerCommand, image: str) -> None:
+def _pull(options: Options, command: DockerCommand, image: str) -> None:
+    import subprocess  # noqa: PLC0415 (a missing image only: the pull takes seconds)
+
+    docker = options.docker
     platform = command.options.get("platform")
     args = ["pull", *(["--platform", platform] if platform else []), image]
     try:
@@ -169,6 +179,7 @@ def _pull(docker: Sequence[str], command: DockerCommand, image: str) -> None:
             [*docker, *command.global_args, *args],
             stdout=sys.stderr.fileno(),
             stdin=subprocess.DEVNULL,
+            env=options.environment,
             check=False,
         )
     except FileNotFoundError:
@@ -180,16 +191,16 @@ def _pull(docker: Sequence[str], command: DockerCommand, image: str) -> None:
         )
 
 
-def volume_exists(docker: Sequence[str], command: DockerCommand, name: str) -> bool:
-    return _docker(docker, command, "volume", "inspect", name).returncode == 0
+def volume_exists(options: Options, command: DockerCommand, name: str) -> bool:
+    return _docker(options, command, "volume", "inspect", name).returncode == 0
 
 
 def drop_volume_driver_when_present(
-    args: Sequence[str], docker: Sequence[str], command: DockerCommand
+    args: Sequence[str], options: Options, command: DockerCommand
 ) -> list[str]:
     """Local node: no ``--volume-driver`` when every driver volume already exists."""
     names = [a.split("=", 1)[1].split(":", 1)[0] for a in args if a.startswith("--volume=")]
-    if names and all(volume_exists(docker, command, name) for name in names):
+    if names and all(volume_exists(options, command, name) for name in names):
         return [a for a in args if not a.startswith(VOLUME_DRIVER_ARG)]
     return list(args)
 
@@ -197,7 +208,7 @@ def drop_volume_driver_when_present(
 # --- node facts -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Reach:
     """How to talk to the node's agent: the edge's TLS and SSH settings."""
 
@@ -436,14 +447,14 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         docker_reads_docker_host=not is_podman(docker),
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
-    labels = image_labels(docker, command)
+    labels = image_labels(options, command)
     if labels is None or (VOLUMES_LABEL not in labels and lease is None):
         return GpuArguments([])
     # An ask for a lease wants GPUs whatever the image says: without the label, every volume
     wanted_volumes = " ".join(labels.get(VOLUMES_LABEL, "").split())
     devices_only = VOLUMES_LABEL in labels and not wanted_volumes
     cuda_needed = labels.get(CUDA_LABEL) or None
-    engine = engine_cdi(docker, command, options.cdi)
+    engine = engine_cdi(options, command)
     if options.debug:
         sys.stderr.write(
             f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
@@ -473,7 +484,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     elif devices_only:  # the label is there but names no volume: devices only
         args = [a for a in args if a.startswith("--device=")]
     elif endpoint.is_local:
-        args = drop_volume_driver_when_present(args, docker, command)
+        args = drop_volume_driver_when_present(args, options, command)
     if facts.grant is None:
         return GpuArguments(args, warnings=warnings)
     return GpuArguments([*args, *facts.grant.docker_args()], (GPUS_OPTION,), warnings)

@@ -10,6 +10,7 @@ bench_wrapper for their cost).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import time
@@ -45,12 +46,12 @@ def main() -> None:
     engine, proc = start_engine()
     try:
         docker = ["docker", "-H", engine.host]
-        found = ask_engine(docker, COMMAND)
+        found = ask_engine(docker, COMMAND, os.environ)
         rows.append(
             (
                 "docker",
                 f"ask_engine -> {found.engine}, CDI {found.reads_cdi}",
-                *_median_ms(runs, lambda: ask_engine(docker, COMMAND)),
+                *_median_ms(runs, lambda: ask_engine(docker, COMMAND, os.environ)),
             )
         )
         rows.append(
@@ -63,12 +64,12 @@ def main() -> None:
     finally:
         stop_engine(engine, proc)
     with private_podman() as podman:
-        found = ask_engine(podman.command, COMMAND)
+        found = ask_engine(podman.command, COMMAND, os.environ)
         rows.append(
             (
                 "podman",
                 f"ask_engine -> {found.engine}, CDI {found.reads_cdi}",
-                *_median_ms(runs, lambda: ask_engine(podman.command, COMMAND)),
+                *_median_ms(runs, lambda: ask_engine(podman.command, COMMAND, os.environ)),
             )
         )
         rows.append(

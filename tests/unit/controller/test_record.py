@@ -9,6 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from controller.options import Options, declarations
 from controller.record import FrozenInstanceError, field, fields, is_record, record, replace
 from controller.transport.endpoint import Endpoint, parse_endpoint
 from controller.transport.tls import TlsOptions
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @record
@@ -133,3 +138,19 @@ def test_the_run_path_s_classes() -> None:
     with pytest.raises(FrozenInstanceError):
         options.debug = True  # type: ignore[misc]
     assert [name for name, _, _ in declarations(Options)][:3] == ["nv_host", "docker", "gpus"]
+
+
+def test_no_dataclasses_at_import() -> None:
+    probe = (
+        "import sys\n"
+        "import controller.options, controller.wrapper.gpu_args\n"
+        "assert 'dataclasses' not in sys.modules, 'dataclasses'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env={"PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
