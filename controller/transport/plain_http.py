@@ -20,6 +20,10 @@ answer with ``Content-Length``, chunked, or up to the close): ``http.client`` im
 request as a whole, connecting included (a deadline that every send and receive honours),
 ``connect_timeout_s`` the connect alone; a body is read up to ``MAX_BODY_BYTES``. Every
 failure is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.agent_errors``).
+
+``unix_get(path, target, timeout_s)`` makes one ``GET`` of an HTTP server on a unix socket
+with the same code (the wrapper's questions to the local container engine:
+``controller.wrapper.engine_api``): the status and body, or None when no whole answer came.
 """
 
 from __future__ import annotations
@@ -315,6 +319,44 @@ class _Connection:
 
 class _TooBig(Exception):
     """The body is over ``MAX_BODY_BYTES``."""
+
+
+class _UnixConnection(_Connection):
+    """One HTTP/1.1 connection to a server on a unix socket (``Host: docker``, as the
+    docker CLI's older clients name the engine)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("docker", 80)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self._buffer.clear()
+
+
+def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, bytes] | None:
+    """``GET target`` of the HTTP server on the unix socket ``path`` (the container engine's
+    API): the status and body of its answer, or None when no whole answer came within
+    ``timeout_s`` (no socket, refused, not HTTP, closed early): the caller then asks the
+    way it would have without this shortcut."""
+    connection = _UnixConnection(path)
+    connection.timeout = timeout_s
+    connection.deadline = time.monotonic() + timeout_s
+    try:
+        connection.connect()
+        answer = connection.exchange("GET", target, {"Accept": "*/*"}, None)
+    except (OSError, _Failed, _Disconnected, _TooBig):  # TimeoutError is an OSError
+        return None
+    finally:
+        connection.close()
+    return answer.status, answer.body
 
 
 def _length(text: str | None) -> int | None:

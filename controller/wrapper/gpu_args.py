@@ -8,12 +8,15 @@ imports it only for run/create; ``options`` are the ones its edge built: ``NV_GP
    ``--context``, ``-H``, ``DOCKER_HOST``, ``DOCKER_CONTEXT`` or ``docker context use``, in
    docker's order), first: a bad ``NV_HOST`` is said before docker is asked anything;
 2. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
-   output goes to stderr so that stdout stays the container's);
+   output goes to stderr so that stdout stays the container's); when the docker CLI would
+   ask a local unix socket, the wrapper asks that socket itself (``engine_api``: the same
+   ``GET``, without starting the CLI), and the CLI answers whatever that cannot;
 3. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
 4. the node's facts: remote nodes answer ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
    it answers, else NVML directly (``agent.gpu``), and adds ``--volume-driver=nvidia-docker``
-   only when ``docker volume inspect`` does not find the driver volume; a GPU the agent
+   only when ``docker volume inspect`` (or the engine's socket) does not find the driver
+   volume; a GPU the agent
    refuses is said with the agent's own reason (``GPU 0 is not in MIG mode``);
 5. the CUDA check: ``com.nvidia.cuda.version`` newer than the driver's is refused.
 
@@ -57,7 +60,7 @@ from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
-from controller.wrapper import docker_cli
+from controller.wrapper import docker_cli, engine_api
 from controller.wrapper.engine_cdi import engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
@@ -139,23 +142,43 @@ def _first_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def image_labels(options: Options, command: DockerCommand) -> dict[str, str] | None:
-    """The image's labels, pulling it when missing; None when docker should just run
-    (``--pull never`` and the image is not here: docker says so itself)."""
+def image_labels(
+    options: Options, command: DockerCommand, engine: str | None = None
+) -> tuple[dict[str, str] | None, str]:
+    """The image's labels, pulling it when missing, and who said them (for ``NV_DEBUG``);
+    None when docker should just run (``--pull never`` and the image is not here: docker
+    says so itself). ``engine``: the engine's unix socket, asked first (``engine_api``);
+    the docker CLI answers whatever it cannot, so its errors are docker's own."""
     image = command.image
     assert image is not None
-    done = _inspect(options, command, image)
-    if done.returncode != 0:
+    by_engine = f"the engine's API on {engine}"
+    missing = False
+    if engine is not None:
+        seen = engine_api.image_labels(engine, image)
+        if isinstance(seen, dict):
+            return seen, by_engine
+        missing = seen == engine_api.NO_SUCH_IMAGE
+    if not missing:
+        done = _inspect(options, command, image)
+        if done.returncode == 0:
+            return _labels(done.stdout), _BY_CLI
         message = done.stderr.lower()
         if "no such image" not in message and "image not known" not in message:  # docker, podman
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
-        if command.options.get("pull") == "never":
-            return None
-        _pull(options, command, image)
-        done = _inspect(options, command, image)
-        if done.returncode != 0:
-            raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
-    return _labels(done.stdout)
+    if command.options.get("pull") == "never":
+        return None, by_engine if missing else _BY_CLI
+    _pull(options, command, image)
+    if engine is not None:
+        seen = engine_api.image_labels(engine, image)
+        if isinstance(seen, dict):
+            return seen, by_engine
+    done = _inspect(options, command, image)
+    if done.returncode != 0:
+        raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
+    return _labels(done.stdout), _BY_CLI
+
+
+_BY_CLI = "docker image inspect"
 
 
 def _inspect(options: Options, command: DockerCommand, image: str) -> docker_cli.Answer:
@@ -191,16 +214,22 @@ def _pull(options: Options, command: DockerCommand, image: str) -> None:
         )
 
 
-def volume_exists(options: Options, command: DockerCommand, name: str) -> bool:
+def volume_exists(
+    options: Options, command: DockerCommand, name: str, engine: str | None = None
+) -> bool:
+    if engine is not None:
+        seen = engine_api.volume_exists(engine, name)
+        if seen is not None:
+            return seen
     return _docker(options, command, "volume", "inspect", name).returncode == 0
 
 
 def drop_volume_driver_when_present(
-    args: Sequence[str], options: Options, command: DockerCommand
+    args: Sequence[str], options: Options, command: DockerCommand, engine: str | None = None
 ) -> list[str]:
     """Local node: no ``--volume-driver`` when every driver volume already exists."""
     names = [a.split("=", 1)[1].split(":", 1)[0] for a in args if a.startswith("--volume=")]
-    if names and all(volume_exists(options, command, name) for name in names):
+    if names and all(volume_exists(options, command, name, engine) for name in names):
         return [a for a in args if not a.startswith(VOLUME_DRIVER_ARG)]
     return list(args)
 
@@ -447,7 +476,14 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         docker_reads_docker_host=not is_podman(docker),
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
-    labels = image_labels(options, command)
+    engine_socket = engine_api.engine_socket(options, command)
+    started = time.perf_counter()
+    labels, asked = image_labels(options, command, engine_socket)
+    if options.debug:
+        sys.stderr.write(
+            f"nvidia-docker | image: {command.image}'s labels from {asked} (in "
+            f"{(time.perf_counter() - started) * 1000:.1f} ms)\n"
+        )
     if labels is None or (VOLUMES_LABEL not in labels and lease is None):
         return GpuArguments([])
     # An ask for a lease wants GPUs whatever the image says: without the label, every volume
@@ -484,7 +520,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     elif devices_only:  # the label is there but names no volume: devices only
         args = [a for a in args if a.startswith("--device=")]
     elif endpoint.is_local:
-        args = drop_volume_driver_when_present(args, options, command)
+        args = drop_volume_driver_when_present(args, options, command, engine_socket)
     if facts.grant is None:
         return GpuArguments(args, warnings=warnings)
     return GpuArguments([*args, *facts.grant.docker_args()], (GPUS_OPTION,), warnings)

@@ -654,3 +654,112 @@ def test_wrong_password_on_a_terminal(
     assert "SSH login failed: wrong password" in lines[-1]
     assert "Traceback" not in text
     assert containers(docker_engine) == before
+
+
+# --- the engine's own socket: the CLI's answers without starting it -------------------------
+
+
+def plain_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -> Result:
+    """The wrapper as most users run it: NV_DOCKER unset, the docker CLI on PATH, the engine
+    on a unix socket; it asks that socket itself (controller.wrapper.engine_api)."""
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NV_", "DOCKER_")) and k != "SSH_AUTH_SOCK"
+    }
+    environ.update(DOCKER_HOST=engine.host, PYTHONPATH=str(REPO), HOME=str(tmp_path))
+    environ.update(env)
+    done = subprocess.run(
+        [*wrapper_command(), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr, None)
+
+
+def _asked(result: Result) -> str:
+    """Who told the image's labels (the NV_DEBUG line)."""
+    lines = [line for line in result.stderr.splitlines() if "'s labels from " in line]
+    assert len(lines) == 1, result.stderr
+    return lines[0].split("'s labels from ", 1)[1].split(" (in ", 1)[0]
+
+
+def test_the_engine_s_socket_tells_the_labels_the_cli_would(
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    nvidia_devices: None,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    node = {"NV_HOST": f"http://127.0.0.1:{plugin_agent.port}", "NV_DEBUG": "1"}
+    socket_path = docker_engine.host.removeprefix("unix://")
+    for image, listing, expected in [
+        (images["gpu"], "/usr/local/nvidia/lib64", "libcuda.so.580.159.04"),
+        (images["gpu"], "/dev", "nvidia0"),
+        (images["plain"], "/usr/local", None),  # no label: no GPU, an empty /usr/local
+    ]:
+        args = ["run", "--rm", image, "ls", listing]
+        by_cli = nvidia_docker(docker_engine, tmp_path, *args, **node)
+        by_engine = plain_docker(docker_engine, tmp_path, *args, **node)
+        assert by_cli.code == by_engine.code == 0, (by_cli.stderr, by_engine.stderr)
+        assert by_engine.stdout == by_cli.stdout
+        assert (expected in by_engine.stdout.split()) if expected else not by_engine.stdout
+        assert _asked(by_cli) == "docker image inspect"
+        assert _asked(by_engine) == f"the engine's API on {socket_path}"
+
+
+@pytest.mark.parametrize("case", ["missing", "missing_pull_never", "bad_name", "engine_down"])
+def test_the_engine_s_socket_fails_in_the_cli_s_words(
+    case: str,
+    docker_engine: DockerEngine,
+    plugin_agent: PluginAgent,
+    tmp_path: Path,
+) -> None:
+    env = {"NV_HOST": f"http://127.0.0.1:{plugin_agent.port}"}
+    args = {
+        "missing": ["run", "--rm", "nvd-wrapper/absent:1", "true"],
+        "missing_pull_never": ["run", "--pull", "never", "--rm", "nvd-wrapper/absent:1", "true"],
+        "bad_name": ["run", "--rm", "Nvd-Wrapper/Upper:1", "true"],
+        "engine_down": ["run", "--rm", "nvd-wrapper/cuda:12.4", "true"],
+    }[case]
+    if case == "engine_down":
+        env["DOCKER_HOST"] = f"unix://{tmp_path}/no-engine.sock"
+    before = containers(docker_engine)
+    by_cli = nvidia_docker(docker_engine, tmp_path, *args, **env)
+    by_engine = plain_docker(docker_engine, tmp_path, *args, **env)
+    assert by_engine.code == by_cli.code != 0
+    if case == "missing_pull_never":  # docker runs and says it itself
+        assert by_engine.code == 125
+        assert by_engine.stderr == by_cli.stderr
+        assert "No such image: nvd-wrapper/absent:1" in by_engine.stderr
+    else:  # the wrapper's one line (after what a failed pull printed itself)
+        said = _last_error(by_engine)
+        assert said == _last_error(by_cli), (by_engine.stderr, by_cli.stderr)
+        assert said.startswith(
+            "cannot pull the image " if case != "engine_down" else "docker image inspect "
+        )
+    assert containers(docker_engine) == before
+
+
+def _last_error(result: Result) -> str:
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(ERROR_PREFIX), result.stderr
+    return last.split(" Error: ", 1)[1]
+
+
+def test_the_engine_s_socket_knows_its_volumes(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    from controller.wrapper.engine_api import volume_exists  # noqa: PLC0415
+
+    socket_path = docker_engine.host.removeprefix("unix://")
+    name = f"nvd-wrapper-{tmp_path.name[-12:]}".lower()
+    assert volume_exists(socket_path, name) is False
+    docker_engine.docker("volume", "create", name)
+    try:
+        assert volume_exists(socket_path, name) is True
+    finally:
+        docker_engine.docker("volume", "rm", name)
+    assert volume_exists(f"{tmp_path}/no-engine.sock", name) is None

@@ -1,0 +1,136 @@
+"""Ask the local Docker engine over its unix socket what the docker CLI would have asked it.
+
+The wrapper's questions to the engine (an image's labels, whether a volume exists) are
+each one ``GET`` of the engine's API, which the docker CLI makes for ``docker image
+inspect`` and ``docker volume inspect``. Starting the CLI for that costs 12 ms or more on
+the 2-core development machine (docs/nvidia-docker.md, "Speed"); the ``GET`` itself well
+under one. So when the docker CLI would talk to a unix socket, the wrapper asks that socket
+itself (``engine_socket``), with the HTTP/1.1 client of ``controller.transport.plain_http``.
+
+``engine_socket(options, command)`` says which socket, or None (ask the CLI, as before):
+
+- the docker command is ``docker`` (``NV_DOCKER`` unset or ``docker``), found on ``PATH``
+  as a program (ELF) whose real name is ``docker``: not ``sudo docker``, ``podman``, a
+  script such as podman-docker's, a link to ``podman``;
+- the command line has no global options before ``run`` (``-H``, ``--context``,
+  ``--config``, TLS flags: the CLI's business);
+- docker's address (``controller.transport.docker_context``: ``DOCKER_HOST``,
+  ``DOCKER_CONTEXT``, ``docker context use``, in docker's order) is ``unix://PATH``, or
+  none: the CLI's default, ``/var/run/docker.sock``.
+
+The answers then are the CLI's: ``image_labels`` returns the image's labels (the CLI's
+``{{json .Config.Labels}}``), ``NO_SUCH_IMAGE`` when the engine says it has no such image
+(a 404 with docker's or Podman's words), or None for everything else: no answer within
+``TIMEOUT_S``, another status, an answer that is not the expected JSON. None makes the
+wrapper ask the docker CLI after all, so every error is still said in the CLI's words.
+``volume_exists`` is True (200), False (404) or None (ask the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from controller.transport.plain_http import unix_get
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from controller.options import Options
+    from controller.wrapper.docker_args import DockerCommand
+
+DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default host, unix:// removed
+UNIX = "unix://"
+TIMEOUT_S = 30.0  # the CLI waits for ever; past this the CLI is asked, and waits
+NO_SUCH_IMAGE = "no such image"
+_ELF = b"\x7fELF"
+# Image and volume names the engine takes as they are in a URL path (anything else: the CLI)
+_NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/:@")
+_MISSING_WORDS = ("no such image", "image not known")  # docker's, Podman's
+
+
+def engine_socket(options: Options, command: DockerCommand) -> str | None:
+    """The unix socket of the engine the docker CLI would ask, when the wrapper may ask it
+    itself (see the module docstring); else None."""
+    if options.docker != ("docker",) or command.global_end != 0:
+        return None
+    if not _docker_is_the_cli(options.environment.get("PATH") or os.defpath):
+        return None
+    from controller.transport.docker_context import docker_address  # noqa: PLC0415
+
+    found = docker_address(options)
+    if found is None:
+        return DEFAULT_SOCKET
+    address = found[0].strip()
+    if not address.startswith(UNIX) or len(address) == len(UNIX):
+        return None
+    return address[len(UNIX) :]
+
+
+def _docker_is_the_cli(search_path: str) -> bool:
+    """``docker`` on ``search_path`` (as ``execvp`` finds it) is a program whose real name
+    is ``docker``: the docker CLI, not a script or a link to another engine's client."""
+    for directory in search_path.split(os.pathsep):
+        path = os.path.join(directory or ".", "docker")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            continue
+        if os.path.basename(os.path.realpath(path)) != "docker":
+            return False
+        try:
+            with open(path, "rb") as program:
+                return program.read(4) == _ELF
+        except OSError:
+            return False
+    return False
+
+
+def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:
+    """The status and decoded body of ``GET target`` (None: no answer, or not JSON)."""
+    answer = unix_get(socket_path, target, TIMEOUT_S)
+    if answer is None:
+        return None
+    status, body = answer
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return None
+
+
+def _usable(name: str) -> bool:
+    """A name that is one path segment or a few (an image's), as the CLI would send it."""
+    if not name or name.startswith("/") or ".." in name or "//" in name:
+        return False
+    return set(name) <= _NAME_CHARACTERS
+
+
+def image_labels(socket_path: str, image: str) -> dict[str, str] | str | None:
+    """The labels of ``image`` (``{}``: none), ``NO_SUCH_IMAGE``, or None: ask the CLI."""
+    if not _usable(image):
+        return None
+    answer = _get_json(socket_path, f"/images/{image}/json")
+    if answer is None:
+        return None
+    status, body = answer
+    if status == 404:
+        message = body.get("message") if isinstance(body, dict) else None
+        if isinstance(message, str) and any(w in message.lower() for w in _MISSING_WORDS):
+            return NO_SUCH_IMAGE
+        return None
+    if status != 200 or not isinstance(body, dict):
+        return None
+    config = body.get("Config")
+    labels = config.get("Labels") if isinstance(config, dict) else None
+    if config is not None and not isinstance(config, dict):
+        return None
+    if labels is not None and not isinstance(labels, dict):
+        return None
+    return {str(k): str(v) for k, v in (labels or {}).items()}
+
+
+def volume_exists(socket_path: str, name: str) -> bool | None:
+    """Whether the engine has the volume ``name`` (None: ask the CLI)."""
+    if not _usable(name):
+        return None
+    answer = unix_get(socket_path, f"/volumes/{name}", TIMEOUT_S)
+    if answer is None or answer[0] not in (200, 404):
+        return None
+    return answer[0] == 200
