@@ -28,6 +28,7 @@ from aiohttp import web
 
 from agent.api import render_text
 from agent.api.docker_cli import control_devices
+from agent.api.fast_routes import fast_gets
 from agent.api.leases import Cpusets
 from agent.api.routes import create_app
 from agent.attribution.docker_engine import DockerEngine
@@ -39,6 +40,7 @@ from agent.edge.access import RemoteAccess
 from agent.edge.connections import ConnectionGuard, ConnectionLimits
 from agent.edge.descriptors import DescriptorBudget, descriptor_budget
 from agent.edge.error_log import HttpErrorLog, loop_exception_handler
+from agent.edge.fast_gets import FastGets
 from agent.edge.plugin_socket import start_plugin_site
 from agent.edge.readiness import NotAnswering, check_plugin, check_rest
 from agent.engine_socket.cdi_form import CdiForm
@@ -151,7 +153,8 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         usage=usage,
         usage_off=usage_off,
     )
-    bound = await _serve_rest(config, app, guard, rest_sockets, access, parts)
+    fast = fast_gets(app, counters.count_resource, access.token_free)
+    bound = await _serve_rest(config, app, guard, fast, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
     await _serve_engine_socket(config, state, leases, engines[0], cdi, parts)
     await life.start()
@@ -390,6 +393,7 @@ async def _serve_rest(
     config: Config,
     app: web.Application,
     guard: ConnectionGuard,
+    fast: FastGets,
     sockets: list[socket.socket],
     access: RemoteAccess,
     parts: contextlib.AsyncExitStack,
@@ -410,6 +414,7 @@ async def _serve_rest(
         guard=guard,
         ssl_context=access.ssl_context,
         plain_loopback=access.plain_loopback,
+        fast=fast,
     )
     log.info("Serving the REST API on %s: %s", config.listen, access.describe())
     access.warn_if_exposed([host for host, _ in bound], config.listen_port)

@@ -18,6 +18,7 @@ The plugin's unix socket is not concerned (file permissions guard it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import ssl
@@ -25,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from agent.config import Config
-from agent.edge.loopback import is_loopback
+from agent.edge.loopback import is_loopback, is_plain_loopback
 from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles
 from agent.edge.tokens import TokenFileError, TokenStore, Wrapper, require_token
 from agent.errors import StartupError
@@ -68,6 +69,13 @@ class RemoteAccess:
         """When the served TLS certificate expires (Unix time); None without TLS, or when
         its date cannot be read."""
         return None if self.tls is None else self.tls.not_after
+
+    def token_free(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether requests on this connection need no token (no tokens, or a plain
+        connection to loopback where that is allowed)."""
+        if self.tokens is None:
+            return True
+        return self.plain_loopback and is_plain_loopback(transport)
 
     @property
     def wrappers(self) -> list[Wrapper]:

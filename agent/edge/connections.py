@@ -44,6 +44,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.display import shown
+from agent.edge.fast_gets import FastGets, FastProtocol
 from agent.edge.guarded_accept import GuardedAcceptor
 from agent.edge.loopback import is_loopback
 from agent.edge.rate_limit import RateLimiter
@@ -153,6 +154,19 @@ class ConnectionGuard:
 
         return factory
 
+    def fast_factory(
+        self, inner: Callable[[], asyncio.Protocol], fast: FastGets, serving: set[FastProtocol]
+    ) -> Callable[[], asyncio.Protocol]:
+        """Like ``protocol_factory``, with ``fast``'s GETs answered before aiohttp
+        (``agent.edge.fast_gets``); ``serving`` holds the connections the fast path has."""
+
+        def factory() -> asyncio.Protocol:
+            protocol = FastProtocol(self, inner, fast, serving.discard)
+            serving.add(protocol)
+            return protocol
+
+        return factory
+
     def wrap(self, handler: Handler) -> Handler:
         """``handler``, its handling marked (no timeout interrupts it) and its status told
         to ``on_answer`` (500 for a handler that raised): what ``middleware`` does, as a
@@ -217,6 +231,37 @@ class ConnectionGuard:
         due = now + self.limits.header_timeout_s
         if due < conn.deadline:
             self._arm(conn, due)
+
+    # --- what a protocol reports (agent.edge.fast_gets's, and _GuardedProtocol) ---
+
+    def opened(self, transport: asyncio.BaseTransport) -> _Connection:
+        """A connection was set up: it is seen from now on."""
+        return self._opened(transport)
+
+    def data_arrived(self, conn: _Connection) -> None:
+        """Bytes came: the first of a request starts its header timeout."""
+        if conn.first_byte_at is None and not conn.in_request:
+            self._first_byte(conn)
+
+    def request_began(self, conn: _Connection) -> None:
+        """A request's head was read and its answer is being made (no timeout meanwhile)."""
+        conn.in_request += 1
+        conn.first_byte_at = None
+        self._connections.move_to_end(conn.transport)
+
+    def answered(self, conn: _Connection) -> None:
+        """A request was answered (``request_began`` or not): progress."""
+        if conn.in_request:
+            conn.in_request -= 1
+        conn.first_byte_at = None
+        if conn.transport in self._connections:
+            conn.waiting_since = self._now()
+            self._connections.move_to_end(conn.transport)
+
+    def lost(self, conn: _Connection) -> None:
+        """The connection ended."""
+        self._closed(conn)
+        self._releasing.discard(conn.transport)
 
     def _closed(self, conn: _Connection) -> None:
         self._connections.pop(conn.transport, None)
@@ -305,13 +350,12 @@ class _GuardedProtocol(asyncio.Protocol):
         self._conn: _Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._conn = self._guard._opened(transport)
+        self._conn = self._guard.opened(transport)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        conn = self._conn
-        if conn is not None and conn.first_byte_at is None and not conn.in_request:
-            self._guard._first_byte(conn)
+        if self._conn is not None:
+            self._guard.data_arrived(self._conn)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -319,8 +363,7 @@ class _GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:
-            self._guard._closed(self._conn)
-            self._guard._releasing.discard(self._conn.transport)
+            self._guard.lost(self._conn)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -346,6 +389,7 @@ class GuardedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None = None,
         backlog: int = 128,
         plain_loopback: bool = False,
+        fast: FastGets | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._guarded_runner = runner
@@ -356,6 +400,8 @@ class GuardedSite(web.BaseSite):
         # With TLS: connections to a loopback address may also speak plain HTTP.
         self._plain_loopback = plain_loopback
         self._listener: GuardedAcceptor | TlsOrPlainServer | None = None
+        self._fast = fast  # GETs answered before aiohttp (agent.edge.fast_gets)
+        self._fast_serving: set[FastProtocol] = set()
 
     @property
     def name(self) -> str:
@@ -369,7 +415,10 @@ class GuardedSite(web.BaseSite):
         await super().start()
         server = self._guarded_runner.server
         assert server is not None
-        factory = self._guard.protocol_factory(server)
+        if self._fast is None:
+            factory = self._guard.protocol_factory(server)
+        else:
+            factory = self._guard.fast_factory(server, self._fast, self._fast_serving)
         host, port, sock = self._where
         listening = [sock] if sock is not None else bind(host, port or 0, backlog=self._queue)
         if self._tls is not None:  # TLS: accepted by tls_or_plain, bounded before the guard
@@ -399,4 +448,6 @@ class GuardedSite(web.BaseSite):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        for protocol in list(self._fast_serving):  # aiohttp's runner knows only its own
+            protocol.close()
         await super().stop()

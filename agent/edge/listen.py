@@ -21,6 +21,7 @@ import ssl
 from aiohttp import web
 
 from agent.edge.connections import ConnectionGuard, GuardedSite
+from agent.edge.fast_gets import FastGets
 from agent.edge.tls_or_plain import bind as bind_socket
 from agent.errors import StartupError
 
@@ -71,10 +72,12 @@ async def serve(
     guard: ConnectionGuard | None = None,
     ssl_context: ssl.SSLContext | None = None,
     plain_loopback: bool = False,
+    fast: FastGets | None = None,
 ) -> list[tuple[str, int]]:
     """Serve ``runner`` on ``sockets`` (``bind``'s), over TLS when ``ssl_context`` is given
     (and, with ``plain_loopback``, plain HTTP too for connections to a loopback address);
-    ``guard`` sees (and limits) the connections of all of them together. TLS needs a
+    ``guard`` sees (and limits) the connections of all of them together, and answers
+    ``fast``'s GETs itself (``agent.edge.fast_gets``). TLS needs a
     ``guard``: its sites accept through ``agent.edge.tls_or_plain``, which hands each
     connection the newest context (reloads reach new connections, and end the resumption of
     older sessions). Returns the (host, port) of every socket served."""
@@ -95,7 +98,12 @@ async def serve(
             site = web.SockSite(runner, sock)
         else:
             site = GuardedSite(
-                runner, guard, sock=sock, ssl_context=ssl_context, plain_loopback=plain_loopback
+                runner,
+                guard,
+                sock=sock,
+                ssl_context=ssl_context,
+                plain_loopback=plain_loopback,
+                fast=fast,
             )
         await site.start()
     return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in sockets]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import AbstractResource
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -133,7 +134,11 @@ class AgentMetrics:
     def count(self, request: web.Request, status: int) -> None:
         """Count ``request``, answered ``status``, by route template and status code (given
         to the REST API's connection guard as its ``on_answer``)."""
-        resource = request.match_info.route.resource
+        self.count_resource(request.match_info.route.resource, status)
+
+    def count_resource(self, resource: AbstractResource | None, status: int) -> None:
+        """Count one request of the route ``resource``, answered ``status`` (the REST API's
+        fast path, agent.edge.fast_gets, counts its answers here)."""
         if (resource, status) in self.requests.by_resource:  # the hot path: seen before
             self.requests.by_resource[resource, status] += 1
             return

@@ -176,6 +176,19 @@ class StatusService:
 
     # -- status sweeps ---------------------------------------------------------------------
 
+    def shared(self) -> Sweep | None:
+        """The latest sweep, if a read now may share it (taken within the share window),
+        counted as a read; None when a read must take or join a sweep (``sweep``): none
+        recent, the sampler resting, or status unavailable."""
+        last = self._last
+        if last is None or self._unavailable is not None or self._resting:
+            return None
+        now = time.monotonic()
+        if now - last.taken_at >= self._shared_s:
+            return None
+        self._last_read = now
+        return last
+
     async def sweep(self, *, quiet: bool = False) -> Sweep:
         """The current status; joins the sweep in flight if there is one.
 
