@@ -598,13 +598,13 @@ def test_pass_through_imports_nothing_heavy() -> None:
         "        pass\n"
         "heavy = ('aiohttp', 'paramiko', 'pynvml', 'click', 'asyncio', 'json', 'dataclasses',"
         " 'controller.wrapper.gpu_args', 'controller.wrapper.engine_cdi',"
-        " 'controller.transport.client', 'subprocess')\n"
+        " 'controller.transport.client', 'subprocess', 'enum', 're', 'socket')\n"
         "new = set(sys.modules) - before\n"
         "sys.stderr.write(repr(sorted(m for m in new if m.split('.')[0] in heavy or m in heavy)))"
         "\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
+    done = subprocess.run(  # -S: nothing imported before (site may import enum and re)
+        [sys.executable, "-S", "-c", probe],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
