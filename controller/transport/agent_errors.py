@@ -8,9 +8,9 @@ This module imports no HTTP library.
 
 from __future__ import annotations
 
-import json
-import socket
+import _socket  # socket's C module, whose gaierror socket.gaierror is (no enum to import)
 
+from controller import json_codec
 from controller.errors import Failure, NodeError
 
 TYPE_CHECKING = False
@@ -120,7 +120,7 @@ def http_error(
 def decode_json(node: str, path: str, body: bytes) -> Any:
     """The body of a 200 answer to ``GET path``, decoded; ``NodeError`` when it is not JSON."""
     try:
-        return json.loads(body)
+        return json_codec.loads(body)
     except ValueError:
         raise NodeError(
             node,
@@ -140,7 +140,7 @@ def node_label(endpoint: Endpoint) -> str:
 
 def connect_failure(error: BaseException) -> Failure:
     """The kind of a failed TCP connect (the OS error behind it)."""
-    if isinstance(error, socket.gaierror):
+    if isinstance(error, _socket.gaierror):
         return Failure.UNKNOWN_HOST
     if isinstance(error, ConnectionRefusedError):
         return Failure.REFUSED

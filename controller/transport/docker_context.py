@@ -22,8 +22,7 @@ naming it, as docker refuses it too.
 
 from __future__ import annotations
 
-import json
-
+from controller import json_codec
 from controller.errors import EndpointError
 
 TYPE_CHECKING = False  # pathlib, hashlib: imported when a file is read, not for DOCKER_HOST
@@ -47,7 +46,7 @@ def current_context(options: Options) -> str | None:
     path = _joined(options.docker_config_dir, "config.json")  # the local run reads it
     try:
         with open(path, encoding="utf-8") as file:
-            data = json.loads(file.read())
+            data = json_codec.loads(file.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
@@ -75,7 +74,7 @@ def context_host(name: str, options: Options) -> str | None:
     digest = hashlib.sha256(name.encode()).hexdigest()
     path = config_dir(options) / "contexts" / "meta" / digest / "meta.json"
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json_codec.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EndpointError(
             f"docker context {name!r} does not exist (in {config_dir(options)}); "

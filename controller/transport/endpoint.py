@@ -46,8 +46,6 @@ port (1.0 read ``host:N:`` as an SSH port and ignored it).
 
 from __future__ import annotations
 
-import re
-
 from controller.errors import EndpointError
 from controller.record import field, record
 
@@ -66,10 +64,14 @@ DEFAULT_SSH_PORT = 22
 DEFAULT_HTTP_PORT = 3476
 
 _SCHEMES: dict[str, Transport] = {"tcp": "http", "http": "http", "https": "http", "ssh": "ssh"}
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
-_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-_PORT = re.compile(r"^[0-9]{1,5}$")
+# What may be written where, checked without re (the wrapper's run path imports no re:
+# docs/nvidia-docker.md, "Speed"): a scheme ([A-Za-z][A-Za-z0-9+.-]*), a user
+# ([A-Za-z0-9._][A-Za-z0-9._-]*, an optional final $), a host name ([A-Za-z0-9_.-]+), a
+# port (one to five digits).
+_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_DIGITS = frozenset("0123456789")
+_SCHEME_CHARACTERS = _LETTERS | _DIGITS | frozenset("+.-")
+_NAME_CHARACTERS = _LETTERS | _DIGITS | frozenset("_.-")
 
 SYNTAX_HINT = (
     "use [ssh://|http://|https://|tcp://][user@][host][:ssh_port][:http_port], "
@@ -221,9 +223,9 @@ def parse_endpoint(
         return EndpointError(f"invalid remote host URI {value!r}{where}: {why}; {SYNTAX_HINT}")
 
     text = value.strip()
-    match = _SCHEME.match(text)
-    if match:
-        scheme, rest = match.group(1).lower(), match.group(2)
+    named, separator, after = text.partition("://")
+    if separator and _is_scheme(named):
+        scheme, rest = named.lower(), after
     else:
         scheme, rest = "tcp", text
     if scheme == "unix":
@@ -235,7 +237,7 @@ def parse_endpoint(
         raise invalid("a path is not allowed after the host")
 
     login, at, address = rest.rpartition("@")
-    if at and not _USER.match(login):
+    if at and not _is_user(login):
         raise invalid(f"bad user name {login!r}")
     if at and transport != "ssh":
         raise invalid("a user name only makes sense with ssh://")
@@ -274,6 +276,23 @@ def parse_endpoint(
     )
 
 
+def _is_scheme(text: str) -> bool:
+    return text[:1] in _LETTERS and set(text) <= _SCHEME_CHARACTERS
+
+
+def _is_user(text: str) -> bool:
+    name = text.removesuffix("$")
+    return _is_name(name) and name[0] != "-"
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and set(text) <= _NAME_CHARACTERS
+
+
+def _is_port(text: str) -> bool:
+    return 0 < len(text) <= 5 and set(text) <= _DIGITS
+
+
 def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
     """``host[:a][:b]`` -> (host, ["a", "b"]); brackets removed from an IPv6 host."""
     if address.startswith("["):
@@ -290,7 +309,7 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
         if address.count(":") >= 2 and (_is_ipv6(address) or _is_ipv6(address.rstrip(":"))):
             raise invalid("write an IPv6 address in brackets, e.g. [fd00::1]:")
         host, sep, tail = address.partition(":")
-        if host and not _NAME.match(host):
+        if host and not _is_name(host):
             raise invalid(f"bad host {host!r}")
         ports = tail.split(":") if sep else []
     if len(ports) > 2:
@@ -311,7 +330,7 @@ def _is_ipv6(text: str) -> bool:
 def _port(field: str, invalid: _Invalid) -> int | None:
     if field == "":
         return None
-    if not _PORT.match(field) or not 0 < int(field) < 65536:
+    if not _is_port(field) or not 0 < int(field) < 65536:
         raise invalid(f"bad port {field!r} (1 to 65535)")
     return int(field)
 

@@ -24,14 +24,19 @@ failure is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.
 ``unix_get(path, target, timeout_s)`` makes one ``GET`` of an HTTP server on a unix socket
 with the same code (the wrapper's questions to the local container engine:
 ``controller.wrapper.engine_api``): the status and body, or None when no whole answer came.
+
+The socket is ``_socket``'s, the C module under ``socket``, whose Python layer imports
+``enum`` and ``selectors`` (3 to 6 ms) for what this client does not use (address families
+as enums, ``sendfile``); ``_create_connection`` is ``socket.create_connection``. JSON is
+``controller.json_codec``'s (``json`` imports ``re``).
 """
 
 from __future__ import annotations
 
-import json
-import socket
+import _socket  # socket's C module: socket.py imports enum and selectors (see below)
 import time
 
+from controller import json_codec
 from controller.errors import NodeError
 from controller.transport.agent_errors import (
     connect_error,
@@ -137,7 +142,7 @@ class _Connection:
         self.port = port
         self.timeout = DEFAULT_TIMEOUT_S
         self.deadline = float("inf")
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self._buffer = bytearray()
         # The Host header as http.client writes it: IPv6 in brackets, no port when it is 80
         host_text = f"[{host}]" if ":" in host else host
@@ -146,8 +151,8 @@ class _Connection:
     def connect(self) -> None:
         # An ASCII name as bytes: getaddrinfo then does not import the idna codec for it
         name: str | bytes = self.host.encode() if self.host.isascii() else self.host
-        sock = socket.create_connection((name, self.port), self.timeout)  # type: ignore[arg-type]
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = _create_connection(name, self.port, self.timeout)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         self.sock = sock
         self._buffer.clear()
 
@@ -157,7 +162,7 @@ class _Connection:
         if sock is not None:
             sock.close()
 
-    def _left(self, sock: socket.socket) -> None:
+    def _left(self, sock: _socket.socket) -> None:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
@@ -317,6 +322,28 @@ class _Connection:
         return b"".join(parts)
 
 
+def _create_connection(host: str | bytes, port: int, timeout: float) -> _socket.socket:
+    """``socket.create_connection((host, port), timeout)``: each address of the name in
+    turn, the last one's error when none connects."""
+    error: OSError | None = None
+    for family, kind, protocol, _name, address in _socket.getaddrinfo(
+        host, port, 0, _socket.SOCK_STREAM
+    ):
+        sock = _socket.socket(family, kind, protocol)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error if error is not None else OSError("getaddrinfo returns an empty list")
+
+
 class _TooBig(Exception):
     """The body is over ``MAX_BODY_BYTES``."""
 
@@ -330,7 +357,7 @@ class _UnixConnection(_Connection):
         self.path = path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self.path)
@@ -425,7 +452,7 @@ class PlainAgentClient:
         headers = {"Accept": "*/*"}
         body = None
         if payload is not None:
-            body = json.dumps(payload).encode()
+            body = json_codec.dumps(payload).encode()
             headers["Content-Type"] = "application/json"
         try:
             if connection.sock is None:

@@ -20,7 +20,6 @@ the wrapper's plain-HTTP run, which takes ``TlsOptions`` from here, never import
 
 from __future__ import annotations
 
-import functools
 import os
 
 from controller.errors import Failure, UsageError
@@ -29,6 +28,10 @@ from controller.record import record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl
+    from typing import TypeVar
+
+    K = TypeVar("K")
+    V = TypeVar("V")
 
     from controller.options import Options
 
@@ -87,10 +90,27 @@ NO_TLS_OPTIONS = TlsOptions()
 def client_context(options: TlsOptions) -> ssl.SSLContext:
     """The context for ``options`` (made once per CA, certificate and key); raises
     ``TlsFileError`` when a file cannot be used."""
-    return _context(options.ca, options.cert, options.key)
+    key = (options.ca, options.cert, options.key)
+    context = _CONTEXTS.get(key)
+    if context is None:
+        context = _remember(_CONTEXTS, 64, key, _context(*key))
+    return context
 
 
-@functools.lru_cache(maxsize=64)
+_CONTEXTS: dict[tuple[str | None, str | None, str | None], ssl.SSLContext] = {}
+_TOKENS: dict[str, str] = {}
+
+
+def _remember(cache: dict[K, V], limit: int, key: K, value: V) -> V:
+    """``value`` kept in ``cache`` under ``key``, the oldest entry dropped past ``limit`` (a
+    bounded cache as functools.lru_cache keeps one, without importing functools: the
+    wrapper's run path imports this module, docs/nvidia-docker.md, "Speed")."""
+    if len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
+
+
 def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
     import ssl  # noqa: PLC0415 (HTTPS only: see the module docstring)
 
@@ -121,10 +141,12 @@ def bearer_token(options: TlsOptions) -> str | None:
     """The token to send, or None; raises ``TlsFileError`` for a file without one."""
     if options.token_file is None:
         return None
-    return _read_token(options.token_file)
+    token = _TOKENS.get(options.token_file)
+    if token is None:
+        token = _remember(_TOKENS, 16, options.token_file, _read_token(options.token_file))
+    return token
 
 
-@functools.lru_cache(maxsize=16)
 def _read_token(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:

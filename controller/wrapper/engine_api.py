@@ -28,9 +28,9 @@ wrapper ask the docker CLI after all, so every error is still said in the CLI's 
 
 from __future__ import annotations
 
-import json
 import os
 
+from controller import json_codec
 from controller.transport.plain_http import unix_get
 
 TYPE_CHECKING = False
@@ -90,7 +90,7 @@ def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:
         return None
     status, body = answer
     try:
-        return status, json.loads(body)
+        return status, json_codec.loads(body)
     except ValueError:
         return None
 

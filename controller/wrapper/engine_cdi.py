@@ -17,9 +17,9 @@ failure to ask means "no": the volume form works with every engine.
 
 from __future__ import annotations
 
-import json
 import time
 
+from controller import json_codec
 from controller.record import record
 from controller.wrapper import docker_cli
 
@@ -61,7 +61,7 @@ def _ask(
 
 def _json(text: str | None) -> object:
     try:
-        return json.loads(text or "null")
+        return json_codec.loads(text or "null")
     except ValueError:
         return None
 

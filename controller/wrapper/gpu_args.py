@@ -49,10 +49,10 @@ classes are ``controller.record``'s), ``subprocess`` (the docker CLI runs throug
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
+from controller import json_codec
 from controller.errors import DockerError, GpuError, NodeError
 from controller.logs import configure_pending
 from controller.record import record, replace
@@ -187,7 +187,7 @@ def _inspect(options: Options, command: DockerCommand, image: str) -> docker_cli
 
 
 def _labels(printed: str) -> dict[str, str]:
-    labels = json.loads(printed or "null")
+    labels = json_codec.loads(printed or "null")
     return {str(k): str(v) for k, v in (labels or {}).items()}
 
 

@@ -29,10 +29,10 @@ pending time; one the wrapper cannot use (its own later step fails) it gives bac
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
+from controller import json_codec
 from controller.errors import Failure, GpuError, NodeError
 from controller.options import AutoGpus, Options
 from controller.record import record
@@ -112,12 +112,14 @@ def parse_gpus_flag(value: str) -> GpusFlag:
     ``device=``; ``capabilities=`` and ``options=`` are taken and need nothing here (the
     leased GPUs come with the whole driver volume or the CDI spec's files). Unlike docker,
     ``device=0,1`` without the inner quotes also means devices 0 and 1 (docker refuses it)."""
-    import csv  # noqa: PLC0415 (--gpus only)
+    # csv's C module: its reader with csv.reader's default dialect (excel), without csv.py,
+    # which imports re (docs/nvidia-docker.md, "Speed")
+    import _csv  # noqa: PLC0415 (--gpus only)
 
     shown = f"--gpus {value!r}"
     try:
-        fields = next(csv.reader([value]), [])
-    except csv.Error as err:
+        fields = next(_csv.reader([value]), [])
+    except _csv.Error as err:
         raise GpuError(f"{shown} cannot be read: {err}") from None
     if not any(raw.strip() for raw in fields):
         raise GpuError(f"{shown} asks for nothing: docker's --gpus takes {_GPUS_KEYS}")
@@ -304,7 +306,7 @@ def _unit_name(device: dict[str, Any]) -> str:
 def _said(body: bytes) -> tuple[str, dict[str, Any]]:
     """The agent's one line (``Error`` of a JSON body, else the first line) and the body."""
     try:
-        decoded = json.loads(body)
+        decoded = json_codec.loads(body)
     except ValueError:
         decoded = None
     if isinstance(decoded, dict) and isinstance(decoded.get("Error"), str):
@@ -366,7 +368,7 @@ def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool 
             note.cancel()
     if status == 201:
         try:
-            decoded = json.loads(body)
+            decoded = json_codec.loads(body)
         except ValueError:
             decoded = None
         return _grant(agent.node, decoded, ask)

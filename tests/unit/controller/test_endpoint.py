@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from controller.errors import EndpointError
 from controller.options import Options
+from controller.transport import endpoint as endpoint_module
 from controller.transport.endpoint import LOCAL, Endpoint, parse_endpoint, resolve
 
 
@@ -249,3 +251,28 @@ def test_an_engine_that_ignores_docker_host_gets_no_warning() -> None:
     assert resolve(options)[1] is not None
     endpoint, warning = resolve(options, docker_reads_docker_host=False)
     assert (endpoint.host, warning) == ("10.0.0.1", None)
+
+
+def test_the_character_checks_are_the_grammar_s_regular_expressions() -> None:
+    """parse_endpoint checks characters without re (docs/nvidia-docker.md, "Speed"): each
+    check accepts exactly what its regular expression accepted (up to re's $, which also
+    matched before a final newline: that newline is refused now)."""
+    import re  # noqa: PLC0415
+
+    checks = [
+        (endpoint_module._is_scheme, r"[A-Za-z][A-Za-z0-9+.-]*"),
+        (endpoint_module._is_user, r"[A-Za-z0-9._][A-Za-z0-9._-]*\$?"),
+        (endpoint_module._is_name, r"[A-Za-z0-9_.-]+"),
+        (endpoint_module._is_port, r"[0-9]{1,5}"),
+    ]
+    alphabet = "aZ09-_.+$:/@ é٣\t"
+    picker = random.Random(11)
+    samples = ["", "a", "$", "a$", "a$$", "-a", "123456", "12345", "٣", "http", "h+t.t-p", "9x"]
+    samples += ["".join(picker.choice(alphabet) for _ in range(picker.randrange(8)))
+                for _ in range(5000)]  # fmt: skip
+    for check, pattern in checks:
+        for text in samples:
+            assert check(text) is bool(re.fullmatch(pattern, text)), (pattern, text)
+    assert parse("http://node-1.example:80").host == "node-1.example"
+    with pytest.raises(EndpointError, match="bad host"):
+        parse("http://node\n:80")
