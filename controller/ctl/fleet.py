@@ -23,6 +23,7 @@ was asked); 3 no node's agent could be reached; 4 internal error; 130 interrupte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -327,23 +328,40 @@ def ask_each(
     progress: Progress | None,
 ) -> None:
     """Ask every node (``options.parallel`` at once, each within ``options.timeout_s``),
-    ``on_result`` for each answer; the progress line closed at the end, whatever happens."""
-    from controller.fleet.query import ask_fleet  # noqa: PLC0415
+    ``on_result`` for each answer; the progress line closed at the end, whatever happens.
 
+    A fleet of HTTP(S) nodes is asked from one worker process per CPU
+    (``controller.fleet.workers``: TLS handshakes are CPU work), the output made here."""
+    from controller.fleet.query import ask_fleet  # noqa: PLC0415
+    from controller.fleet.workers import WorkerPool, workers_for  # noqa: PLC0415
+
+    admit = None if window is None else window.admit
+    pool = None
     try:
-        asyncio.run(
-            ask_fleet(
-                asked,
-                query,
-                on_result,
-                parallel=options.parallel,
-                timeout_s=options.timeout_s,
-                ssh=ssh,
-                tls=tls,
-                admit=None if window is None else window.admit,
+        workers = workers_for(asked)
+        if workers:
+            with contextlib.suppress(OSError):  # no fork (no memory, no process left): here
+                pool = WorkerPool.start(
+                    asked, query, timeout_s=options.timeout_s, workers=workers, tls=tls, ssh=ssh
+                )
+        if pool is not None:
+            asyncio.run(pool.ask(on_result, parallel=options.parallel, admit=admit))
+        else:
+            asyncio.run(
+                ask_fleet(
+                    asked,
+                    query,
+                    on_result,
+                    parallel=options.parallel,
+                    timeout_s=options.timeout_s,
+                    ssh=ssh,
+                    tls=tls,
+                    admit=admit,
+                )
             )
-        )
     finally:
+        if pool is not None:
+            pool.stop()
         if progress is not None:
             progress.close()
 

@@ -15,7 +15,9 @@
   (``controller.transport.ssh_tunnel``, logins bounded in number), and the node's requests
   go through it.
 - ``ask_fleet`` hands each result on as it comes and keeps none (the streaming output);
-  ``query_fleet`` keeps them all, in order, for callers that want the list.
+  ``query_fleet`` keeps them all, in order, for callers that want the list. ``ask_node``
+  asks one node; ``controller.fleet.workers`` runs it in worker processes for a large fleet
+  (TLS handshakes are CPU work: one process per CPU).
 - A node never raises: its ``NodeResult`` carries the answers, or ``error`` (one line, what
   failed and what to try) and ``reason`` (a few words for the table: ``connection refused``,
   ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...);
@@ -173,31 +175,41 @@ async def ask_fleet(
     (an ordered printer holds the query back so that what waits for it stays bounded).
     """
     raise_fd_limit()
-    base_tls = NO_TLS_OPTIONS if tls is None else tls
-    base_ssh: SshOptions | None = None
-    if any(node.endpoint.transport == "ssh" for node in nodes):
-        if ssh is None:
-            raise ValueError("ssh:// nodes need SshOptions (SshOptions.from_options)")
-        base_ssh = replace(ssh, timeout_s=timeout_s, allow_password_prompt=False)
+    base_ssh, base_tls = base_transports(nodes, timeout_s, ssh, tls)
     todo: Iterator[tuple[int, FleetNode]] = iter(enumerate(nodes))
 
     async def worker() -> None:
         for index, node in todo:
             if admit is not None:
                 await admit(index)
-            on_result(index, await _ask_node(node, query, timeout_s, base_ssh, base_tls))
+            on_result(index, await ask_node(node, query, timeout_s, base_ssh, base_tls))
 
     workers = max(1, min(parallel, len(nodes)))
     await asyncio.gather(*(worker() for _ in range(workers)))
 
 
-async def _ask_node(
+def base_transports(
+    nodes: Sequence[FleetNode], timeout_s: float, ssh: SshOptions | None, tls: TlsOptions | None
+) -> tuple[SshOptions | None, TlsOptions]:
+    """The SSH settings every SSH node starts from (the query's timeout, never a password
+    prompt; None without SSH nodes) and the TLS settings every node starts from."""
+    base_ssh: SshOptions | None = None
+    if any(node.endpoint.transport == "ssh" for node in nodes):
+        if ssh is None:
+            raise ValueError("ssh:// nodes need SshOptions (SshOptions.from_options)")
+        base_ssh = replace(ssh, timeout_s=timeout_s, allow_password_prompt=False)
+    return base_ssh, NO_TLS_OPTIONS if tls is None else tls
+
+
+async def ask_node(
     node: FleetNode,
     query: Query,
     timeout_s: float,
     base_ssh: SshOptions | None,
     base_tls: TlsOptions,
 ) -> NodeResult:
+    """Ask one node (``base_transports``' settings, the node's own TLS settings winning);
+    never raises but for cancellation: what failed is in the result."""
     started = time.monotonic()
     answers: dict[str, Any] = {}
     step = "connecting"

@@ -13,11 +13,15 @@ import asyncio
 import json
 import os
 import pty
+import re
+import signal
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,9 @@ import pytest
 from aiohttp import web
 
 from tests.support.agent_farm import AgentFarm, start_farm
+from tests.support.certs import make_pki
 from tests.support.prerequisites import require_root
+from tests.support.services import wait_until
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 from tests.unit.controller.ctl_lines import error_of
 
@@ -466,3 +472,269 @@ def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
     )
     assert b"/12 nodes" not in piped.stderr
     assert b"\r" not in piped.stderr + piped.stdout
+
+
+# --- worker processes: the same answers, the same output ----------------------------------
+
+SPREAD_NODES = 40  # above controller.fleet.workers.MIN_NODES: a fleet the ctl spreads
+
+# The ctl as an operator runs it, but for two things a test must decide: how many CPUs it
+# sees (NVD_TEST_CPUS: 1 asks every node in its own process, as before workers; 2 spreads
+# the nodes over two worker processes on any machine), and a count of the worker processes
+# it forked, written at exit to NVD_TEST_FORKS (so that a test of the workers knows that
+# they did the asking).
+_LAUNCHER = """
+import atexit, os, runpy, sys
+import controller.fleet.workers as workers
+cpus = int(os.environ["NVD_TEST_CPUS"])
+workers.usable_cpus = lambda: cpus
+forked = []
+real_fork = os.fork
+def fork():
+    pid = real_fork()
+    if pid:
+        forked.append(pid)
+    return pid
+os.fork = fork
+def count():
+    with open(os.environ["NVD_TEST_FORKS"], "w") as out:
+        out.write(str(len(forked)))
+atexit.register(count)
+sys.argv = ["nvidia-docker-ctl", *sys.argv[1:]]
+runpy.run_module("controller.ctl.main", run_name="__main__")
+"""
+
+
+@dataclass(frozen=True)
+class TlsFarm:
+    farm: AgentFarm
+    ca: Path
+
+
+@pytest.fixture(scope="module")
+def tls_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsFarm]:
+    """SPREAD_NODES agents over TLS with the lease routes, h200 and hgx-h200-8 in turn, one
+    lease of one GPU on each node; the last three are stopped."""
+    pki = make_pki(tmp_path_factory.mktemp("spread-pki"))
+    farm = start_farm(SPREAD_NODES, KINDS, leases=True, tls=(pki.pem("server"), pki.key("server")))
+    try:
+        context = ssl.create_default_context(cafile=pki.pem("ca"))
+        ask = urllib.request.Request(
+            f"https://127.0.0.1:{farm.ports[0]}/leases",
+            data=b'{"count": 1, "owner": {"user": "test"}}',
+            method="POST",
+        )  # the nodes of one kind share one lease table: each h200 node has this lease
+        with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
+            assert answer.status == 201
+        farm.stop_nodes(farm.ports[-3:])
+        yield TlsFarm(farm, pki.pem("ca"))
+    finally:
+        farm.stop()
+
+
+def spread_nodes(tls_farm: TlsFarm, impostors: dict[str, int]) -> list[str]:
+    """The TLS farm's nodes, and nodes that fail each in its own way: stopped agents,
+    plain-HTTP servers asked over TLS, a silent one (a timeout), a name that does not
+    resolve, and one agent asked over plain HTTP (it serves TLS only)."""
+    nodes = [f"https://127.0.0.1:{port}" for port in tls_farm.farm.ports]
+    nodes += [f"https://127.0.0.1:{port}" for port in impostors.values()]
+    nodes += ["https://no-such-node.invalid:3476", http_node(tls_farm.farm.ports[1])]
+    return nodes
+
+
+async def launched_ctl(
+    cpus: int, *args: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[int, str, str, int]:
+    """The ctl seeing ``cpus`` CPUs: exit code, stdout, stderr, worker processes forked."""
+    forks = tmp_path / f"forks-{cpus}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _LAUNCHER, *args,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=REPO,
+        env={**(env or ctl_env()), "NVD_TEST_CPUS": str(cpus), "NVD_TEST_FORKS": str(forks)},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode(), int(forks.read_text())
+
+
+def _no_elapsed(text: str) -> str:
+    """The output without what differs from run to run: the seconds each node took."""
+    return re.sub(r'"elapsed_s": ?[0-9.]+', '"elapsed_s": 0', text)
+
+
+@pytest.mark.parametrize(
+    ("args", "ordered"),
+    [
+        (("status",), True),
+        (("status", "--json"), True),
+        (("info", "--jsonl"), False),
+        (("health",), True),
+        (("leases",), True),
+        (("leases", "--json"), True),
+        (("free", "--gpus", "2"), False),
+        (("free", "--gpus", "2", "--json"), True),
+        (("docker-cli", "--dev", "0"), True),
+    ],
+)
+async def test_workers_print_what_one_process_prints(
+    tls_farm: TlsFarm,
+    impostors: dict[str, int],
+    tmp_path: Path,
+    args: tuple[str, ...],
+    ordered: bool,
+) -> None:
+    """Every output, exit code and per-node error kind as without workers: the nodes asked
+    by two worker processes, and by the ctl's own process (one CPU), on the same fleet."""
+    nodes_file = tmp_path / "nodes"
+    nodes_file.write_text("\n".join(spread_nodes(tls_farm, impostors)) + "\n")
+    command = (*args, "--timeout", "2", "--ca", str(tls_farm.ca), "--nodes", str(nodes_file))
+    alone = await launched_ctl(1, *command, tmp_path=tmp_path)
+    spread = await launched_ctl(2, *command, tmp_path=tmp_path)
+
+    assert (alone[3], spread[3]) == (0, 2)  # one process, then two workers
+    assert alone[0] == spread[0], (alone[2][-2000:], spread[2][-2000:])
+    assert alone[0] in (0, 1), alone[2][-2000:]
+    assert "Traceback" not in alone[2] + spread[2]
+    if ordered:  # rows in the nodes' order; messages too
+        assert _no_elapsed(spread[1]) == _no_elapsed(alone[1])
+        assert spread[2] == alone[2]
+    else:  # --jsonl and free's messages: in the order the nodes finish
+        assert sorted(_no_elapsed(spread[1]).splitlines()) == sorted(
+            _no_elapsed(alone[1]).splitlines()
+        )
+        assert sorted(spread[2].splitlines()) == sorted(alone[2].splitlines())
+    # each way a node fails is there, as before: a worker's node keeps its kind
+    if args == ("info", "--jsonl"):
+        reasons = {json.loads(line)["reason"] for line in spread[1].splitlines()}
+        assert reasons == {
+            None,
+            "connection refused",
+            "TLS error",
+            "timeout",
+            "unknown host",
+            "disconnected",
+        }
+
+
+def test_workers_draw_the_progress_line(tls_farm: TlsFarm, tmp_path: Path) -> None:
+    nodes = [f"https://127.0.0.1:{port}" for port in tls_farm.farm.ports]
+    forks = tmp_path / "forks"
+    env = {**ctl_env(), "NVD_TEST_CPUS": "2", "NVD_TEST_FORKS": str(forks)}
+    command = [sys.executable, "-c", _LAUNCHER, "info", "--ca", str(tls_farm.ca), *nodes]
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.run(
+            command, check=False, stdout=subprocess.PIPE, stderr=child, cwd=REPO, env=env,
+            timeout=60,
+        )  # fmt: skip
+        os.close(child)
+        child = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(main)
+        if child >= 0:
+            os.close(child)
+    assert forks.read_text() == "2"
+    assert proc.returncode == 1
+    assert f"{SPREAD_NODES}/{SPREAD_NODES} nodes  3 failed".encode() in seen
+    assert len(proc.stdout.splitlines()) == 1 + (SPREAD_NODES - 3) // 2 * 9 + 1 + 3
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(word) for word in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended: no longer in /proc, or a zombie nobody waited for yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+@pytest.fixture
+def silent_nodes() -> Iterator[list[str]]:
+    """SPREAD_NODES ports that accept connections (the kernel does) and never answer."""
+    socks = []
+    try:
+        for _ in range(SPREAD_NODES):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(64)
+            socks.append(sock)
+        yield [http_node(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _start_waiting_ctl(
+    nodes: list[str], tmp_path: Path
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """The ctl asking nodes that never answer (a 60 s timeout), once its two workers run."""
+    nodes_file = tmp_path / "nodes"
+    nodes_file.write_text("\n".join(nodes) + "\n")
+    env = {**ctl_env(), "NVD_TEST_CPUS": "2", "NVD_TEST_FORKS": str(tmp_path / "forks")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, "status", "--timeout", "60", "--nodes", str(nodes_file)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env=env, start_new_session=True,  # its own process group, as a shell's job
+    )  # fmt: skip
+    wait_until(lambda: len(_children(proc.pid)) == 2, what="the ctl's workers", proc=proc)
+    return proc, _children(proc.pid)
+
+
+def test_ctrl_c_ends_the_workers(silent_nodes: list[str], tmp_path: Path) -> None:
+    """Ctrl-C on a terminal reaches the whole job: the ctl exits 130 at once (not after the
+    60 s timeout) and leaves no worker behind, running or unreaped."""
+    proc, workers = _start_waiting_ctl(silent_nodes, tmp_path)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "Traceback" not in err.decode()
+    for pid in workers:  # the ctl waited for them before it exited
+        assert not Path(f"/proc/{pid}").exists()
+
+
+def test_workers_end_with_a_killed_ctl(silent_nodes: list[str], tmp_path: Path) -> None:
+    """The ctl killed outright cannot stop its workers: each ends by itself, its socket to
+    the ctl closed."""
+    proc, workers = _start_waiting_ctl(silent_nodes, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_until(lambda: all(_gone(pid) for pid in workers), what="the workers to end", timeout_s=30)
+
+
+def test_a_worker_that_dies_fails_the_query_with_its_reason(
+    silent_nodes: list[str], tmp_path: Path
+) -> None:
+    """A worker killed (a bug, the OOM killer) is no node failure to report as the agent's:
+    the query fails as an internal error naming the worker, and the other one ends too."""
+    proc, workers = _start_waiting_ctl(silent_nodes, tmp_path)
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = err.decode()
+    assert proc.returncode == 4, text[-2000:]
+    assert f"fleet worker 0 (pid {workers[0]}) was killed by signal 9 before answering" in text
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists()
