@@ -31,7 +31,7 @@ MIB_PER_GIB = 1024
 
 def _get(value: Any, *keys: str) -> Any:
     for key in keys:
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):  # JSON: a dict
             return None
         value = value.get(key)
     return value

@@ -52,7 +52,7 @@ from controller.fleet.output import (
     status_rows,
 )
 from controller.fleet.query import FleetNode, NodeResult, Query
-from controller.fleet.table import Column, Row, Span, fit_widths, render_row
+from controller.fleet.table import Column, Row, Span, fit_widths, render_row, row_format
 
 TABLE_LOOKAHEAD = 256  # nodes whose rows decide the table's column widths
 FLUSH_INTERVAL_S = 0.05  # a reader sees new lines this soon; no write system call per node
@@ -305,6 +305,7 @@ class TableSink:
         self._held: list[Row] = []  # rows of the first nodes, until the widths are known
         self._held_nodes = 0
         self._widths: list[int] | None = None
+        self._format = ""  # table.row_format once the widths are known, when nothing is cut
         self._flush = _Flusher(out)
 
     def add(self, result: NodeResult) -> None:
@@ -321,14 +322,21 @@ class TableSink:
     def _start(self) -> None:
         sizing: list[Row] = [*self._held, Span((self._longest_name,), "")]
         self._widths = fit_widths(self.columns, sizing, self.width)
+        if self.width is None:  # nothing cut: a plain row is one format call
+            self._format = row_format(self.columns, self._widths)
         header = tuple(c.header for c in self.columns)
         self._write([header, *self._held])
         self._held = []
 
     def _write(self, rows: list[Row]) -> None:
-        assert self._widths is not None
+        widths = self._widths
+        assert widths is not None
+        plain, count = self._format, len(self.columns)
         lines = [
-            render_row(self.columns, row, self._widths, self.width, self.ellipsis) for row in rows
+            plain.format(*row).rstrip()
+            if plain and not isinstance(row, Span) and len(row) == count
+            else render_row(self.columns, row, widths, self.width, self.ellipsis)
+            for row in rows
         ]
         self.out.write("".join(line + "\n" for line in lines))
         self._flush.maybe()

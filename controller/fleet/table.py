@@ -109,6 +109,16 @@ def render_row(
     return _line(columns, list(row), widths, cutting)
 
 
+def row_format(columns: Sequence[Column], widths: Sequence[int]) -> str:
+    """``{:<8}  {:>3}  ...``: what ``render_row`` makes of a row of plain cells when nothing
+    is cut (``width`` None), as one ``str.format`` (then ``rstrip``): a streamed table's rows
+    in one call each rather than one per cell."""
+    return GAP.join(
+        "{:" + (">" if column.right else "<") + str(size) + "}"
+        for column, size in zip(columns, widths, strict=True)
+    )
+
+
 def _line(
     columns: Sequence[Column], cells: list[str], widths: Sequence[int], ellipsis: str | None
 ) -> str:
