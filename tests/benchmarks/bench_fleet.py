@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.support.agent_farm import raise_fd_limit, start_farm
+from tests.benchmarks.proc_usage import machine_busy_seconds, usable_cpus
+from tests.support.agent_farm import AgentFarm, raise_fd_limit, start_farm
 from tests.support.certs import make_pki
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 
@@ -55,32 +56,45 @@ class Run:
     exit_code: int
     answered: int
     failed: int
+    ctl_cpu_s: float = 0.0  # the ctl process and its worker processes, user + system
+    farm_cpu_s: float = 0.0  # the agent farm's processes over the same window
+    machine_busy_s: float = 0.0  # every CPU of the machine, busy, over the same window
+    main_cpu_s: float = 0.0  # the ctl's own process (the output is made there)
+    workers_cpu_s: float = 0.0  # its worker processes (the nodes are asked there)
+    workers_rss_mib: float = 0.0  # the largest worker's peak RSS (pages shared with the ctl too)
 
 
 # The ctl under a launcher that writes its own peak RSS (VmHWM of /proc/self/status) at exit:
 # ru_maxrss of a child also counts what its parent had when it forked, and this benchmark's
-# process grows with the outputs it reads.
+# process grows with the outputs it reads. It writes its own CPU time too, and its worker
+# processes' (reaped by then): their CPU time and the largest one's peak RSS.
 _LAUNCHER = """
-import atexit, os, runpy, sys
+import atexit, os, resource, runpy, sys
 def _peak():
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmHWM:"):
+                own = resource.getrusage(resource.RUSAGE_SELF)
+                kids = resource.getrusage(resource.RUSAGE_CHILDREN)
                 with open(os.environ["NVD_BENCH_PEAK_FILE"], "w") as out:
-                    out.write(line.split()[1])
+                    out.write(f"{line.split()[1]} {own.ru_utime + own.ru_stime} "
+                              f"{kids.ru_utime + kids.ru_stime} {kids.ru_maxrss}")
 atexit.register(_peak)
 sys.argv = ["nvidia-docker-ctl", *sys.argv[1:]]
 runpy.run_module("controller.ctl.main", run_name="__main__")
 """
 
 
-def run_ctl(args: list[str], env: dict[str, str]) -> Run:
-    """One ``nvidia-docker-ctl`` process: wall time, its own peak RSS, its answer."""
+def run_ctl(args: list[str], env: dict[str, str], farm: AgentFarm | None = None) -> Run:
+    """One ``nvidia-docker-ctl`` process: wall time, its own peak RSS, its answer, and the
+    CPU seconds it (with the worker processes it waited for) and the ``farm`` used meanwhile."""
     with (
         tempfile.TemporaryFile() as out,
         tempfile.TemporaryFile() as err,
         tempfile.NamedTemporaryFile() as peak,
     ):
+        farm_before = farm.cpu_seconds() if farm is not None else 0.0
+        busy_before = machine_busy_seconds()
         started = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-c", _LAUNCHER, *args],
@@ -90,14 +104,23 @@ def run_ctl(args: list[str], env: dict[str, str]) -> Run:
             cwd=REPO,
             env={**env, "NVD_BENCH_PEAK_FILE": peak.name},
         )
-        proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)  # its rusage counts its waited-for children
         wall = time.perf_counter() - started
-        peak_kib = int(Path(peak.name).read_text() or 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        busy = machine_busy_seconds() - busy_before
+        farm_cpu = farm.cpu_seconds() - farm_before if farm is not None else 0.0
+        peak_kib, own_cpu, workers_cpu, workers_kib = (
+            float(word) for word in (Path(peak.name).read_text() or "0 0 0 0").split()
+        )
         err.seek(0)
         last = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
         out.seek(0)
         answered, failed = _count(out, last)
-    return Run(wall, peak_kib / 1024, proc.returncode, answered, failed)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Run(
+        wall, peak_kib / 1024, proc.returncode, answered, failed, cpu, farm_cpu, busy,
+        own_cpu, workers_cpu, workers_kib / 1024,
+    )  # fmt: skip
 
 
 def _count(out: IO[bytes], last_error_line: str) -> tuple[int, int]:
@@ -142,6 +165,20 @@ def report(label: str, runs: list[Run], nodes: int, target_s: float | None) -> N
     )
     if target_s is not None:
         line += f"  median/target {median / target_s:.2f}"
+    if any(r.ctl_cpu_s for r in runs):
+        ctl = statistics.median(r.ctl_cpu_s for r in runs)
+        farm = statistics.median(r.farm_cpu_s for r in runs)
+        busy = statistics.median(r.machine_busy_s for r in runs)
+        whole = statistics.median(r.wall_s for r in runs) * usable_cpus()
+        main = statistics.median(r.main_cpu_s for r in runs)
+        workers = statistics.median(r.workers_cpu_s for r in runs)
+        worker_rss = max(r.workers_rss_mib for r in runs)
+        line += (
+            f"\n{'':<34} CPU s (median): ctl {ctl:5.2f} (main {main:5.2f}, workers "
+            f"{workers:5.2f}, worker peak RSS {worker_rss:5.1f} MiB)  farm {farm:5.2f}  "
+            f"machine busy {busy:5.2f} of {whole:5.2f}  "
+            f"ctl per node {ctl / max(nodes, 1) * 1000:.3f} ms"
+        )
     print(line, flush=True)
 
 
@@ -155,11 +192,24 @@ def main() -> None:
         "--commands", default="status,leases", help="status, leases (and free), or both"
     )
     parser.add_argument("--tls", action="store_true", help="the leases runs over TLS")
+    parser.add_argument(
+        "--farm-processes",
+        type=int,
+        default=usable_cpus(),
+        help="agent-farm processes (default: the usable CPUs, as the agents' own machines)",
+    )
+    parser.add_argument(
+        "--farm-loop", default="auto", help="the farm's event loop: auto (the agent's), asyncio"
+    )
+    parser.add_argument(
+        "--only", default="", help="leases runs whose names start with these (comma separated)"
+    )
     args = parser.parse_args()
     commands = {c.strip() for c in args.commands.split(",")}
     raise_fd_limit(max(args.http_nodes, args.ssh_nodes) * 4 + 1024)
     print(
-        f"bench_fleet: {os.cpu_count()} CPUs, fd limit "
+        f"bench_fleet: {os.cpu_count()} CPUs, farm of {args.farm_processes} processes "
+        f"({args.farm_loop} loop), fd limit "
         f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, Python {sys.version.split()[0]}, "
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
         flush=True,
@@ -183,17 +233,27 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
     """``leases`` and ``free`` on nodes with the lease routes (over TLS with ``--tls``)."""
     pki = make_pki(work / "pki") if args.tls else None
     tls = (pki.pem("server"), pki.key("server")) if pki is not None else None
-    farm = start_farm(args.http_nodes, ("hgx-h200-8",), timeout_s=300, leases=True, tls=tls)
+    farm = start_farm(
+        args.http_nodes,
+        ("hgx-h200-8",),
+        timeout_s=300,
+        leases=True,
+        tls=tls,
+        processes=args.farm_processes,
+        event_loop=args.farm_loop,
+    )
     try:
         scheme = "https" if pki is not None else "http"
         context = ssl.create_default_context(cafile=pki.pem("ca")) if pki is not None else None
-        ask = urllib.request.Request(
-            f"{scheme}://127.0.0.1:{farm.ports[0]}/leases",
-            data=b'{"count": 3, "owner": {"user": "bench"}}',
-            method="POST",
-        )  # the nodes of one kind share one lease table: every node has this lease
-        with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
-            assert answer.status == 201
+        for port in farm.ports[: args.farm_processes]:
+            ask = urllib.request.Request(
+                f"{scheme}://127.0.0.1:{port}/leases",
+                data=b'{"count": 3, "owner": {"user": "bench"}}',
+                method="POST",
+            )  # the nodes of one kind in one farm process share one lease table: node k
+            # is in process k, and every node of that process has this lease
+            with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
+                assert answer.status == 201
         nodes = work / "lease-nodes"
         nodes.write_text("".join(f"{scheme}://127.0.0.1:{p}\n" for p in farm.ports))
         flags = ["--nodes", str(nodes)]
@@ -209,8 +269,11 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
             "free --gpus 2": (["free", "--gpus", "2", *flags], 0),
             "free --gpus 6 (none)": (["free", "--gpus", "6", *flags], 1),
         }
+        wanted = tuple(w.strip() for w in args.only.split(",") if w.strip())
         for name, (argv, expected) in runs.items():
-            done = [run_ctl(argv, env) for _ in range(args.runs)]
+            if wanted and not name.startswith(wanted):
+                continue
+            done = [run_ctl(argv, env, farm) for _ in range(args.runs)]
             report(f"{name}, {label}", done, count, HTTP_TARGET_S)
             bad = [r for r in done if r.exit_code != expected or r.failed]
             if bad:
@@ -221,7 +284,13 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
 
 def status_runs(args: argparse.Namespace, work: Path) -> None:
     """``status`` over HTTP and SSH (the original figures)."""
-    farm = start_farm(max(args.http_nodes, args.ssh_nodes), ("h200",), timeout_s=300)
+    farm = start_farm(
+        max(args.http_nodes, args.ssh_nodes),
+        ("h200",),
+        timeout_s=300,
+        processes=args.farm_processes,
+        event_loop=args.farm_loop,
+    )
     ssh_fleet: SshFleet | None = None
     try:
         env = ctl_env(work)
@@ -236,17 +305,21 @@ def status_runs(args: argparse.Namespace, work: Path) -> None:
         tenth = nodes_file("tenth-nodes", farm.ports[:tenth_count])
         startup = [run_ctl(["--help"], env) for _ in range(args.runs)]
         report("ctl start-up alone (--help)", startup, 0, None)
-        small = [run_ctl(["status", "--nodes", tenth], env) for _ in range(args.runs)]
+        small = [run_ctl(["status", "--nodes", tenth], env, farm) for _ in range(args.runs)]
         report("status, HTTP, a tenth", small, tenth_count, None)
-        http = [run_ctl(["status", "--nodes", every], env) for _ in range(args.runs)]
+        http = [run_ctl(["status", "--nodes", every], env, farm) for _ in range(args.runs)]
         report("status, HTTP (table)", http, args.http_nodes, HTTP_TARGET_S)
-        as_json = [run_ctl(["status", "--json", "--nodes", every], env) for _ in range(args.runs)]
+        as_json = [
+            run_ctl(["status", "--json", "--nodes", every], env, farm) for _ in range(args.runs)
+        ]
         report("status, HTTP, --json", as_json, args.http_nodes, HTTP_TARGET_S)
-        as_jsonl = [run_ctl(["status", "--jsonl", "--nodes", every], env) for _ in range(args.runs)]
+        as_jsonl = [
+            run_ctl(["status", "--jsonl", "--nodes", every], env, farm) for _ in range(args.runs)
+        ]
         report("status, HTTP, --jsonl", as_jsonl, args.http_nodes, HTTP_TARGET_S)
         serial_count = max(1, args.http_nodes // 100)
         serial_file = nodes_file("serial-nodes", farm.ports[:serial_count])
-        serial = run_ctl(["status", "--parallel", "1", "--nodes", serial_file], env)
+        serial = run_ctl(["status", "--parallel", "1", "--nodes", serial_file], env, farm)
         report("status, HTTP, --parallel 1", [serial], serial_count, None)
         base = min(r.wall_s for r in startup)
         per_node_serial = (serial.wall_s - base) / serial_count

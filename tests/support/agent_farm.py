@@ -9,6 +9,15 @@ backend. Each node has its own listening socket (the kernel picks a free port; b
 cannot race another test run). When every socket listens, the farm writes ``F`` (atomically:
 one ``PORT KIND`` line per node) and prints ``ready N`` on stdout.
 
+``--processes P`` spreads the nodes over P processes (node ``i`` is served by process
+``i % P``; this one binds every socket, writes the ports file and passes control commands
+on): the farm then uses P CPUs, as the real agents would use their own machines, so that a
+benchmark measures the client rather than one farm process's ceiling. The nodes of one kind
+share one application per process (one lease table per process: a lease asked of node
+``k < P`` is on every node of process ``k``). ``--event-loop`` is the agent's own choice
+(``auto``: uvloop when installed, as ``nvidia-docker-plugin`` runs; the default here is
+``asyncio``).
+
 ``--leases`` gives the nodes the lease routes (``/leases/json``...: one lease table per kind,
 shared by its nodes as the status service is); without it they answer 404 there, as agents
 older than leases do. ``--tls-cert F --tls-key K`` serves every node over TLS.
@@ -43,6 +52,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +66,8 @@ from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
+from agent.process import CHOICES, loop_factory
+from tests.benchmarks.proc_usage import cpu_seconds
 from tests.support.readers import ThreadReader
 from tests.support.services import stop_process, wait_until
 
@@ -70,15 +82,34 @@ def raise_fd_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+def _bind(count: int) -> list[socket.socket]:
+    """``count`` listening sockets on ``LISTEN_HOST``, each on a port the kernel picked."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LISTEN_HOST, 0))
+        socks.append(sock)
+    return socks
+
+
+def _write_ports(ports_file: Path, ports: list[int], kinds: list[str]) -> None:
+    lines = [f"{port} {kinds[index % len(kinds)]}\n" for index, port in enumerate(ports)]
+    tmp = ports_file.with_name(ports_file.name + ".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(ports_file)
+
+
 async def _serve(
-    count: int,
+    socks: list[socket.socket],
     kinds: list[str],
-    ports_file: Path,
+    ports_file: Path | None,
     *,
     leases: bool = False,
     tls: ssl.SSLContext | None = None,
 ) -> None:
-    raise_fd_limit(count * 4 + 256)
+    """Serve ``socks`` (node ``i`` of kind ``kinds[i % len(kinds)]``); control on stdin."""
+    raise_fd_limit(len(socks) * 4 + 256)
     loop = asyncio.get_running_loop()
     runners: dict[str, web.AppRunner] = {}
     services: list[StatusService] = []
@@ -105,21 +136,15 @@ async def _serve(
         runners[kind] = runner
 
     sites: dict[int, web.SockSite] = {}
-    lines = []
-    for index in range(count):
+    for index, sock in enumerate(socks):
         kind = kinds[index % len(kinds)]
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LISTEN_HOST, 0))
         port: int = sock.getsockname()[1]
         site = web.SockSite(runners[kind], sock, backlog=1024, ssl_context=tls)
         await site.start()
         sites[port] = site
-        lines.append(f"{port} {kind}\n")
-    tmp = ports_file.with_name(ports_file.name + ".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(ports_file)
-    print(f"ready {count}", flush=True)
+    if ports_file is not None:
+        _write_ports(ports_file, list(sites), kinds)
+    print(f"ready {len(socks)}", flush=True)
 
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -163,12 +188,94 @@ def main() -> None:
     parser.add_argument("--leases", action="store_true")
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--event-loop", choices=CHOICES, default="asyncio")
     args = parser.parse_args()
     tls = None
     if args.tls_cert is not None:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(args.tls_cert, args.tls_key)
-    asyncio.run(_serve(args.count, args.simulate, args.ports_file, leases=args.leases, tls=tls))
+    raise_fd_limit(args.count * 4 + 256)
+    socks = _bind(args.count)
+    factory, _ = loop_factory(args.event_loop)
+
+    def serve(mine: list[socket.socket], kinds: list[str], ports_file: Path | None) -> None:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_serve(mine, kinds, ports_file, leases=args.leases, tls=tls))
+
+    if args.processes <= 1:
+        serve(socks, args.simulate, args.ports_file)
+        return
+    _serve_in_processes(socks, args.simulate, args.ports_file, args.processes, serve)
+
+
+def _serve_in_processes(
+    socks: list[socket.socket],
+    kinds: list[str],
+    ports_file: Path,
+    processes: int,
+    serve: Callable[[list[socket.socket], list[str], Path | None], None],
+) -> None:
+    """Fork ``processes`` servers (node ``i`` in process ``i % processes``), each controlled
+    through a socket on its stdin and stdout; pass this process's control commands on."""
+    # node i of the whole farm has kind kinds[i % len(kinds)]; process k serves nodes
+    # k, k + P, ...: its own j-th node is node k + j * P
+    ports: list[int] = [sock.getsockname()[1] for sock in socks]
+    children: list[tuple[int, socket.socket, socket.SocketIO]] = []
+    for number in range(processes):
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ours.close()
+                for _, other, _ in children:
+                    other.close()
+                os.dup2(theirs.fileno(), 0)
+                os.dup2(theirs.fileno(), 1)
+                theirs.close()
+                sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the control socket)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                mine = socks[number::processes]
+                own_kinds = [kinds[(number + j * processes) % len(kinds)] for j in range(len(mine))]
+                for index, sock in enumerate(socks):
+                    if index % processes != number:
+                        sock.close()
+                serve(mine, own_kinds, None)
+                code = 0
+            finally:
+                os._exit(code)
+        theirs.close()
+        children.append((pid, ours, ours.makefile("rwb", buffering=0)))
+    for sock in socks:
+        sock.close()
+
+    def stop_children(_signum: int = 0, _frame: object = None) -> None:
+        for _, sock, stream in children:
+            with contextlib.suppress(OSError):
+                stream.close()
+                sock.close()
+        for pid, _, _ in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop_children)
+    signal.signal(signal.SIGINT, stop_children)
+    for _, _, stream in children:
+        if not stream.readline().startswith(b"ready"):
+            stop_children()
+    _write_ports(ports_file, ports, kinds)
+    print(f"ready {len(socks)}", flush=True)
+    for line in sys.stdin.buffer:
+        words = line.split()
+        if words[:1] == [b"stop"]:
+            for _, _, stream in children:
+                stream.write(line)
+            for _, _, stream in children:
+                stream.readline()
+            print("stopped " + " ".join(w.decode() for w in words[1:]), flush=True)
+    stop_children()
 
 
 @dataclass
@@ -192,6 +299,13 @@ class AgentFarm:
             raise RuntimeError(f"agent farm: unexpected answer {answer!r}")
         self.stopped.update(ports)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the farm's processes (with ``--processes``, the serving
+        ones too) have used so far, in seconds."""
+        pid = self.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return cpu_seconds(pid) + sum(cpu_seconds(int(child)) for child in children)
+
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
@@ -211,9 +325,12 @@ def start_farm(
     *,
     leases: bool = False,
     tls: tuple[Path, Path] | None = None,
+    processes: int = 1,
+    event_loop: str = "asyncio",
 ) -> AgentFarm:
-    """Start ``count`` agents in one process and wait until every one listens; ``leases``:
-    with the lease routes; ``tls``: (certificate, key) to serve TLS with."""
+    """Start ``count`` agents and wait until every one listens; ``leases``: with the lease
+    routes; ``tls``: (certificate, key) to serve TLS with; ``processes``: spread over that
+    many processes; ``event_loop``: ``asyncio``, ``uvloop`` or ``auto`` (as the agent's)."""
     root = Path(tempfile.mkdtemp(prefix="nvd-farm-"))
     ports_file = root / "ports"
     command = [sys.executable, "-m", "tests.support.agent_farm", "--count", str(count)]
@@ -224,6 +341,7 @@ def start_farm(
         command.append("--leases")
     if tls is not None:
         command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    command += ["--processes", str(processes), "--event-loop", event_loop]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = subprocess.Popen(
