@@ -80,6 +80,9 @@ def _peak():
                     out.write(f"{line.split()[1]} {own.ru_utime + own.ru_stime} "
                               f"{kids.ru_utime + kids.ru_stime} {kids.ru_maxrss}")
 atexit.register(_peak)
+if os.environ.get("NVD_BENCH_CTL_CPUS"):  # --ctl-cpus: the CPUs the ctl believes it has
+    import controller.fleet.workers as workers
+    workers.usable_cpus = lambda: int(os.environ["NVD_BENCH_CTL_CPUS"])
 sys.argv = ["nvidia-docker-ctl", *sys.argv[1:]]
 runpy.run_module("controller.ctl.main", run_name="__main__")
 """
@@ -145,10 +148,15 @@ def _count(out: IO[bytes], last_error_line: str) -> tuple[int, int]:
     return int(words[words.index("answered") - 1]), int(words[words.index("failed") - 1])
 
 
+CTL_CPUS = 0  # --ctl-cpus (0: as the machine has)
+
+
 def ctl_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "SSH_AUTH"))}
     env["PYTHONPATH"] = str(REPO)
     env["HOME"] = str(home)
+    if CTL_CPUS:
+        env["NVD_BENCH_CTL_CPUS"] = str(CTL_CPUS)
     return env
 
 
@@ -202,14 +210,23 @@ def main() -> None:
         "--farm-loop", default="auto", help="the farm's event loop: auto (the agent's), asyncio"
     )
     parser.add_argument(
+        "--ctl-cpus",
+        type=int,
+        default=0,
+        help="the CPUs the ctl sees (1: every node asked in its own process, no workers); "
+        "default: the machine's",
+    )
+    parser.add_argument(
         "--only", default="", help="leases runs whose names start with these (comma separated)"
     )
     args = parser.parse_args()
     commands = {c.strip() for c in args.commands.split(",")}
+    global CTL_CPUS  # noqa: PLW0603 (one setting for every run of the ctl)
+    CTL_CPUS = args.ctl_cpus
     raise_fd_limit(max(args.http_nodes, args.ssh_nodes) * 4 + 1024)
     print(
         f"bench_fleet: {os.cpu_count()} CPUs, farm of {args.farm_processes} processes "
-        f"({args.farm_loop} loop), fd limit "
+        f"({args.farm_loop} loop), ctl sees {args.ctl_cpus or usable_cpus()} CPUs, fd limit "
         f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, Python {sys.version.split()[0]}, "
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
         flush=True,
