@@ -1,8 +1,8 @@
 """Ask the local Docker engine over its unix socket what the docker CLI would have asked it.
 
-The wrapper's questions to the engine (an image's labels, whether a volume exists) are
-each one ``GET`` of the engine's API, which the docker CLI makes for ``docker image
-inspect`` and ``docker volume inspect``. Starting the CLI for that costs 12 ms or more on
+The wrapper's questions to the engine (an image's labels, whether a volume exists, the
+engine's version) are each one ``GET`` of the engine's API, which the docker CLI makes for
+``docker image inspect``, ``docker volume inspect`` and ``docker version``. Starting the CLI for that costs 12 ms or more on
 the 2-core development machine (docs/nvidia-docker.md, "Speed"); the ``GET`` itself well
 under one. So when the docker CLI would talk to a unix socket, the wrapper asks that socket
 itself (``engine_socket``), with the HTTP/1.1 client of ``controller.transport.plain_http``.
@@ -23,7 +23,8 @@ The answers then are the CLI's: ``image_labels`` returns the image's labels (the
 (a 404 with docker's or Podman's words), or None for everything else: no answer within
 ``TIMEOUT_S``, another status, an answer that is not the expected JSON. None makes the
 wrapper ask the docker CLI after all, so every error is still said in the CLI's words.
-``volume_exists`` is True (200), False (404) or None (ask the CLI).
+``volume_exists`` is True (200), False (404) or None (ask the CLI); ``server_version`` is
+``GET /version`` (``docker version``'s ``Server`` part, for ``engine_cdi``) or None.
 """
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ def image_labels(socket_path: str, image: str) -> dict[str, str] | str | None:
     if labels is not None and not isinstance(labels, dict):
         return None
     return {str(k): str(v) for k, v in (labels or {}).items()}
+
+
+def server_version(socket_path: str) -> dict[str, object] | None:
+    """``GET /version``: what ``docker version`` shows as its ``Server`` part (a ``Version``
+    at least), or None: ask the CLI."""
+    answer = _get_json(socket_path, "/version")
+    if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
+        return None
+    body: dict[str, object] = answer[1]
+    return body if isinstance(body.get("Version"), str) else None
 
 
 def volume_exists(socket_path: str, name: str) -> bool | None:

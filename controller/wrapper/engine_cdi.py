@@ -9,6 +9,12 @@ Asked once per ``run``/``create`` of an image that wants GPUs, never for anythin
    list means the engine reads specs from those directories (CDI is a daemon feature that
    may be off).
 
+Where the wrapper asks the engine's socket itself (``engine_api.engine_socket``: docker's
+own CLI, a local unix socket), step 1 is ``GET /version`` of that socket, the CLI's
+``Server`` part (well under a millisecond instead of 12 ms or more); step 2 stays the CLI's,
+whose answer depends on the CLI too (one older than CDI knows no ``CDISpecDirs``, and could
+not pass a CDI device on). Anything the socket does not answer clearly is asked of the CLI.
+
 Podman's ``info`` would tell too, but costs 200-700 ms against 30-100 ms for ``version``.
 ``NV_CDI`` (``Options.cdi``, checked at the edge) overrides the question: ``yes`` (CDI
 without asking), ``no`` (the volume form without asking), ``auto`` or unset (ask). Any
@@ -21,7 +27,7 @@ import time
 
 from controller import json_codec
 from controller.record import record
-from controller.wrapper import docker_cli
+from controller.wrapper import docker_cli, engine_api
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,12 +73,22 @@ def _json(text: str | None) -> object:
 
 
 def ask_engine(
-    docker: Sequence[str], command: DockerCommand, environment: Mapping[str, str]
+    docker: Sequence[str],
+    command: DockerCommand,
+    environment: Mapping[str, str],
+    engine: str | None = None,
 ) -> EngineCdi:
     """Ask the engine (see the module docstring) with the ``docker`` command, run in
-    ``environment`` (the edge's: ``Options.environment``)."""
+    ``environment`` (the edge's: ``Options.environment``), or first on ``engine``, the
+    engine's unix socket, when docker's own CLI would ask it."""
     started = time.perf_counter()
-    version = _json(_ask(docker, command, environment, "version", "--format", "{{json .}}"))
+    version: object = None
+    if engine is not None:
+        server = engine_api.server_version(engine)
+        if server is not None:  # docker's own CLI asks: its client part is never Podman's
+            version = {"Client": {}, "Server": server}
+    if version is None:
+        version = _json(_ask(docker, command, environment, "version", "--format", "{{json .}}"))
     client = version.get("Client") if isinstance(version, dict) else None
     if not isinstance(client, dict):
         return EngineCdi("unknown engine", False, "no answer to `version`", _since(started))
@@ -100,12 +116,12 @@ def _since(started: float) -> float:
     return time.perf_counter() - started
 
 
-def engine_cdi(options: Options, command: DockerCommand) -> EngineCdi:
+def engine_cdi(options: Options, command: DockerCommand, engine: str | None = None) -> EngineCdi:
     """``NV_CDI`` (``yes``, ``no``, ``auto``: ``Options.cdi``) when not auto, else the
-    engine's answer."""
+    engine's answer (``engine``: its unix socket, see ``ask_engine``)."""
     choice = options.cdi
     if choice == "auto":
-        return ask_engine(options.docker, command, options.environment)
+        return ask_engine(options.docker, command, options.environment, engine)
     return EngineCdi(f"NV_CDI={choice}", choice == "yes", "set by NV_CDI")
 
 

@@ -490,7 +490,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     wanted_volumes = " ".join(labels.get(VOLUMES_LABEL, "").split())
     devices_only = VOLUMES_LABEL in labels and not wanted_volumes
     cuda_needed = labels.get(CUDA_LABEL) or None
-    engine = engine_cdi(options, command)
+    engine = engine_cdi(options, command, engine_socket)
     if options.debug:
         sys.stderr.write(
             f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"

@@ -688,6 +688,12 @@ def _asked(result: Result) -> str:
     return lines[0].split("'s labels from ", 1)[1].split(" (in ", 1)[0]
 
 
+def _engine_line(result: Result) -> str:
+    """The NV_DEBUG line of the CDI question, without its time."""
+    lines = [line for line in result.stderr.splitlines() if "| engine: " in line]
+    return lines[0].split("; asked in ")[0] if lines else ""
+
+
 def test_the_engine_s_socket_tells_the_labels_the_cli_would(
     docker_engine: DockerEngine,
     plugin_agent: PluginAgent,
@@ -710,6 +716,9 @@ def test_the_engine_s_socket_tells_the_labels_the_cli_would(
         assert (expected in by_engine.stdout.split()) if expected else not by_engine.stdout
         assert _asked(by_cli) == "docker image inspect"
         assert _asked(by_engine) == f"the engine's API on {socket_path}"
+        # NV_CDI unset: the engine's version from its socket, the same answer as the CLI's
+        assert _engine_line(by_engine) == _engine_line(by_cli)
+        assert bool(_engine_line(by_engine)) is (image == images["gpu"])  # GPUs wanted: asked
 
 
 @pytest.mark.parametrize("case", ["missing", "missing_pull_never", "bad_name", "engine_down"])

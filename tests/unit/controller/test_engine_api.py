@@ -22,7 +22,14 @@ import pytest
 
 from controller.options import Options
 from controller.wrapper.docker_args import scan
-from controller.wrapper.engine_api import DEFAULT_SOCKET, NO_SUCH_IMAGE, engine_socket, image_labels
+from controller.wrapper.engine_api import (
+    DEFAULT_SOCKET,
+    NO_SUCH_IMAGE,
+    engine_socket,
+    image_labels,
+    server_version,
+)
+from controller.wrapper.engine_cdi import ask_engine
 
 DOCKER = shutil.which("docker")
 PROGRAM = Path("/bin/true")  # any ELF program stands in for the docker CLI's file
@@ -182,3 +189,46 @@ def test_only_a_clear_answer_is_taken(tmp_path: Path, answer: bytes, expected: o
     thread = _answering(path, answer)
     assert image_labels(str(path), "x:1") == expected
     thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (_json("200 OK", {"Version": "28.2.2", "ApiVersion": "1.50"}), "28.2.2"),
+        (_json("200 OK", {"ApiVersion": "1.50"}), None),  # no Version: the CLI is asked
+        (_json("200 OK", ["28.2.2"]), None),
+        (_json("500 Internal Server Error", {"message": "boom"}), None),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{", None),
+    ],
+)
+def test_the_engine_s_version(tmp_path: Path, answer: bytes, expected: str | None) -> None:
+    path = tmp_path / "engine.sock"
+    thread = _answering(path, answer)
+    found = server_version(str(path))
+    assert (found or {}).get("Version") == expected
+    thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("server", "reads_cdi", "cli_calls"),
+    [
+        ("20.10.24+dfsg1", False, []),  # older than CDI: the socket's answer is enough
+        ("28.2.2", True, ["info --format {{json .CDISpecDirs}}"]),  # then the CLI's info
+    ],
+)
+def test_the_cdi_question_asks_the_socket_first(
+    tmp_path: Path, server: str, reads_cdi: bool, cli_calls: list[str]
+) -> None:
+    calls = tmp_path / "calls"
+    docker = tmp_path / "docker"
+    docker.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'case "$1" in info) echo \'["/etc/cdi"]\' ;; *) echo \'{"Client": {}}\' ;; esac\n'
+    )
+    docker.chmod(0o755)
+    path = tmp_path / "engine.sock"
+    thread = _answering(path, _json("200 OK", {"Version": server, "ApiVersion": "1.41"}))
+    found = ask_engine([str(docker)], scan(RUN), {"PATH": "/usr/bin:/bin"}, str(path))
+    thread.join(5)
+    assert (found.engine, found.reads_cdi) == (f"Docker {server}", reads_cdi)
+    assert (calls.read_text().splitlines() if calls.exists() else []) == cli_calls
