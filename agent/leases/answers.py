@@ -32,7 +32,9 @@ class Taken:
     lease_id: str | None = None
     container_id: str | None = None  # foreign: the holder (a container id, or "pid <n>")
     since_s: float | None = None  # lease: granted; foreign: seen; unhealthy: since
-    until_s: float | None = None  # pending: expiry; stopped: end of grace
+    # pending: expiry; stopped: end of grace; a container of an unknown engine that an
+    # engine's list lacked: when it ends unless an engine lists it
+    until_s: float | None = None
     why: str | None = None  # foreign: how it got it; unhealthy: the reason; pending: owner
     exclusive: bool = True
 
@@ -150,6 +152,10 @@ class ChangeKind(enum.StrEnum):
     FOREIGN_GONE = "foreign_gone"
     CONFLICT = "conflict"  # a container runs on units the table gave another
     RESTORED = "restored"  # the table was restored from a snapshot
+    # A container of an unknown engine (``Lease.engine`` None) ...
+    LISTED = "listed"  # ... is in an engine's list (or event): its lease or hold is that one's
+    UNLISTED = "unlisted"  # ... is not in an engine's list: it ends at ``until_s`` unless listed
+    UNFOLLOWED = "unfollowed"  # a container's engine is not followed any more: now unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,12 @@ class Lease:
 
     ``units`` are unit keys (``Unit.key``); ``names`` their ``dev`` names when it was granted,
     for the lines that name a unit no longer on the node. ``until_s`` is when it ends by
-    itself: a pending lease's expiry, a stopped container's end of grace; None while its
-    container runs. Times are Unix seconds.
+    itself: a pending lease's expiry, a stopped container's end of grace, or the end of the
+    wait for an unknown engine to list its running container; None while its container runs
+    (and is its engine's). ``engine`` names the engine of its container (``Container.engine``):
+    only that engine's list can end it. None for a pending lease, and for a bound one whose
+    engine is unknown (restored from an older agent's state file, or of an engine the agent
+    no longer follows). Times are Unix seconds.
     """
 
     id: str  # "lease-17"
@@ -41,6 +45,7 @@ class Lease:
     state: LeaseState = LeaseState.PENDING
     container_id: str | None = None
     until_s: float | None = None
+    engine: str | None = None
 
     @property
     def number(self) -> int:
@@ -65,7 +70,10 @@ class ForeignHold:
 
     ``holder`` is a container id, or ``pid <n>`` for a GPU process outside any container.
     ``how`` says how it got them: what the integrator said (``--device /dev/nvidia1``,
-    ``--gpus device=1``, ``/docker/cli``), or ``a GPU process``.
+    ``--gpus device=1``, ``/docker/cli``), or ``a GPU process``. A running container's hold
+    (``ForeignSource.CONTAINER``) names its ``engine``, as a lease does (None: unknown; then
+    ``until_s`` may say when it goes unless an engine lists the container); a process's hold
+    has neither: each status sweep replaces those.
     """
 
     holder: str
@@ -74,3 +82,5 @@ class ForeignHold:
     how: str
     since_s: float
     container: bool = True  # holder is a container id (not a pid)
+    engine: str | None = None
+    until_s: float | None = None

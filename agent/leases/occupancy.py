@@ -105,6 +105,7 @@ class Occupancy:
                     Hold.FOREIGN,
                     container_id=hold.holder,
                     since_s=hold.since_s,
+                    until_s=hold.until_s,
                     why=hold.how,
                 )
             )

@@ -7,6 +7,12 @@ containers' labels, to know again who holds what (``LeaseTable.restore``, then
 that ended, and nobody would take what it handed them. The integrator writes the JSON to a
 file (atomically) and reads it back within bounds; ``snapshot_from_json`` checks every field
 and refuses what is not a snapshot with one line (``SnapshotError``).
+
+Each bound lease, and each running container's foreign hold, names its container's engine
+(``engine``; the agent's feed names an engine by its socket path), and such a hold of an
+unknown engine says until when it is kept (``until_s``). A snapshot without these fields (an
+older agent's) still reads: its bound leases and container holds are of an unknown engine,
+which the table keeps until an engine lists their containers (``LeaseTable.resync``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.leases.asks import owner_is_valid
+from agent.leases.containers import check_engine
 from agent.leases.holders import (
     CONTAINER_ID,
     ForeignHold,
@@ -62,6 +69,7 @@ def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
                 "state": lease.state.value,
                 "container_id": lease.container_id,
                 "until_s": lease.until_s,
+                "engine": lease.engine,
             }
             for lease in snapshot.leases
         ],
@@ -73,6 +81,8 @@ def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
                 "how": hold.how,
                 "since_s": hold.since_s,
                 "container": hold.container,
+                "engine": hold.engine,
+                "until_s": hold.until_s,
             }
             for hold in snapshot.foreign
         ],
@@ -118,6 +128,7 @@ def _lease(raw: Mapping[str, object], at: str) -> Lease:
     if container_id is not None:
         container_id = _container(container_id, f"{at}.container_id")
     until = raw.get("until_s")
+    engine = _engine(raw.get("engine"), f"{at}.engine")
     lease = Lease(
         lease_id,
         units,
@@ -129,11 +140,20 @@ def _lease(raw: Mapping[str, object], at: str) -> Lease:
         state,
         container_id,
         None if until is None else _time(until, f"{at}.until_s"),
+        engine,
     )
     if (lease.state is LeaseState.PENDING) != (lease.container_id is None):
         raise SnapshotError(f"{at}: a pending lease has no container, a bound one has one")
-    if (lease.state is LeaseState.RUNNING) != (lease.until_s is None):
+    if lease.state is LeaseState.PENDING and lease.engine is not None:
+        raise SnapshotError(f"{at}.engine: a pending lease has none")
+    running = lease.state is LeaseState.RUNNING
+    if not running and lease.until_s is None:
         raise SnapshotError(f"{at}.until_s: set unless its container runs")
+    if running and lease.until_s is not None and lease.engine is not None:
+        raise SnapshotError(
+            f"{at}.until_s: set unless its container runs (and is its engine's: the engine "
+            "is unknown)"
+        )
     return lease
 
 
@@ -149,6 +169,14 @@ def _foreign(raw: Mapping[str, object], at: str) -> ForeignHold:
         _container(holder, f"{at}.holder")
     elif not (holder.startswith("pid ") and holder[4:].isdigit() and holder[4:].isascii()):
         raise SnapshotError(f"{at}.holder: not a container id or pid: {_shown(holder)}")
+    engine = _engine(raw.get("engine"), f"{at}.engine")
+    until = raw.get("until_s")
+    until_s = None if until is None else _time(until, f"{at}.until_s")
+    held_by_container = container and source is ForeignSource.CONTAINER
+    if engine is not None and not held_by_container:
+        raise SnapshotError(f"{at}.engine: only a running container's hold has one")
+    if until_s is not None and (engine is not None or not held_by_container):
+        raise SnapshotError(f"{at}.until_s: only a container's hold of an unknown engine has one")
     return ForeignHold(
         holder,
         source,
@@ -156,6 +184,8 @@ def _foreign(raw: Mapping[str, object], at: str) -> ForeignHold:
         _text(raw.get("how"), f"{at}.how"),
         _time(raw.get("since_s"), f"{at}.since_s"),
         container,
+        engine,
+        until_s,
     )
 
 
@@ -191,6 +221,17 @@ def _container(raw: object, at: str) -> str:
     if not CONTAINER_ID.fullmatch(text):
         raise SnapshotError(f"{at}: not a container id: {_shown(text)}")
     return text
+
+
+def _engine(raw: object, at: str) -> str | None:
+    """An engine's name; None (unknown) when absent or null (an older agent's snapshot)."""
+    if raw is None:
+        return None
+    text = _text(raw, at)
+    try:
+        return check_engine(text)
+    except ValueError:
+        raise SnapshotError(f"{at}: not an engine name: {_shown(text)}") from None
 
 
 def _bool(raw: object, at: str) -> bool:

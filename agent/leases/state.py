@@ -34,7 +34,7 @@ from agent.leases.occupancy import Occupancy
 from agent.leases.picking import Connectivity, Load
 from agent.leases.plans import FINAL, Planner, Wanted
 from agent.leases.settings import LeaseSettings
-from agent.leases.texts import short_id, taken_list, unit_label, when
+from agent.leases.texts import engine_text, short_id, taken_list, unit_label, when
 from agent.leases.units import NodeUnits, Unit
 from agent.leases.verdicts import Decision, Step, Verdicts
 from agent.leases.waiting import Waiting
@@ -73,7 +73,9 @@ class TableState:
         lease = decision.lease
         if decision.step is Step.BOUND and lease is not None:
             if lease.state is not LeaseState.RUNNING:
-                new = replace(lease, state=LeaseState.RUNNING, until_s=None)
+                new = replace(
+                    lease, state=LeaseState.RUNNING, until_s=None, engine=container.engine
+                )
                 self._leases[lease.id] = new
                 self._note(
                     ChangeKind.STARTED,
@@ -81,8 +83,10 @@ class TableState:
                     lease=new,
                     container_id=container.id,
                 )
+            else:
+                self._claim(lease, container.engine)
         elif decision.step is Step.BIND and lease is not None:
-            self._bind(lease, container.id, running=True)
+            self._bind(lease, container, running=True)
         elif decision.step is Step.RELET and decision.verdict.allowed:
             self._relet(container, decision, running=True)
         self._hold_container(container, decision)
@@ -99,6 +103,74 @@ class TableState:
             f"{self._names(lease)} until {when(new.until_s)} unless it starts again"
         )
         self._note(ChangeKind.STOPPED, text, lease=new, container_id=container_id)
+
+    def _claim(self, lease: Lease, engine: str) -> None:
+        """``engine`` told of the container of ``lease`` (bound): the lease is that
+        engine's, and no longer waits for an engine to list it."""
+        running = lease.state is LeaseState.RUNNING
+        if lease.engine == engine and not (running and lease.until_s is not None):
+            return
+        new = replace(lease, engine=engine, until_s=None if running else lease.until_s)
+        self._leases[lease.id] = new
+        container_id = lease.container_id or ""
+        text = (
+            f"{lease.id}: container {short_id(container_id)} found by {engine_text(engine)}, "
+            "whose container list alone can end the lease from now on"
+        )
+        self._note(ChangeKind.LISTED, text, lease=new, container_id=container_id)
+
+    def _unlisted(self, lease: Lease, engine: str) -> None:
+        """``engine`` listed its containers without the container of ``lease``, whose engine
+        is unknown: a running one keeps its lease for ``grace_s`` more, unless an engine
+        lists it (a stopped one's grace time bounds it already)."""
+        if lease.state is not LeaseState.RUNNING or lease.until_s is not None:
+            return
+        new = replace(lease, until_s=self._now + self._settings.grace_s)
+        self._leases[lease.id] = new
+        container_id = lease.container_id or ""
+        text = (
+            f"{lease.id}: container {short_id(container_id)}, of an unknown engine, is not in "
+            f"the container list of {engine_text(engine)}: it keeps {self._names(lease)} until "
+            f"{when(new.until_s)} unless an engine lists it"
+        )
+        self._note(ChangeKind.UNLISTED, text, lease=new, container_id=container_id)
+
+    def _unlisted_hold(self, hold: ForeignHold, engine: str) -> None:
+        """As ``_unlisted``, for a running container's foreign hold of an unknown engine."""
+        if hold.until_s is not None:
+            return
+        new = replace(hold, until_s=self._now + self._settings.grace_s)
+        self._foreign[(hold.holder, hold.source)] = new
+        text = (
+            f"container {short_id(hold.holder)}, of an unknown engine, is not in the container "
+            f"list of {engine_text(engine)}: it holds {self._hold_names(hold)} until "
+            f"{when(new.until_s)} unless an engine lists it"
+        )
+        self._note(ChangeKind.UNLISTED, text, container_id=hold.holder)
+
+    def _unfollowed(self, engines: set[str]) -> None:
+        """Leases and holds of engines not in ``engines`` become of an unknown engine."""
+        for lease in list(self._leases.values()):
+            if lease.engine is None or lease.engine in engines:
+                continue
+            new = replace(lease, engine=None)
+            self._leases[lease.id] = new
+            container_id = lease.container_id or ""
+            text = (
+                f"{lease.id}: container {short_id(container_id)} is of "
+                f"{engine_text(lease.engine)}, which this agent does not follow: its engine is "
+                "unknown now"
+            )
+            self._note(ChangeKind.UNFOLLOWED, text, lease=new, container_id=container_id)
+        for key, hold in list(self._foreign.items()):
+            if hold.engine is None or hold.engine in engines:
+                continue
+            self._foreign[key] = replace(hold, engine=None)
+            text = (
+                f"container {short_id(hold.holder)} is of {engine_text(hold.engine)}, which "
+                "this agent does not follow: its engine is unknown now"
+            )
+            self._note(ChangeKind.UNFOLLOWED, text, container_id=hold.holder)
 
     def _remove_container(self, container_id: str, why: str) -> None:
         lease = self._bound_lease(container_id)
@@ -141,13 +213,21 @@ class TableState:
             _, order, name = due
             if order == 0:
                 self._end_by_time(self._leases[name])
+            elif order == 1:
+                self._drop_foreign(
+                    name,
+                    ForeignSource.CONTAINER,
+                    "of an unknown engine was in no engine's container list within "
+                    f"{self._settings.grace_s:g} s",
+                )
             else:
                 self._time_out(next(w for w in self._waiting if w.ticket == name))
             self._serve()
 
     def _due(self) -> tuple[float, int, str] | None:
         items = [(x.until_s, 0, x.id) for x in self._leases.values() if x.until_s is not None]
-        items += [(w.until_s, 1, w.ticket) for w in self._waiting]
+        items += [(h.until_s, 1, h.holder) for h in self._foreign.values() if h.until_s is not None]
+        items += [(w.until_s, 2, w.ticket) for w in self._waiting]
         return min(items, default=None)
 
     def _end_by_time(self, lease: Lease) -> None:
@@ -157,6 +237,13 @@ class TableState:
                 f"{self._settings.pending_s:g} s; {self._free(lease)}"
             )
             self._end(lease, ChangeKind.EXPIRED, text)
+        elif lease.state is LeaseState.RUNNING:  # of an unknown engine, listed by none
+            text = (
+                f"{lease.id} ended: container {short_id(lease.container_id or '')}, of an "
+                f"unknown engine, was in no engine's container list within "
+                f"{self._settings.grace_s:g} s; {self._free(lease)}"
+            )
+            self._end(lease, ChangeKind.GRACE_ENDED, text)
         else:
             text = (
                 f"{lease.id} ended: container {short_id(lease.container_id or '')} did not "
@@ -200,13 +287,16 @@ class TableState:
         cpuset: bool,
         units: tuple[Unit, ...],
         ticket: str | None = None,
-        relet: tuple[str, str, bool] | None = None,  # (lease id, container id, running)
+        relet: tuple[str, Container, bool] | None = None,  # (lease id, container, running)
     ) -> Granted:
+        engine: str | None = None
+        container_id: str | None = None
         if relet is None:
-            lease_id, container_id, state = self._new_id(), None, LeaseState.PENDING
+            lease_id, state = self._new_id(), LeaseState.PENDING
             until: float | None = self._now + self._settings.pending_s
         else:
-            lease_id, container_id, running = relet
+            lease_id, container, running = relet
+            container_id, engine = container.id, container.engine
             state = LeaseState.RUNNING if running else LeaseState.STOPPED
             until = None if running else self._now + self._settings.grace_s
         lease = Lease(
@@ -220,6 +310,7 @@ class TableState:
             state,
             container_id,
             until,
+            engine,
         )
         self._leases[lease.id] = lease
         occ = self._occ()
@@ -261,13 +352,16 @@ class TableState:
             return
         if (number := lease_number(label.lease_id)) is not None:
             self._next_lease = max(self._next_lease, number + 1)
-        relet = (label.lease_id, container.id, running)
+        relet = (label.lease_id, container, running)
         self._grant(decision.wanted, label.owner, True, decision.units, relet=relet)
 
-    def _bind(self, lease: Lease, container_id: str, running: bool) -> None:
+    def _bind(self, lease: Lease, container: Container, running: bool) -> None:
         until = None if running else self._now + self._settings.grace_s
         state = LeaseState.RUNNING if running else LeaseState.STOPPED
-        new = replace(lease, state=state, container_id=container_id, until_s=until)
+        container_id = container.id
+        new = replace(
+            lease, state=state, container_id=container_id, until_s=until, engine=container.engine
+        )
         self._leases[lease.id] = new
         keeps = "while it runs" if running else f"until {when(until)} unless it starts"
         text = (
@@ -312,7 +406,9 @@ class TableState:
         if not extra:
             self._drop_foreign(container.id, ForeignSource.CONTAINER, "holds only its lease")
             return
-        changed = self._set_foreign(container.id, ForeignSource.CONTAINER, extra, how, True)
+        changed = self._set_foreign(
+            container.id, ForeignSource.CONTAINER, extra, how, True, container.engine
+        )
         if changed and decision.verdict.decision is Start.NO:
             self._note(
                 ChangeKind.CONFLICT,
@@ -321,17 +417,31 @@ class TableState:
             )
 
     def _set_foreign(
-        self, holder: str, source: ForeignSource, keys: tuple[str, ...], how: str, container: bool
+        self,
+        holder: str,
+        source: ForeignSource,
+        keys: tuple[str, ...],
+        how: str,
+        container: bool,
+        engine: str | None = None,  # a running container's (CONTAINER) hold: its engine
     ) -> bool:
-        """Record what ``holder`` holds without a lease; False when it held that already."""
+        """Record what ``holder`` holds without a lease; False when it held that already
+        (its engine, if it was unknown, is ``engine``'s now)."""
         old = self._foreign.get((holder, source))
         if old is not None and old.units == keys and old.how == how:
+            if old.engine != engine or old.until_s is not None:
+                self._foreign[(holder, source)] = replace(old, engine=engine, until_s=None)
+                text = (
+                    f"container {short_id(holder)} found by {engine_text(engine or '')}, "
+                    "whose container list alone can end its hold from now on"
+                )
+                self._note(ChangeKind.LISTED, text, container_id=holder)
             return False
         since = old.since_s if old is not None else self._now
-        self._foreign[(holder, source)] = ForeignHold(holder, source, keys, how, since, container)
+        hold = ForeignHold(holder, source, keys, how, since, container, engine)
+        self._foreign[(holder, source)] = hold
         who = f"container {short_id(holder)}" if container else holder
-        names = [u.label if (u := self._units.get(k)) else k for k in keys]
-        text = f"{who} holds {', '.join(names)} without a lease ({how})"
+        text = f"{who} holds {self._hold_names(hold)} without a lease ({how})"
         self._note(ChangeKind.FOREIGN, text, container_id=holder if container else None)
         return True
 
@@ -340,9 +450,12 @@ class TableState:
         if hold is None:
             return
         who = f"container {short_id(holder)}" if hold.container else holder
-        names = [u.label if (u := self._units.get(k)) else k for k in hold.units]
-        text = f"{who} {why}: {', '.join(names)} no longer held by it"
+        text = f"{who} {why}: {self._hold_names(hold)} no longer held by it"
         self._note(ChangeKind.FOREIGN_GONE, text, container_id=holder if hold.container else None)
+
+    def _hold_names(self, hold: ForeignHold) -> str:
+        """``GPU 2, MIG 3:1``: the units of a foreign hold."""
+        return ", ".join(u.label if (u := self._units.get(k)) else k for k in hold.units)
 
     def _bound_lease(self, container_id: str) -> Lease | None:
         """The lease bound to ``container_id`` (a container has at most one)."""

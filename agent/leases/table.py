@@ -17,6 +17,10 @@ The rules (docs/leases.md has them for people):
   may not start again on the unhealthy GPU;
 - a pending lease expires after ``pending_s``; a stopped container keeps its lease for
   ``grace_s``, its removal ends it at once; a running container's lease cannot be released;
+- a bound lease (and a running container's foreign hold) is its container's engine's: only
+  that engine's container list (``resync``) ends it. One whose engine is unknown (an older
+  snapshot, an engine no longer followed) is kept until an engine lists its container, or
+  for ``grace_s`` after the first list that lacks it;
 - asks that wait are served first come, first served, and nothing overtakes them.
 """
 
@@ -37,7 +41,7 @@ from agent.leases.answers import (
     StartVerdict,
 )
 from agent.leases.asks import Ask, InvalidAsk, check_ask
-from agent.leases.containers import Container, GpuUser
+from agent.leases.containers import Container, GpuUser, check_engine
 from agent.leases.holders import ForeignSource, Lease, LeaseState, lease_number
 from agent.leases.loads import GpuLoad
 from agent.leases.plans import FINAL, Wanted, advised, wanted_of
@@ -157,7 +161,7 @@ class LeaseTable(TableState):
         self._begin(now_s)
         decision = self._verdicts(container.id).decide(container)
         if decision.step is Step.BIND and decision.lease is not None:
-            self._bind(decision.lease, container.id, running=False)
+            self._bind(decision.lease, container, running=False)
         elif decision.step is Step.RELET and decision.verdict.allowed:
             self._relet(container, decision, running=False)
         return self._done(decision.verdict)
@@ -204,21 +208,39 @@ class LeaseTable(TableState):
                 self._drop_foreign(holder, source, "runs no GPU process any more")
         return self._done(None)
 
-    def resync(self, containers: Iterable[Container], now_s: float) -> Outcome[None]:
-        """Make the table agree with a full container list (after a restart, or when an
-        event stream was lost): leases and holds of containers not in it end; running
-        containers are taken as started; stopped ones stop their leases' clocks; a stopped
-        container whose lease the table does not know holds nothing (started, it may get its
-        units again)."""
+    def resync(self, engine: str, containers: Iterable[Container], now_s: float) -> Outcome[None]:
+        """Make the table agree with ``engine``'s full container list (at start, when its
+        event stream was lost; each container's ``engine`` is ``engine``). Leases and holds
+        of ``engine``'s containers not in it end; those of other engines stay as they are;
+        a container of an unknown engine that it lacks keeps what it holds for ``grace_s``
+        more unless an engine lists it. Listed containers are ``engine``'s: running ones are
+        taken as started; stopped ones stop their leases' clocks; a stopped container whose
+        lease the table does not know holds nothing (started, it may get its units again)."""
+        check_engine(engine)
+        listed: dict[str, Container] = {}
+        for c in containers:
+            if c.engine != engine:
+                raise ValueError(
+                    f"container {short_id(c.id)} of engine {c.engine!r} in the list of {engine!r}"
+                )
+            listed[c.id] = c
         self._begin(now_s)
-        listed = {c.id: c for c in containers}
+        gone = "is gone (not in its engine's container list)"
         for lease in list(self._leases.values()):
-            if lease.container_id is not None and lease.container_id not in listed:
-                self._remove_container(lease.container_id, "is gone (not in the container list)")
-        for holder, source in list(self._foreign):
-            hold = self._foreign[(holder, source)]
-            if hold.container and holder not in listed:
-                self._drop_foreign(holder, source, "is gone (not in the container list)")
+            if lease.container_id is None or lease.container_id in listed:
+                continue
+            if lease.engine == engine:
+                self._remove_container(lease.container_id, gone)
+            elif lease.engine is None:
+                self._unlisted(lease, engine)
+        for key in list(self._foreign):
+            hold = self._foreign.get(key)
+            if hold is None or hold.source is not ForeignSource.CONTAINER or hold.holder in listed:
+                continue
+            if hold.engine == engine:
+                self._drop_foreign(hold.holder, hold.source, gone)
+            elif hold.engine is None:
+                self._unlisted_hold(hold, engine)
         for c in listed.values():
             if c.lease is not None and (number := lease_number(c.lease.lease_id)):
                 self._next_lease = max(self._next_lease, number + 1)
@@ -233,7 +255,18 @@ class LeaseTable(TableState):
             self._drop_foreign(c.id, ForeignSource.CONTAINER, "does not run")
             decision = self._verdicts(c.id).decide(c)
             if decision.step is Step.BIND and decision.lease is not None:
-                self._bind(decision.lease, c.id, running=False)
+                self._bind(decision.lease, c, running=False)
+            elif decision.step is Step.BOUND and decision.lease is not None:
+                self._claim(self._leases[decision.lease.id], engine)
+        return self._done(None)
+
+    def followed(self, engines: Iterable[str], now_s: float) -> Outcome[None]:
+        """The engines the integrator follows (the names its containers carry): the leases
+        and holds of any other engine's containers (a restored snapshot's, of an engine no
+        longer followed) count as of an unknown engine from now on (see ``resync``)."""
+        names = {check_engine(e) for e in engines}
+        self._begin(now_s)
+        self._unfollowed(names)
         return self._done(None)
 
     def set_health(self, health: Sequence[DeviceHealth], now_s: float) -> Outcome[None]:

@@ -46,16 +46,17 @@ def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
             f"until {when(taken.until_s)}"
         )
     holder = taken.container_id or "an unknown container"
+    until = f", until {when(taken.until_s)}" if taken.until_s is not None else ""
     if taken.hold is Hold.FOREIGN:
         what = holder if holder.startswith("pid ") else f"foreign container {short_id(holder)}"
         how = f" ({taken.why})" if taken.why else ""
-        return f"{unit} by {what}{how} since {when(taken.since_s)}"
+        return f"{unit} by {what}{how} since {when(taken.since_s)}{until}"
     if taken.hold is Hold.STOPPED:
         return (
             f"{unit}{mode} by stopped container {short_id(holder)}{lease} since "
             f"{when(taken.since_s)}, until {when(taken.until_s)}"
         )
-    return f"{unit}{mode} by container {short_id(holder)}{lease} since {when(taken.since_s)}"
+    return f"{unit}{mode} by container {short_id(holder)}{lease} since {when(taken.since_s)}{until}"
 
 
 def taken_list(taken: Sequence[Taken]) -> str:
@@ -69,6 +70,11 @@ def taken_list(taken: Sequence[Taken]) -> str:
     if len(items) > SHOWN_TAKEN:
         shown.append(f"and {len(items) - SHOWN_TAKEN} more (list the leases)")
     return "; ".join(shown) or "none"
+
+
+def engine_text(engine: str) -> str:
+    """``the engine at /run/podman/podman.sock`` (``its engine`` for the unnamed one)."""
+    return f"the engine at {engine}" if engine else "its engine"
 
 
 def plural(count: int, noun: str) -> str:

@@ -7,13 +7,16 @@
   devices it was given) and call ``created(container)`` / ``started(container)``; a
   container gone by the time it is inspected is left to its ``destroyed`` event;
 - ``died`` and ``destroyed`` call ``died(id)`` / ``destroyed(id)``;
-- a resync (the stream opened, every container listed) replaces that engine's containers
-  and calls ``resync`` with the containers of *every* engine: the table's resync takes a
-  full list, and a Docker resync must not end the leases of Podman's containers. So the
-  table is resynced only once every engine has listed its containers, or has no socket at
-  all (no such engine on this node): while an engine that is there has not answered yet
-  (after a restart of the agent, say), the leases of its containers are kept as the state
-  file had them, and the others' events still apply one by one.
+- a resync (the stream opened, every container listed) calls ``resync(name, containers)``
+  for that engine at once: the table ends only what that engine's containers held, so
+  Docker's list never ends the leases of Podman's containers, and an engine that is down
+  (after a restart of the agent, say) keeps its containers' leases as the state file had
+  them until it lists them.
+
+Each engine is known by a name that its containers carry (``Container.engine``) and the
+state file keeps: its socket path, unless ``follow`` is given another. At ``start`` the
+feed tells the table which names it follows (``followed``): leases of containers of any
+other engine (a socket path that changed) are of an unknown engine from then on.
 
 The events of all engines go through one queue, handled one at a time by one task, so that
 an event is applied after the ones before it even when its inspect takes a while. The
@@ -29,12 +32,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.engines.containers import inspect_container, list_containers
 from agent.engines.events import EngineEvents, EventKind
 from agent.engines.http import EngineClient, EngineError
-from agent.leases.containers import Container
+from agent.leases.containers import Container, check_engine
 from agent.leasing.service import LeaseService
 
 log = logging.getLogger("nvidia-docker-plugin.leases")
@@ -74,19 +77,23 @@ class EngineFeed:
         self._service = service
         self._inspect = inspect
         self._engines: list[EngineClient] = []
+        self._names: list[str] = []  # per engine: the name its containers carry
         self._events: list[EngineEvents] = []
-        self._known: list[dict[str, Container]] = []  # per engine: its containers now
-        self._listed: list[bool] = []  # per engine: whether it has listed them yet
         self._queue: asyncio.Queue[_Event | _Resync | _Relist] = asyncio.Queue(MAX_QUEUED + 64)
         self._task: asyncio.Task[None] | None = None
         self.applied = 0  # events and resyncs applied, since start
 
-    def follow(self, engine: EngineClient, **options: object) -> EngineEvents:
-        """Follow ``engine``'s events (``options``: ``EngineEvents``' keyword arguments)."""
+    def follow(
+        self, engine: EngineClient, *, name: str | None = None, **options: object
+    ) -> EngineEvents:
+        """Follow ``engine``'s events (``options``: ``EngineEvents``' keyword arguments);
+        its containers carry ``name`` (default: its socket path)."""
+        name = check_engine(str(engine.socket_path) if name is None else name)
+        if name in self._names:
+            raise ValueError(f"two engines named {name!r}: each engine needs a name of its own")
         index = len(self._engines)
         self._engines.append(engine)
-        self._known.append({})
-        self._listed.append(False)
+        self._names.append(name)
 
         def on_event(kind: EventKind, container_id: str) -> None:
             self._put(_Event(index, kind, container_id))
@@ -99,6 +106,7 @@ class EngineFeed:
         return events
 
     def start(self) -> None:
+        self._service.followed(self._names)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lease feed")
         for events in self._events:
@@ -156,15 +164,8 @@ class EngineFeed:
                 self._queue.task_done()
             self.applied += 1
 
-    def _every_engine_listed(self) -> bool:
-        """Whether every engine that is there has listed its containers (see module)."""
-        return all(
-            listed or not engine.socket_path.exists()
-            for listed, engine in zip(self._listed, self._engines, strict=True)
-        )
-
     async def _apply(self, item: _Event | _Resync | _Relist) -> None:
-        known = self._known[item.engine]
+        name = self._names[item.engine]
         if isinstance(item, _Relist):
             engine = self._engines[item.engine]
             try:
@@ -174,15 +175,10 @@ class EngineFeed:
                 return
             item = _Resync(item.engine, tuple(listed))
         if isinstance(item, _Resync):
-            known.clear()
-            known.update((c.id, c) for c in item.containers)
-            self._listed[item.engine] = True
-            if self._every_engine_listed():
-                self._service.resync([c for each in self._known for c in each.values()])
+            self._service.resync(name, [replace(c, engine=name) for c in item.containers])
             return
         if item.kind in (EventKind.DIED, EventKind.DESTROYED):
             if item.kind is EventKind.DESTROYED:
-                known.pop(item.container_id, None)
                 self._service.destroyed(item.container_id)
             else:
                 self._service.died(item.container_id)
@@ -200,7 +196,7 @@ class EngineFeed:
             return
         if container is None:
             return  # removed already: its destroyed event follows
-        known[container.id] = container
+        container = replace(container, engine=name)
         if item.kind is EventKind.CREATED:
             self._service.created(container)
         else:

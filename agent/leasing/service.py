@@ -172,9 +172,15 @@ class LeaseService:
     def destroyed(self, container_id: str) -> None:
         self._apply(self._table.destroyed(container_id, self._clock()))
 
-    def resync(self, containers: Iterable[Container]) -> None:
-        """Every container the engine has now (at start, when its event stream reopens)."""
-        self._apply(self._table.resync(containers, self._clock()))
+    def resync(self, engine: str, containers: Iterable[Container]) -> None:
+        """Every container ``engine`` has now (at start, when its event stream reopens):
+        ends only what that engine's containers held (``LeaseTable.resync``)."""
+        self._apply(self._table.resync(engine, containers, self._clock()))
+
+    def followed(self, engines: Iterable[str]) -> None:
+        """The engines the feed follows: leases of any other engine's containers count as
+        of an unknown engine (``LeaseTable.followed``)."""
+        self._apply(self._table.followed(engines, self._clock()))
 
     def processes_seen(self, users: Iterable[GpuUser]) -> None:
         self._apply(self._table.processes_seen(users, self._clock()))

@@ -47,7 +47,7 @@ def test_create_binds_the_pending_lease_start_runs_it_remove_ends_it() -> None:
         "unless it starts"
     )
     assert table.lease("lease-1") == replace(
-        lease, state=LeaseState.STOPPED, container_id=cid(1), until_s=T0 + 605
+        lease, state=LeaseState.STOPPED, container_id=cid(1), until_s=T0 + 605, engine=""
     )
     started = table.started(replace(container, running=True), T0 + 6)
     assert started.answer.text == "container 0001abababab may start: lease-1 (GPU 1)"
@@ -318,6 +318,7 @@ def test_resync_ends_what_vanished_and_takes_up_what_runs() -> None:
     missed = granted(table.ask(Ask(devices="1"), T0)).lease  # its create event was lost
     table.started(Container(cid(3), True, devices=("3",)), T0)
     outcome = table.resync(
+        "",
         [
             leased_container(2, missed, running=True),
             Container(cid(4), True, devices=("/dev/nvidia2",), how="--device /dev/nvidia2"),
@@ -331,8 +332,8 @@ def test_resync_ends_what_vanished_and_takes_up_what_runs() -> None:
         ChangeKind.FOREIGN,
     ]
     assert outcome.changes[0].text == (
-        "lease-1 ended: container 0001abababab is gone (not in the container list); GPU 0 is "
-        "free again"
+        "lease-1 ended: container 0001abababab is gone (not in its engine's container list); "
+        "GPU 0 is free again"
     )
     assert table.lease("lease-2").container_id == cid(2)  # type: ignore[union-attr]
     assert table.lease("lease-2").state is LeaseState.RUNNING  # type: ignore[union-attr]
@@ -350,7 +351,7 @@ def test_resync_stops_the_clock_of_containers_that_stopped_unseen() -> None:
     container = leased_container(1, lease, running=True)
     table.created(container, T0)
     table.started(container, T0)
-    outcome = table.resync([replace(container, running=False)], T0 + 50)
+    outcome = table.resync("", [replace(container, running=False)], T0 + 50)
     assert _kinds(outcome) == [ChangeKind.STOPPED]
     assert table.lease("lease-1").until_s == T0 + 650  # type: ignore[union-attr]
 
@@ -359,9 +360,9 @@ def test_resync_leaves_a_stopped_container_with_an_unknown_lease_holding_nothing
     table = _table()
     lease = granted(table.ask(Ask(devices="0"), T0)).lease
     other = LeaseTable(NODE, healthy(NODE), now_s=T0)  # a table that never knew lease-1
-    assert other.resync([leased_container(1, lease)], T0).changes == ()
+    assert other.resync("", [leased_container(1, lease)], T0).changes == ()
     assert other.view().unit("0").state is UnitState.FREE
-    relet = other.resync([leased_container(1, lease, running=True)], T0 + 1)
+    relet = other.resync("", [leased_container(1, lease, running=True)], T0 + 1)
     assert _kinds(relet) == [ChangeKind.RELET]
     assert names(granted(other.ask(Ask(), T0 + 2))) == ["1"]
     assert other.lease("lease-2") is not None  # new ids come after the labels' ones

@@ -1,16 +1,21 @@
 """THE property of the lease table, by a state machine that drives it as a node would.
 
 Any interleaving of asks (count, named devices, MIG profiles, shared, waiting), releases,
-withdrawals, time passing, container events (create, start, die, destroy; leased containers,
-clones of them, foreign containers with devices), missed events and resyncs, health changes,
-GPU processes, the GPUs' loads (which steer picks), MIG changes and agent restarts (snapshot
-through JSON, restore, resync; or the snapshot lost) never gives an exclusive GPU to two
-holders, never exceeds a GPU's sharing count, never leases an unhealthy GPU, never grants
-what a foreign holder holds, never keeps a holder the world no longer has (so that,
-everyone gone, every GPU is free again: checked too at the end of every run), keeps every
-container's lease bound to it until it ends by a rule (removal, release, grace), keeps the
-documented timings, and serves the queue first come, first served with nothing overtaking
-it.
+withdrawals, time passing, container events of two engines (create, start, die, destroy;
+leased containers, clones of them, foreign containers with devices), missed events and
+per-engine resyncs, an engine that goes down (its containers change unseen: started,
+stopped, created, removed) and comes back with its list, health changes, GPU processes, the
+GPUs' loads (which steer picks), MIG changes and agent restarts (snapshot through JSON, of
+this agent or without engines as an older one wrote it, restore, then each engine that is
+up lists in any order; or the snapshot lost) never gives an exclusive GPU to two holders,
+never exceeds a GPU's sharing count, never leases an unhealthy GPU, never grants what a
+foreign holder holds, never keeps a holder the world no longer has except a container its
+down engine has not listed yet (or one of an unknown engine, for the grace time at most),
+so that, everyone gone and every engine back, every GPU is free again: checked too at the
+end of every run; keeps every container's lease bound to it until it ends by a rule
+(removal told by its own engine, release, grace), so that one engine's list never ends
+another's leases; keeps the documented timings, and serves the queue first come, first
+served with nothing overtaking it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ FOREIGN_DEVICES = [
     "/dev/nvidia-caps/nvidia-cap300",
 ]
 STEPS_S = [0.0, 1.0, 10.0, 30.0, 59.0, 61.0, 200.0, 301.0, 601.0]
+ENGINES = ("docker", "podman")
+ENGINE = st.sampled_from(ENGINES)
 WAITS = st.sampled_from([0.0, 0.0, 20.0, 400.0])
 # What a question (may_start) may change: only what the passing of time does.
 TIME_CHANGES = {
@@ -85,6 +92,7 @@ TIME_CHANGES = {
     ChangeKind.TIMED_OUT,
     ChangeKind.DROPPED,
     ChangeKind.GRANTED,
+    ChangeKind.FOREIGN_GONE,  # a container of an unknown engine, listed by none in time
 }
 
 
@@ -95,11 +103,12 @@ class Box:
     id: str
     lease: LeaseLabel | None
     devices: tuple[str, ...]
+    engine: str
     running: bool = False
     bound: str | None = None  # the lease the table bound it to (its changes said so)
 
     def container(self) -> Container:
-        return Container(self.id, self.running, self.lease, self.devices, "--device")
+        return Container(self.id, self.running, self.lease, self.devices, "--device", self.engine)
 
 
 # Preconditions are named functions, not lambdas: Hypothesis 6.100 (the declared minimum)
@@ -124,6 +133,10 @@ def _any_stopped(machine: LeaseMachine) -> bool:
     return any(not b.running for b in machine.world.values())
 
 
+def _any_down(machine: LeaseMachine) -> bool:
+    return bool(machine.down)
+
+
 class LeaseMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -136,6 +149,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self.waiting: list[str] = []  # the tickets in line, first come first
         self.pids: dict[int, int] = {}  # GPU processes outside containers: pid -> GPU
         self.containers = 0
+        self.down: set[str] = set()  # engines whose events and lists do not reach the table
+        self.ghosts: dict[str, Box] = {}  # removed while their engine was down
+        self.releasing: str | None = None  # the lease a release asks to end
 
     # --- driving the table, checking every answer and change ---------------------------
 
@@ -179,6 +195,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert box.bound in (None, change.lease.id), (change.text, box)
             box.bound = change.lease.id
         elif change.kind in (ChangeKind.ENDED, ChangeKind.GRACE_ENDED) and change.lease:
+            self._check_end(change.kind, change.lease)
             box = self.world.get(change.lease.container_id or "")
             if box is not None and box.bound == change.lease.id:
                 box.bound = None
@@ -189,11 +206,34 @@ class LeaseMachine(RuleBasedStateMachine):
             assert change.ticket in self.waiting
             self.waiting.remove(change.ticket)
 
-    def _new_box(self, lease: LeaseLabel | None, devices: tuple[str, ...]) -> Box:
+    def _check_end(self, kind: ChangeKind, lease: Lease) -> None:
+        """A bound lease ends by a rule only: released; its container removed, as its own
+        engine told (an event, or its list without it); its time up."""
+        if lease.container_id is None or lease.id == self.releasing:
+            return
+        if kind is ChangeKind.GRACE_ENDED:
+            assert lease.until_s is not None, lease
+            assert lease.until_s <= self.now, lease
+            return
+        assert lease.container_id not in self.world, f"{lease.id} ended, its container lives"
+        ghost = self.ghosts.get(lease.container_id)
+        assert ghost is None or ghost.engine not in self.down, f"{lease.id} ended unlisted"
+
+    def _new_box(self, lease: LeaseLabel | None, devices: tuple[str, ...], engine: str) -> Box:
         self.containers += 1
-        box = Box(cid(self.containers), lease, devices)
+        box = Box(cid(self.containers), lease, devices, engine)
         self.world[box.id] = box
         return box
+
+    def _tell(self, box: Box, op: Callable[[], Outcome[Any]]) -> None:
+        """``op`` (an event of ``box``) reaches the table unless its engine is down."""
+        if box.engine not in self.down:
+            self._do(op)
+
+    def _remove(self, box: Box) -> None:
+        del self.world[box.id]
+        if box.engine in self.down:
+            self.ghosts[box.id] = box
 
     def _pick(self, data: st.DataObject, running: bool | None = None) -> Box:
         ids = sorted(i for i, b in self.world.items() if running is None or b.running == running)
@@ -228,7 +268,14 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         lease = data.draw(st.sampled_from(self.seen))
-        self._do(lambda: self.table.release(lease.id, self.now))
+        self._release(lease.id)
+
+    def _release(self, lease_id: str) -> None:
+        self.releasing = lease_id
+        try:
+            self._do(lambda: self.table.release(lease_id, self.now))
+        finally:
+            self.releasing = None
 
     @precondition(_any_waiting)
     @rule(data=st.data())
@@ -248,31 +295,35 @@ class LeaseMachine(RuleBasedStateMachine):
         data=st.data(),
         with_devices=st.booleans(),
         extra=st.sampled_from([(), (), ("1",), ("all",)]),
+        engine=ENGINE,
     )
-    def create_leased(self, data: st.DataObject, with_devices: bool, extra: tuple[str]) -> None:
+    def create_leased(
+        self, data: st.DataObject, with_devices: bool, extra: tuple[str], engine: str
+    ) -> None:
         """A container created with the labels of a lease seen granted (maybe since ended,
         maybe bound to another container already: a clone)."""
         lease = data.draw(st.sampled_from(self.seen))
         devices = (lease.units if with_devices else ()) + extra
-        box = self._new_box(read_label(labels_for(lease)), devices)
-        self._do(lambda: self.table.created(box.container(), self.now))
+        box = self._new_box(read_label(labels_for(lease)), devices, engine)
+        self._tell(box, lambda: self.table.created(box.container(), self.now))
 
-    @rule(devices=st.lists(st.sampled_from(FOREIGN_DEVICES), max_size=2))
-    def create_foreign(self, devices: list[str]) -> None:
-        box = self._new_box(None, tuple(devices))
-        self._do(lambda: self.table.created(box.container(), self.now))
+    @rule(devices=st.lists(st.sampled_from(FOREIGN_DEVICES), max_size=2), engine=ENGINE)
+    def create_foreign(self, devices: list[str], engine: str) -> None:
+        box = self._new_box(None, tuple(devices), engine)
+        self._tell(box, lambda: self.table.created(box.container(), self.now))
 
     @rule(
         count=st.integers(1, 2),
         named=st.none() | st.sampled_from(NAMES),
         exclusive=st.booleans(),
         extra=st.sampled_from([(), (), (), ("1",)]),
+        engine=ENGINE,
     )
     def docker_run(
-        self, count: int, named: str | None, exclusive: bool, extra: tuple[str, ...]
+        self, count: int, named: str | None, exclusive: bool, extra: tuple[str, ...], engine: str
     ) -> None:
-        """What the wrapper will do: ask, create the container with the grant's labels (and
-        devices), start it."""
+        """What the wrapper does: ask, create the container with the grant's labels (and
+        devices), start it (on an engine that is down: unseen)."""
         ask = Ask(count=count, devices=named, exclusive=exclusive)
         try:
             grant = self._do(lambda: self.table.ask(ask, self.now))
@@ -280,15 +331,18 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         if not isinstance(grant, Granted):
             return
-        box = self._new_box(read_label(labels_for(grant.lease)), grant.lease.units + extra)
-        self._do(lambda: self.table.created(box.container(), self.now))
+        box = self._new_box(read_label(labels_for(grant.lease)), grant.lease.units + extra, engine)
+        self._tell(box, lambda: self.table.created(box.container(), self.now))
         self._start(box, obey=True)
 
-    @rule(devices=st.lists(st.sampled_from(FOREIGN_DEVICES), min_size=1, max_size=2))
-    def foreign_run(self, devices: list[str]) -> None:
+    @rule(
+        devices=st.lists(st.sampled_from(FOREIGN_DEVICES), min_size=1, max_size=2),
+        engine=ENGINE,
+    )
+    def foreign_run(self, devices: list[str], engine: str) -> None:
         """``docker run --device ...`` past the table: it runs whatever the table says."""
-        box = self._new_box(None, tuple(devices))
-        self._do(lambda: self.table.created(box.container(), self.now))
+        box = self._new_box(None, tuple(devices), engine)
+        self._tell(box, lambda: self.table.created(box.container(), self.now))
         self._start(box, obey=False)
 
     @precondition(_any_stopped)
@@ -299,12 +353,17 @@ class LeaseMachine(RuleBasedStateMachine):
         self._start(self._pick(data, running=False), obey)
 
     def _start(self, box: Box, obey: bool) -> None:
+        """Its engine down, it starts unseen, unasked (no authorization plugin reached)."""
+        if box.engine in self.down:
+            box.running = True
+            return
         before = self.table.view()
         outcome = self.table.may_start(box.container(), self.now)
         assert {c.kind for c in outcome.changes} <= TIME_CHANGES
         self._do(lambda: outcome)  # what the passing of time did, checked as any change
-        if before.leases == self.table.view().leases:
-            assert self.table.view().foreign == before.foreign
+        if not outcome.changes:
+            after = self.table.view()
+            assert (after.leases, after.foreign) == (before.leases, before.foreign)
         if obey and not outcome.answer.allowed:
             return
         box.running = True
@@ -315,28 +374,49 @@ class LeaseMachine(RuleBasedStateMachine):
     def die(self, data: st.DataObject) -> None:
         box = self._pick(data, running=True)
         box.running = False
-        self._do(lambda: self.table.died(box.id, self.now))
+        self._tell(box, lambda: self.table.died(box.id, self.now))
 
     @precondition(_any_container)
     @rule(data=st.data())
     def destroy(self, data: st.DataObject) -> None:
         box = self._pick(data)
-        del self.world[box.id]
-        self._do(lambda: self.table.destroyed(box.id, self.now))
+        self._remove(box)
+        self._tell(box, lambda: self.table.destroyed(box.id, self.now))
 
     @precondition(_any_container)
     @rule(data=st.data(), what=st.sampled_from(["destroy", "die", "start"]))
     def missed_event_then_resync(self, data: st.DataObject, what: str) -> None:
+        """An event lost: its engine lists its containers (if it is up)."""
         box = self._pick(data)
         if what == "destroy":
-            del self.world[box.id]
+            self._remove(box)
         else:
             box.running = what == "start"
-        self._resync()
+        if box.engine not in self.down:
+            self._resync(box.engine)
 
-    def _resync(self) -> None:
-        live = [b.container() for b in self.world.values()]
-        self._do(lambda: self.table.resync(live, self.now))
+    @rule(engine=ENGINE)
+    def engine_lists(self, engine: str) -> None:
+        """One engine lists its containers (its event stream reopened): the other's leases
+        stay as they are."""
+        if engine not in self.down:
+            self._resync(engine)
+
+    @rule(engine=ENGINE)
+    def engine_goes_down(self, engine: str) -> None:
+        """Its service stops (or its socket goes): its containers live on, unseen."""
+        self.down.add(engine)
+
+    @precondition(_any_down)
+    @rule(data=st.data())
+    def engine_comes_back(self, data: st.DataObject) -> None:
+        engine = data.draw(st.sampled_from(sorted(self.down)))
+        self.down.discard(engine)
+        self._resync(engine)
+
+    def _resync(self, engine: str) -> None:
+        live = [b.container() for b in self.world.values() if b.engine == engine]
+        self._do(lambda: self.table.resync(engine, live, self.now))
 
     @rule(pids=st.dictionaries(st.integers(100, 102), st.integers(0, 3), max_size=2))
     def gpu_processes(self, pids: dict[int, int]) -> None:
@@ -363,13 +443,31 @@ class LeaseMachine(RuleBasedStateMachine):
         self.node = NODES["b" if self.node is NODES["a"] else "a"]
         node, health = self.node, list(self.health)
         self._do(lambda: self.table.set_node(node, health, self.now))
-        self._resync()
+        for engine in ENGINES:
+            if engine not in self.down:
+                self._resync(engine)
 
-    @rule(lose_snapshot=st.booleans())
-    def agent_restarts(self, lose_snapshot: bool) -> None:
-        """A new table from the snapshot (through JSON) and the container list; the queue
-        is not kept (its askers were the old process's connections)."""
+    @rule(
+        lose_snapshot=st.booleans(),
+        older_agent=st.booleans(),
+        order=st.permutations(ENGINES),
+        goes_down=st.sampled_from([(), (), ("podman",), ("docker",)]),
+    )
+    def agent_restarts(
+        self, lose_snapshot: bool, older_agent: bool, order: list[str], goes_down: tuple[str]
+    ) -> None:
+        """A new table from the snapshot (through JSON; ``older_agent``: without the
+        engines, as an older agent wrote it), then each engine that is up lists its
+        containers, in any order (one that is down, ``goes_down`` with the agent among them,
+        lists when it comes back); the queue is not kept (its askers were the old
+        process's connections)."""
+        self.down.update(goes_down)
         saved = json.loads(json.dumps(snapshot_to_json(self.table.snapshot())))
+        if older_agent:
+            for entry in saved["leases"] + saved["foreign"]:
+                del entry["engine"]
+            for entry in saved["foreign"]:
+                del entry["until_s"]
         self.table = LeaseTable(self.node, list(self.health), SETTINGS, now_s=self.now)
         self.waiting.clear()
         for box in self.world.values():
@@ -379,7 +477,14 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             snapshot = snapshot_from_json(saved)
             self._do(lambda: self.table.restore(snapshot, self.now))
-        self._resync()
+            for lease in self.table.view().leases:  # each container keeps its restored lease
+                restored = self.world.get(lease.container_id or "")
+                if restored is not None:
+                    restored.bound = lease.id
+        self._do(lambda: self.table.followed(ENGINES, self.now))
+        for engine in order:
+            if engine not in self.down:
+                self._resync(engine)
 
     # --- what must always hold ------------------------------------------------------------
 
@@ -399,7 +504,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_holder_is_one_the_world_has(self) -> None:
-        """No GPU is lost: each lease and foreign hold stands for something that exists."""
+        """No GPU is lost: each lease and foreign hold stands for something that exists, or
+        for a container removed unseen while its engine is down (or, of an unknown engine,
+        for the grace time at most)."""
         view = self.table.view()
         bound = [x.container_id for x in view.leases if x.container_id is not None]
         assert len(bound) == len(set(bound))
@@ -412,27 +519,51 @@ class LeaseMachine(RuleBasedStateMachine):
         for lease in view.leases:
             if lease.state is LeaseState.PENDING:
                 assert lease.container_id is None
+                assert lease.engine is None
                 assert lease.until_s == lease.since_s + SETTINGS.pending_s
                 for key in lease.units:
                     unit = gpus.get(key)
                     assert unit is not None
                     assert self.health[unit.gpu].healthy
                 continue
-            holder = self.world.get(lease.container_id or "")
-            assert holder is not None, lease
+            if lease.until_s is not None:
+                assert view.now_s < lease.until_s <= view.now_s + SETTINGS.grace_s
+            holder = self._holder(lease.container_id or "", lease.engine, lease.until_s)
+            if holder is None:
+                continue  # a ghost: its engine has not listed since it was removed
             if lease.state is LeaseState.RUNNING:
                 assert holder.running
-                assert lease.until_s is None
+                assert lease.until_s is None or lease.engine is None
             else:
                 assert not holder.running
                 assert lease.until_s is not None
-                assert view.now_s < lease.until_s <= view.now_s + SETTINGS.grace_s
         for hold in view.foreign:
             if hold.source is ForeignSource.CONTAINER:
-                assert hold.holder in self.world
-                assert self.world[hold.holder].running
+                held_by = self._holder(hold.holder, hold.engine, hold.until_s)
+                assert held_by is None or held_by.running
+                if hold.until_s is not None:
+                    assert hold.engine is None
+                    assert view.now_s < hold.until_s <= view.now_s + SETTINGS.grace_s
             else:
+                assert (hold.engine, hold.until_s) == (None, None)
                 assert hold.holder in {f"pid {pid}" for pid in self.pids}
+
+    def _holder(self, container_id: str, engine: str | None, until_s: float | None) -> Box | None:
+        """The container a bound lease or container hold stands for, where the table can
+        know its state (its engine is up and has told it so); None for one it cannot: of an
+        engine that is down, or removed unseen (a ghost) while its engine was down."""
+        box = self.world.get(container_id)
+        if box is None:
+            ghost = self.ghosts.get(container_id)
+            assert ghost is not None, f"{container_id[:12]} is no container"
+            if ghost.engine not in self.down:  # listed since: only an unknown engine's
+                assert engine is None, (container_id[:12], engine)
+                assert until_s is not None, container_id[:12]
+            return None
+        if box.engine in self.down:
+            return None
+        assert engine == box.engine, (container_id[:12], engine, box.engine)
+        return box
 
     @invariant()
     def the_queue_is_the_line_the_askers_stand_in(self) -> None:
@@ -442,8 +573,13 @@ class LeaseMachine(RuleBasedStateMachine):
         self._all_leave()
 
     def _all_leave(self) -> None:
-        """Every container removed, every ask withdrawn, every process gone, every grant
-        released: then every GPU is free, and every healthy one can be leased again."""
+        """Every engine back (each lists its containers), every container removed, every
+        ask withdrawn, every process gone, every grant released, and what an unknown
+        engine's containers held kept no longer than its bound: then every GPU is free, and
+        every healthy one can be leased again."""
+        for engine in sorted(self.down):
+            self.down.discard(engine)
+            self._resync(engine)
         for box_id in sorted(self.world):
             del self.world[box_id]
             self._do(partial(self.table.destroyed, box_id, self.now))
@@ -452,7 +588,17 @@ class LeaseMachine(RuleBasedStateMachine):
         self.pids = {}
         self._do(lambda: self.table.processes_seen([], self.now))
         for lease in self.table.view().leases:
-            self._do(partial(self.table.release, lease.id, self.now))
+            if lease.state is not LeaseState.RUNNING:
+                self._release(lease.id)
+        view = self.table.view()
+        for lease in view.leases:  # the ghosts of an unknown engine, each with its bound
+            assert (lease.engine, lease.state) == (None, LeaseState.RUNNING), lease
+            assert lease.container_id in self.ghosts, lease
+        assert all(h.holder in self.ghosts and h.until_s is not None for h in view.foreign)
+        while (due := self.table.next_deadline_s()) is not None:
+            self.now = max(self.now, due)
+            self._do(partial(self.table.tick, self.now))
+        self.ghosts.clear()
         view = self.table.view()
         assert (view.leases, view.foreign, view.waiting) == ((), (), ())
         assert all(u.state is UnitState.FREE for u in view.units)

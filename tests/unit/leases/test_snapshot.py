@@ -92,7 +92,7 @@ def test_rebuild_after_a_restart_restores_then_resyncs_with_the_live_containers(
         leased_container(2, leases["lease-3"], running=True),
         Container(cid(3), True, devices=("3",), how="--device /dev/nvidia3"),
     ]
-    synced = table.resync(live, T0 + 100)
+    synced = table.resync("", live, T0 + 100)
     assert [c.kind for c in synced.changes] == [ChangeKind.ENDED, ChangeKind.STARTED]
     assert [u.state for u in table.view().units] == [
         UnitState.FREE,
@@ -110,7 +110,7 @@ def test_rebuild_without_a_snapshot_takes_the_running_containers_labels() -> Non
         leased_container(1, leases["lease-2"], running=True),
         leased_container(2, leases["lease-3"]),  # stopped: it holds nothing now
     ]
-    synced = table.resync(live, T0 + 100)
+    synced = table.resync("", live, T0 + 100)
     assert [c.kind for c in synced.changes] == [ChangeKind.RELET]
     relet = table.lease("lease-2")
     assert relet is not None

@@ -214,11 +214,11 @@ async def test_container_events_bind_and_free_a_lease(open_service: Open) -> Non
 async def test_a_resync_rebuilds_a_lease_from_its_container(open_service: Open) -> None:
     service = open_service()
     grant = grant_of(await service.ask(Ask(count=1)))
-    service.resync([leased_container(1, grant.lease, running=True)])
+    service.resync("", [leased_container(1, grant.lease, running=True)])
     lease = service.lease(grant.lease.id)
     assert lease is not None
     assert (lease.state, lease.container_id) == (LeaseState.RUNNING, cid(1))
-    service.resync([])  # the container is gone
+    service.resync("", [])  # the container is gone
     assert service.lease(grant.lease.id) is None
 
 
