@@ -28,16 +28,29 @@ forms ``NV_GPU=auto``, ``--gpus 1``, ``--gpus all``. What the lease costs is a l
 minus ``NV_GPU=0``. ``NV_CDI=no``: the engine is not asked (its ``docker version`` is the
 engine's cost, the same with or without a lease).
 
+``--real-docker`` (with ``--lease``, as root with Debian's dockerd) adds the run as most
+users have it: ``NV_DOCKER`` unset, the docker CLI on ``PATH`` and a private dockerd
+(``tests.support.dockerd``) holding the GPU image, so that the wrapper asks the engine's
+socket for the labels (``controller.wrapper.engine_api``). docker itself must cost little
+and the same every time, so the daemon refuses the run (an unknown ``--runtime``: the CLI's
+start, its API version check and the create request, no container): ``real: docker`` is
+that refusal alone, ``real: python exec`` the floor, and ``NV_GPU=auto`` with ``NV_CDI=no``
+and unset (then the engine is asked whether it reads CDI: ``docker version``).
+
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
-and after in one run, under the same load.
+and after in one run, under the same load (``x before``: the median over the other's).
+Each line also has the CPU time (user and system) of the command and its children, which
+other load on a shared machine moves less than the wall time.
 
-    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5] [--lease] [--compare DIR]
+    python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
+        [--lease [--real-docker] [--compare DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -119,6 +132,32 @@ def _site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
+REAL_IMAGE = "nvd-bench/cuda:12.4"
+GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
+# --real-docker: docker itself refuses the run in the daemon, before any container exists
+REFUSED_RUNTIME = "nvd-bench-no-such-runtime"
+# NV_CPUSET=no: the fake node's cpuset (0-7) is not this machine's, and dockerd would refuse
+# that before the runtime
+REAL_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("real: NV_GPU=auto", {"NV_GPU": "auto", "NV_CDI": "no", "NV_CPUSET": "no"}),
+    ("real: NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
+)
+
+
+class Variant:
+    """One command to time: its argv and environment, and whether it must lease."""
+
+    __slots__ = ("argv", "env", "leases", "real")
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], *, leases: bool = False, real: bool = False
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.leases = leases
+        self.real = real  # the real docker CLI: refused by the daemon (exit 125)
+
+
 def lease_path(opts: argparse.Namespace) -> int:
     """``--lease``: the run path, with and without a lease (see the module docstring)."""
     from tests.support.lease_agent import LeaseAgent, served_in_thread  # noqa: PLC0415
@@ -126,86 +165,130 @@ def lease_path(opts: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("PYTHONPATH", None)
-    with (
-        tempfile.TemporaryDirectory(prefix="nvd-bench-") as tmp,
-        served_in_thread(LeaseAgent(forgetful=True)) as port,
-    ):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nvd-bench-"))
+        port = stack.enter_context(served_in_thread(LeaseAgent(forgetful=True)))
+        engine_host = _private_engine(stack) if opts.real_docker else None
         python = _plain_venv(Path(tmp))
         _see_libraries(python)
         docker = Path(tmp) / "docker"
         docker.write_text(FAKE_DOCKER)
         docker.chmod(0o755)
-        env.update(
-            NV_DOCKER=str(docker),
-            NV_CDI="no",
-            NV_HOST=f"http://127.0.0.1:{port}",
-            DOCKER_HOST="tcp://127.0.0.1:2375",
-        )
+        agent = {"NV_HOST": f"http://127.0.0.1:{port}"}
+        scripted = {**env, **agent, "NV_DOCKER": str(docker), "NV_CDI": "no"}
+        scripted["DOCKER_HOST"] = "tcp://127.0.0.1:2375"
         run = ["run", "--rm", "nvidia/cuda:12.4", "nvidia-smi"]
-        launcher = _launcher(python, Path(tmp))
-        exec_only = f"import os, sys; os.execvp({str(docker)!r}, ['docker', *sys.argv[1:]])"
-        variants: dict[str, tuple[list[str], dict[str, str]]] = {
-            "docker": ([str(docker), *run], env),
-            "python exec": ([str(python), "-c", exec_only, *run], env),
+        exec_only = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
+        variants: dict[str, Variant] = {
+            "docker": Variant([str(docker), *run], scripted),
+            "python exec": Variant([str(python), "-c", exec_only, str(docker), *run], scripted),
         }
-        for name, extra_env, flags in LEASE_VARIANTS:
-            variants[name] = ([*launcher, run[0], *flags, *run[1:]], {**env, **extra_env})
-        leasing = {name for name, _, _ in LEASE_VARIANTS[1:]}
+        launchers = {"": _launcher(python, Path(tmp))}
         if opts.compare is not None:  # the same variants, run from the other checkout
             other = Path(opts.compare).resolve()
             where = Path(tmp, "compare")
             where.mkdir()
             other_python = _plain_venv(where, other)
             _see_libraries(other_python)
-            other_launcher = _launcher(other_python, where, launcher=other / "bin/nvidia-docker")
-            for name, extra_env, flags in LEASE_VARIANTS:
-                argv = [*other_launcher, run[0], *flags, *run[1:]]
-                variants[f"{COMPARED}{name}"] = (argv, {**env, **extra_env})
-                if name in leasing:
-                    leasing.add(f"{COMPARED}{name}")
-        for name, (argv, variant_env) in variants.items():  # each works, leases or not
-            done = subprocess.run(
-                argv, env=variant_env, capture_output=True, text=True, check=False
+            launchers[COMPARED] = _launcher(
+                other_python, where, launcher=other / "bin/nvidia-docker"
             )
-            leased = "--label=nvidia-docker.lease=" in done.stdout
-            if done.returncode != 0 or leased is not (name in leasing):
-                print(
-                    f"bench_wrapper | {name}: {done.stderr.strip() or done.stdout}", file=sys.stderr
+        for prefix, launcher in launchers.items():
+            for name, extra_env, flags in LEASE_VARIANTS:
+                variants[f"{prefix}{name}"] = Variant(
+                    [*launcher, run[0], *flags, *run[1:]],
+                    {**scripted, **extra_env},
+                    leases=name != "NV_GPU=0",
                 )
+        if engine_host is not None:
+            real_env = {**env, **agent, "DOCKER_HOST": engine_host}
+            real_run = ["run", "--rm", f"--runtime={REFUSED_RUNTIME}", REAL_IMAGE, "true"]
+            variants["real: docker"] = Variant(["docker", *real_run], real_env, real=True)
+            variants["real: python exec"] = Variant(
+                [str(python), "-c", exec_only, "docker", *real_run], real_env, real=True
+            )
+            for prefix, launcher in launchers.items():
+                for name, extra_env in REAL_VARIANTS:
+                    variants[f"{prefix}{name}"] = Variant(
+                        [*launcher, *real_run], {**real_env, **extra_env}, leases=True, real=True
+                    )
+        for name, variant in variants.items():  # each works, leases or not
+            problem = _check(variant)
+            if problem:
+                print(f"bench_wrapper | {name}: {problem}", file=sys.stderr)
                 return 1
         print(f"bench_wrapper | run path: a plain venv ({python}), the fake agent on "
               f"127.0.0.1:{port}, a shell-script docker, NV_CDI=no")  # fmt: skip
+        if engine_host is not None:
+            print(f"bench_wrapper | real: ...: the docker CLI ({shutil.which('docker')}) and a "
+                  f"private dockerd ({engine_host}), which refuses the run (--runtime="
+                  f"{REFUSED_RUNTIME}); NV_DOCKER unset")  # fmt: skip
         if opts.compare is not None:
             print(f"bench_wrapper | {COMPARED}...: the same, from {opts.compare}")
         print(f"bench_wrapper | python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
               f"{opts.runs} runs each, interleaved, load average "
               f"{' '.join(f'{load:.2f}' for load in os.getloadavg())} before")  # fmt: skip
         print()
-        samples: dict[str, list[float]] = {name: [] for name in variants}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
         for _ in range(opts.warmup):
-            for argv, variant_env in variants.values():
-                _time(argv, variant_env)
+            for variant in variants.values():
+                _time_cpu(variant.argv, variant.env)
         for _ in range(opts.runs):
             order = list(variants.items())
             random.shuffle(order)
-            for name, (argv, variant_env) in order:
-                samples[name].append(_time(argv, variant_env))
-        base = statistics.median(samples["docker"])
-        plain = statistics.median(samples["NV_GPU=0"])
-        print(f"{'variant':<22} {'median ms':>10} {'p90 ms':>8} {'+ms vs docker':>14} "
-              f"{'+ms vs NV_GPU=0':>16}")  # fmt: skip
-        for name, values in samples.items():
-            med = statistics.median(values)
-            p90 = statistics.quantiles(values, n=10)[-1]
-            print(f"{name:<22} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} {(med - base) * 1e3:>+14.1f} "
-                  f"{(med - plain) * 1e3:>+16.1f}")  # fmt: skip
-        worst = max(statistics.median(samples[name]) for name, _, _ in LEASE_VARIANTS[1:])
+            for name, variant in order:
+                samples[name].append(_time_cpu(variant.argv, variant.env))
+        _lease_table(samples)
         print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
-        print()
-        print(f"what a lease adds to the run path (worst form, median): "
-              f"{(worst - plain) * 1e3:+.1f} ms; the run path with a lease over docker: "
-              f"{(worst - base) * 1e3:+.1f} ms")  # fmt: skip
     return 0
+
+
+def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
+    """Medians of wall and CPU time (user + system, the command and its children), each
+    real-docker variant against ``real: docker``, the others against ``docker``, and each
+    variant against its twin from ``--compare`` (``x before``)."""
+
+    def median(name: str, which: int = 0) -> float:
+        return statistics.median(sample[which] for sample in samples[name])
+
+    print(f"{'variant':<42} {'median ms':>9} {'p90 ms':>7} {'+ms vs docker':>13} "
+          f"{'cpu ms':>7} {'+cpu vs docker':>14} {'x before':>8}")  # fmt: skip
+    for name, values in samples.items():
+        base = "real: docker" if "real: " in name else "docker"
+        wall, cpu = median(name), median(name, 1)
+        p90 = statistics.quantiles([v[0] for v in values], n=10)[-1]
+        before = f"{COMPARED}{name}"
+        ratio = f"{wall / median(before):>8.2f}" if before in samples else f"{'':>8}"
+        print(f"{name:<42} {wall * 1e3:>9.1f} {p90 * 1e3:>7.1f} "
+              f"{(wall - median(base)) * 1e3:>+13.1f} {cpu * 1e3:>7.1f} "
+              f"{(cpu - median(base, 1)) * 1e3:>+14.1f} {ratio}")  # fmt: skip
+
+
+def _check(variant: Variant) -> str | None:
+    """What is wrong with one run of ``variant`` (None: it works, and leases if it must)."""
+    env = {**variant.env, "NV_DEBUG": "1"} if variant.real else variant.env
+    done = subprocess.run(variant.argv, env=env, capture_output=True, text=True, check=False)
+    if variant.real:
+        if done.returncode != 125 or "runtime" not in done.stderr:
+            return done.stderr.strip() or f"exit {done.returncode}"
+        leased = "lease: granted" in done.stderr
+    else:
+        if done.returncode != 0:
+            return done.stderr.strip() or f"exit {done.returncode}"
+        leased = "--label=nvidia-docker.lease=" in done.stdout
+    if leased is not variant.leases:
+        return f"leased: {leased}, expected {variant.leases}: {done.stderr.strip()}"
+    return None
+
+
+def _private_engine(stack: contextlib.ExitStack) -> str:
+    """A private dockerd (tests.support.dockerd) with the GPU image; its DOCKER_HOST."""
+    from tests.support.dockerd import start_engine, stop_engine  # noqa: PLC0415
+
+    engine, proc = start_engine()
+    stack.callback(stop_engine, engine, proc)
+    engine.import_busybox(REAL_IMAGE, GPU_LABELS)
+    return engine.host
 
 
 def _see_libraries(python: Path) -> None:
@@ -226,6 +309,22 @@ def _time(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
+def _time_cpu(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time, and CPU time (user + system) of the command and what it waited for."""
+    started = time.perf_counter()
+    pid = os.posix_spawnp(
+        argv[0],
+        argv,
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+        ],
+    )
+    _, _, usage = os.wait4(pid, 0)
+    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30, help="timed runs per variant and command")
@@ -234,9 +333,14 @@ def main() -> int:
         "--lease", action="store_true", help="time run with and without a lease instead"
     )
     parser.add_argument(
+        "--real-docker",
+        action="store_true",
+        help="with --lease: also time the docker CLI against a private dockerd (root, dockerd)",
+    )
+    parser.add_argument(
         "--compare",
         metavar="DIR",
-        help="with --lease: also time the checkout in DIR, interleaved (before and after)",
+        help="also time nvidia-docker of the checkout in DIR, interleaved (before and after)",
     )
     opts = parser.parse_args()
     if opts.lease:
@@ -259,6 +363,15 @@ def main() -> int:
             "  pip launcher": _launcher(python, Path(tmp), pip_template=True),
             "old way": ["sh", "-c", 'docker version >/dev/null 2>&1; exec docker "$@"', "old"],
         }
+        if opts.compare is not None:  # nvidia-docker of the other checkout, in its own venv
+            other = Path(opts.compare).resolve()
+            where = Path(tmp, "compare")
+            where.mkdir()
+            other_python = _plain_venv(where, other)
+            other_launcher = other / "bin" / "nvidia-docker"
+            variants[f"{COMPARED}nv-docker"] = _launcher(
+                other_python, where, launcher=other_launcher
+            )
         installed = Path(sys.executable).with_name("nvidia-docker")
         if installed.exists():
             variants["this venv's"] = [str(installed)]
@@ -269,7 +382,9 @@ def main() -> int:
         print(f"bench_wrapper | python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
               f"DOCKER_HOST={env['DOCKER_HOST']}, {opts.runs} runs each, interleaved")  # fmt: skip
         print()
-        print(f"{'command':<18} {'variant':<14} {'median ms':>10} {'p90 ms':>8} "
+        if opts.compare is not None:
+            print(f"bench_wrapper | {COMPARED}nv-docker: nvidia-docker from {opts.compare}")
+        print(f"{'command':<18} {'variant':<20} {'median ms':>10} {'p90 ms':>8} "
               f"{'+ms vs docker':>14} {'x docker':>9}")  # fmt: skip
         summary: list[tuple[str, float, float]] = []
         for command in COMMANDS:
@@ -287,7 +402,7 @@ def main() -> int:
             for name, values in samples.items():
                 med = statistics.median(values)
                 p90 = statistics.quantiles(values, n=10)[-1]
-                print(f"{label:<18} {name:<14} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} "
+                print(f"{label:<18} {name:<20} {med * 1e3:>10.1f} {p90 * 1e3:>8.1f} "
                       f"{(med - base) * 1e3:>+14.1f} {med / base:>9.2f}")  # fmt: skip
             ours = statistics.median(samples["nvidia-docker"]) - base
             floor = statistics.median(samples["python exec"]) - base
