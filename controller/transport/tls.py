@@ -69,6 +69,19 @@ class TlsOptions:
     key: str | None = None  # its key (None: in the certificate file)
     token_file: str | None = None  # bearer token, first line that is not a comment
 
+    def __init__(  # written out, as Endpoint's: a fleet may make one per node (node.tls.over)
+        self,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        token_file: str | None = None,
+    ) -> None:
+        store = object.__setattr__
+        store(self, "ca", ca)
+        store(self, "cert", cert)
+        store(self, "key", key)
+        store(self, "token_file", token_file)
+
     @classmethod
     def from_options(cls, options: Options) -> TlsOptions:
         """The TLS part of the edge's options."""
