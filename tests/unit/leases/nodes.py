@@ -116,6 +116,6 @@ def cid(n: int) -> str:
     return f"{n:04x}" + "ab" * 30
 
 
-def leased_container(n: int, lease: Lease, running: bool = False) -> Container:
-    """Container ``n`` created with ``lease``'s labels."""
-    return Container(cid(n), running, read_label(labels_for(lease)))
+def leased_container(n: int, lease: Lease, running: bool = False, engine: str = "") -> Container:
+    """Container ``n`` of ``engine``, created with ``lease``'s labels."""
+    return Container(cid(n), running, read_label(labels_for(lease)), engine=engine)

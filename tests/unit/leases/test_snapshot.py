@@ -119,6 +119,42 @@ def test_rebuild_without_a_snapshot_takes_the_running_containers_labels() -> Non
     assert granted(table.ask(Ask(), T0 + 101)).lease.id == "lease-4"  # after every label
 
 
+def test_a_snapshot_names_each_containers_engine_known_or_not() -> None:
+    """Engines by name; a lease and a hold of an unknown engine waiting for a list, with
+    their bound."""
+    table = LeaseTable(NODE, healthy(NODE), now_s=T0)
+    for n, dev in ((1, "1"), (2, "2")):
+        lease = granted(table.ask(Ask(devices=dev), T0)).lease
+        table.started(leased_container(n, lease, running=True, engine="/run/docker.sock"), T0)
+    foreign = Container(cid(3), True, devices=("3",), engine="/run/docker.sock")
+    table.started(foreign, T0)
+    saved = snapshot_to_json(table.snapshot())
+    assert [x["engine"] for x in saved["leases"]] == ["/run/docker.sock"] * 2
+    assert [(h["engine"], h["until_s"]) for h in saved["foreign"]] == [("/run/docker.sock", None)]
+    assert _round_trip(table.snapshot()) == table.snapshot()
+
+    unknown = LeaseTable(NODE, healthy(NODE), now_s=T0)  # another, its engines not followed
+    unknown.restore(_round_trip(table.snapshot()), T0)
+    unknown.followed(["/run/podman/podman.sock"], T0)
+    unknown.resync("/run/podman/podman.sock", [], T0 + 5)
+    snapshot = unknown.snapshot()
+    assert [(x.engine, x.until_s) for x in snapshot.leases] == [(None, T0 + 605)] * 2
+    assert [(h.engine, h.until_s) for h in snapshot.foreign] == [(None, T0 + 605)]
+    assert _round_trip(snapshot) == snapshot
+
+
+def test_an_older_agents_snapshot_reads_its_containers_engines_as_unknown() -> None:
+    data = _valid()
+    for entry in data["leases"] + data["foreign"]:
+        del entry["engine"]
+    for entry in data["foreign"]:
+        del entry["until_s"]
+    snapshot = snapshot_from_json(data)
+    assert [x.engine for x in snapshot.leases] == [None, None, None]
+    assert [(h.engine, h.until_s) for h in snapshot.foreign] == [(None, None)]
+    assert [x.state for x in snapshot.leases] == [x.state for x in _busy_table().snapshot().leases]
+
+
 def test_restore_needs_an_empty_table() -> None:
     table = _busy_table()
     with pytest.raises(RuntimeError, match="restored before it holds anything"):
@@ -154,6 +190,21 @@ def _valid() -> dict[str, Any]:
             "foreign[0].holder: not a container id or pid: 'pid x'",
         ),
         (lambda d: _foreign(d, source="magic"), "foreign[0].source: not a source: 'magic'"),
+        (lambda d: _lease(d, engine="a\nb"), "leases[0].engine: not a printable string"),
+        (lambda d: _lease(d, engine="x" * 300), "leases[0].engine: not an engine name: 'xx"),
+        (lambda d: _lease(d, engine="/run/docker.sock"), "leases[0].engine: a pending lease"),
+        (
+            lambda d: _lease(d, 1, until_s=T0),
+            "leases[1].until_s: set unless its container runs (and is its engine's",
+        ),
+        (
+            lambda d: _foreign(d, source="process"),
+            "foreign[0].engine: only a running container's hold has one",
+        ),
+        (
+            lambda d: _foreign(d, until_s=T0),
+            "foreign[0].until_s: only a container's hold of an unknown engine has one",
+        ),
     ],
 )
 def test_what_is_not_a_snapshot_is_refused_naming_the_field(spoil: Any, line: str) -> None:
@@ -162,8 +213,10 @@ def test_what_is_not_a_snapshot_is_refused_naming_the_field(spoil: Any, line: st
     assert str(caught.value).startswith(line)
 
 
-def _lease(data: dict[str, Any], **fields: object) -> dict[str, Any]:
-    return {**data, "leases": [{**data["leases"][0], **fields}, *data["leases"][1:]]}
+def _lease(data: dict[str, Any], at: int = 0, **fields: object) -> dict[str, Any]:
+    leases = list(data["leases"])
+    leases[at] = {**leases[at], **fields}
+    return {**data, "leases": leases}
 
 
 def _foreign(data: dict[str, Any], **fields: object) -> dict[str, Any]:

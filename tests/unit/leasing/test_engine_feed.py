@@ -12,11 +12,12 @@ import pytest
 
 from agent.engines.events import EventKind
 from agent.engines.http import EngineClient, EngineError
-from agent.leases.answers import Granted
+from agent.gpu.model import NodeInfo
+from agent.leases.answers import Granted, Refused
 from agent.leases.asks import Ask
 from agent.leases.containers import Container
 from agent.leases.holders import Lease, LeaseState
-from agent.leases.labels import labels_for
+from agent.leases.labels import labels_for, read_label
 from agent.leases.settings import LeaseSettings
 from agent.leases.view import UnitState
 from agent.leasing.engine_feed import MAX_QUEUED, EngineFeed
@@ -146,6 +147,129 @@ async def test_one_engines_resync_keeps_the_other_engines_leases(
         await feed.close()
         await docker.stop()
         await podman.stop()
+
+
+async def test_an_engines_containers_carry_its_name_its_socket_path(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    lease = await granted(service)
+    feed.follow(client(engine), first_backoff_s=0.05)
+    with pytest.raises(ValueError, match="two engines named"):
+        feed.follow(client(engine))
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    await engine.send(event_line("start", cid(1)))
+    await eventually(lambda: state_of(service, lease) == (LeaseState.RUNNING, cid(1)), "runs")
+    bound = service.lease(lease.id)
+    assert bound is not None
+    assert bound.engine == str(engine.socket_path)
+
+
+async def test_an_agent_restarted_while_podman_is_absent_keeps_podmans_leases_till_it_lists(
+    tmp_path: Path,
+) -> None:
+    """The agent runs with Docker and Podman, and is restarted (its state file written after
+    its last change, as a kill -9 leaves it) while Podman's API service is down, its socket
+    gone. Docker lists at once: Podman's containers keep their
+    leases, their GPUs are not leased again. Podman's service comes back: its list ends the
+    lease of its container removed meanwhile, and only that one."""
+    node = build_node([0, 0, 0])
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    docker, podman = FakeEngine(tmp_path / "docker.sock"), FakeEngine(tmp_path / "podman.sock")
+
+    await docker.start()
+    await podman.start()
+    try:
+        await _restart_while_podman_is_absent(node, state_dir, docker, podman)
+    finally:
+        await docker.stop()
+        await podman.stop()
+
+
+async def _restart_while_podman_is_absent(
+    node: NodeInfo, state_dir: Path, docker: FakeEngine, podman: FakeEngine
+) -> None:
+    first = LeaseService.open(node, healthy(node), LeaseSettings(), state_dir)
+    feed = EngineFeed(first)
+    try:
+        leases = [await granted(first) for _ in range(3)]
+        docker.add(cid(1), running=True, labels=labels_for(leases[0]))
+        podman.add(cid(2), running=True, labels=labels_for(leases[1]))
+        podman.add(cid(3), running=True, labels=labels_for(leases[2]))
+        feed.follow(client(docker), first_backoff_s=0.05)
+        feed.follow(client(podman), first_backoff_s=0.05)
+        feed.start()
+        await eventually(
+            lambda: (
+                [state_of(first, x) for x in leases]
+                == [(LeaseState.RUNNING, cid(n)) for n in (1, 2, 3)]
+            ),
+            "the three leases bound",
+        )
+        await first.settled()
+    finally:
+        await feed.close()
+        await first.close()
+    await podman.stop()  # its service down, its socket gone; its containers live on
+    del podman.containers[cid(3)]  # removed meanwhile (podman rm, no service to tell)
+
+    again = LeaseService.open(node, healthy(node), LeaseSettings(), state_dir)
+    feed = EngineFeed(again)
+    try:
+        feed.follow(client(docker), first_backoff_s=0.05)
+        podmans = feed.follow(client(podman), first_backoff_s=0.05, most_backoff_s=0.1)
+        feed.start()
+        await eventually(lambda: docker.streams_opened == 2, "docker followed again")
+        await eventually(lambda: feed.applied >= 1, "docker's list applied")
+        await feed.drained()
+        assert not podman.socket_path.exists()
+        assert [state_of(again, x) for x in leases] == [
+            (LeaseState.RUNNING, cid(n)) for n in (1, 2, 3)
+        ]
+        refused = await again.ask(Ask(count=1))
+        assert isinstance(refused, Refused)
+        assert f"by container {cid(3)[:12]} ({leases[2].id})" in refused.text
+
+        await podman.start()
+        await eventually(lambda: podmans.resyncs == 1, "podman listed once it answers")
+        await feed.drained()
+        assert [state_of(again, x) for x in leases] == [
+            (LeaseState.RUNNING, cid(1)),
+            (LeaseState.RUNNING, cid(2)),
+            None,
+        ]
+        assert [u.state for u in again.view().units] == [
+            UnitState.LEASED,
+            UnitState.LEASED,
+            UnitState.FREE,
+        ]
+    finally:
+        await feed.close()
+        await again.close()
+
+
+async def test_a_lease_of_an_engine_not_followed_waits_for_an_engines_list(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    """A lease bound to a container of another engine name (an agent restarted with another
+    socket path): unknown at start; the engine that lists the container takes it up."""
+    lease = await granted(service)
+    service.started(
+        Container(cid(1), True, read_label(labels_for(lease)), engine="/var/run/docker.sock")
+    )
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    events = feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    after_start = service.lease(lease.id)
+    assert after_start is not None
+    assert after_start.engine is None  # followed: not an engine of this feed
+    await eventually(lambda: events.resyncs == 1, "the engine listed")
+    await feed.drained()
+    listed = service.lease(lease.id)
+    assert listed is not None
+    assert (listed.state, listed.engine) == (LeaseState.RUNNING, str(engine.socket_path))
 
 
 async def test_a_container_gone_before_its_inspect_is_left_to_its_destroy(

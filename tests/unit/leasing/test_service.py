@@ -17,6 +17,7 @@ import pytest
 from agent.gpu.model import NodeInfo
 from agent.leases.answers import Granted, Hold, Refusal, Refused, Released
 from agent.leases.asks import Ask, InvalidAsk
+from agent.leases.containers import Container
 from agent.leases.holders import LeaseState
 from agent.leases.settings import LeaseSettings
 from agent.leases.view import UnitState
@@ -456,6 +457,71 @@ async def test_a_valid_state_file_is_read(open_service: Open, tmp_path: Path) ->
     lease = service.lease("lease-1")
     assert lease is not None
     assert lease.container_id == cid(1)
+
+
+async def test_an_older_agents_state_file_is_read_its_engines_unknown_till_listed(
+    open_service: Open, tmp_path: Path
+) -> None:
+    """A state file of an agent before engines (no ``engine`` fields): a running container's
+    lease, and a foreign container's hold. Docker's list lacks both: they are kept for the
+    grace time; Podman's list has them: they are Podman's, and the file says so."""
+    now = time.time()
+    older = {
+        "schema": "nvidia-docker-leases/1",
+        "saved_s": now,
+        "next_lease": 2,
+        "leases": [
+            {
+                "id": "lease-1",
+                "units": [uuid(0)],
+                "names": ["0"],
+                "exclusive": True,
+                "owner": {},
+                "asked": "1 GPU",
+                "since_s": now - 10,
+                "state": "running",
+                "container_id": cid(1),
+                "until_s": None,
+            }
+        ],
+        "foreign": [
+            {
+                "holder": cid(2),
+                "source": "container",
+                "units": [uuid(1)],
+                "how": "--device /dev/nvidia1",
+                "since_s": now - 10,
+                "container": True,
+            }
+        ],
+    }
+    state_file = tmp_path / "state" / STATE_NAME
+    state_file.write_text(json.dumps(older))
+    service = open_service()
+    lease = service.lease("lease-1")
+    assert lease is not None
+    assert (lease.state, lease.engine, lease.until_s) == (LeaseState.RUNNING, None, None)
+
+    service.resync("/run/docker.sock", [])
+    lease = service.lease("lease-1")
+    assert lease is not None
+    assert lease.until_s == pytest.approx(time.time() + 600, abs=5)  # kept, for a while
+    assert [u.state for u in service.view().units] == [UnitState.LEASED, UnitState.FOREIGN]
+    await service.settled()
+    saved = json.loads(state_file.read_text())
+    assert saved["leases"][0]["engine"] is None
+    assert saved["leases"][0]["until_s"] == lease.until_s
+    assert saved["foreign"][0]["until_s"] is not None
+
+    podman = "/run/podman/podman.sock"
+    foreign = Container(cid(2), True, devices=("1",), how="--device /dev/nvidia1", engine=podman)
+    service.resync(podman, [leased_container(1, lease, running=True, engine=podman), foreign])
+    await service.settled()
+    saved = json.loads(state_file.read_text())
+    assert [(x["engine"], x["until_s"]) for x in saved["leases"]] == [(podman, None)]
+    assert [(h["engine"], h["until_s"]) for h in saved["foreign"]] == [(podman, None)]
+    service.resync("/run/docker.sock", [])  # Docker's lists end them no more
+    assert [u.state for u in service.view().units] == [UnitState.LEASED, UnitState.FOREIGN]
 
 
 async def test_a_dangling_link_as_state_file_is_one_line(
