@@ -13,12 +13,17 @@ class body, with generic methods instead of generated ones:
   ``field(default=..., compare=False, meta=...)`` for a field left out of ``==`` and
   ``hash``, or one that carries ``meta`` (``controller.options``' declarations);
 - ``__init__`` takes the fields positionally or by name (a missing one without a default,
-  an unknown or repeated one: ``TypeError``, as a dataclass says it);
+  an unknown or repeated one: ``TypeError``, as a dataclass says it), about twice the time
+  of a dataclass's; a class may write its own, storing each field with
+  ``object.__setattr__`` (``Endpoint`` and ``TlsOptions`` do: a fleet makes thousands);
 - instances are frozen (``FrozenInstanceError``, an ``AttributeError``), equal when of the
   same class with equal compared fields, hashable by them, and shown as
   ``Name(field=value, ...)``; ``copy`` and ``pickle`` work;
 - ``replace(obj, **changes)`` and ``fields(cls)`` are ``dataclasses``' functions of those
   names.
+
+The class is made anew (as ``dataclass(slots=True)`` does): its methods must not use
+``super()`` or ``__class__``, which would name the class before ``@record``.
 
 Type checkers read ``@record`` as a frozen dataclass (``dataclass_transform``). A class
 that is not on the wrapper's run path may as well be a dataclass; both can be mixed.
@@ -87,6 +92,10 @@ def record(cls: type[T]) -> type[T]:
             compared.append(name)
     for name in ("__dict__", "__weakref__"):
         body.pop(name, None)
+    for name, value in body.items():  # see the module docstring: the old class would stay
+        function = getattr(value, "fget", value)  # a property's getter too
+        if "__class__" in getattr(getattr(function, "__code__", None), "co_freevars", ()):
+            raise TypeError(f"{cls.__name__}.{name} uses super() or __class__: not in a record")
     body.update(
         __slots__=names,
         __record_fields__=names,

@@ -121,6 +121,17 @@ def test_a_field_without_a_default_after_one_with_is_refused() -> None:
             b: int  # type: ignore[misc]
 
 
+def test_a_method_that_names_its_class_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"Wrong.__repr__ uses super\(\) or __class__"):
+
+        @record
+        class Wrong:
+            a: int = 0
+
+            def __repr__(self) -> str:
+                return super().__repr__()
+
+
 def test_the_run_path_s_classes() -> None:
     """Endpoint (its own __init__), TlsOptions and Options behave as they did."""
     endpoint = parse_endpoint("ssh://admin@node2:2222")
