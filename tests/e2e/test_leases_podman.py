@@ -21,7 +21,11 @@ labels), a container removed while it was down loses its lease, and no GPU is gi
 afterwards; while Podman's API service is down (its event stream dropped) the agent keeps
 the leases, and when the service answers again the agent resyncs: a container removed
 meanwhile loses its lease, one stopped meanwhile keeps it for the grace time, and new
-events are followed.
+events are followed. On a node with a Docker engine too (a private dockerd), an agent
+restarted (``kill -9``) while Podman's API service is down and its socket gone keeps the
+leases of Podman's containers through dockerd's list, and their GPUs are not leased again;
+once the service answers, its list ends the lease of the container removed meanwhile, and
+only that one (each lease is its container's engine's: the state file names it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +51,7 @@ from typing import Any
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.dockerd import start_engine, stop_engine
 from tests.support.podman import CDI_LOCK, RUN_LIMITS, ApiService, api_service, private_podman
 from tests.support.prerequisites import require_root
 from tests.support.services import machine_lock, stop_process, wait_until
@@ -137,6 +143,20 @@ class Node:
     def bound(self) -> dict[str, str]:
         """Container id -> lease id, of every lease bound to a container."""
         return {cid: lease["Lease"] for cid, lease in self.leases().items()}
+
+    def ask(self, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
+        """POST /leases; its answer, of HTTP ``status``."""
+        request = urllib.request.Request(
+            f"{self.url}/leases", data=json.dumps(body).encode(), method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                code, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            code, raw = err.code, err.read()
+        assert code == status, raw
+        answer: dict[str, Any] = json.loads(raw)
+        return answer
 
     def gpu_names(self) -> dict[str, str]:
         """Unit UUID -> its name (``0`` .. ``7``)."""
@@ -231,11 +251,13 @@ class Node:
         return self.agent.log()
 
 
-def _launch(service: ApiService, base: Path) -> AgentProcess:
+def _launch(service: ApiService, base: Path, docker_socket: Path | None = None) -> AgentProcess:
+    """The agent of the node, following ``service`` and the Docker engine at
+    ``docker_socket`` (None: none, a socket path that is not there)."""
     return launch_agent(
         base,
         "--podman-socket", str(service.socket_path),
-        "--docker-socket", str(base / "no-docker.sock"),
+        "--docker-socket", str(docker_socket or base / "no-docker.sock"),
         "--state-dir", str(base / "state"),
         "--cdi-spec-dir", str(CDI_DIR),
         "--cdi-dev-root", str(base / "devroot"),
@@ -433,3 +455,69 @@ def test_a_restart_of_podmans_api_service_resyncs_the_leases(node: Node) -> None
     returned = time.monotonic()
     wait_until(lambda: kept not in node.bound(), what="the removed one's lease gone")
     assert time.monotonic() - returned < FREED_WITHIN_S
+
+
+def test_a_restart_while_podmans_service_is_down_keeps_its_leases_through_dockers_list(
+    node: Node,
+) -> None:
+    """The agent also follows a (private, real) dockerd, and is restarted while Podman's
+    API service is down and its socket gone: dockerd lists at once (binding the lease of
+    its own container, run meanwhile), Podman only once its service is back. Before,
+    dockerd's list ended the leases of Podman's containers and their GPUs could be leased a
+    second time."""
+    docker, dockerd_proc = start_engine()
+    try:
+        docker.import_busybox(IMAGE)
+        docker_socket = Path(docker.host.removeprefix("unix://"))
+        containers = node.run_leased_many(3)
+        node.wait_bound(containers, "3 leases bound")
+        podmans = node.bound()
+        podman_socket = str(node.service.socket_path)
+
+        def saved() -> dict[str, tuple[str, str | None]]:
+            snapshot = json.loads(node.state_file.read_text())
+            return {
+                x["container_id"]: (x["state"], x.get("engine"))
+                for x in snapshot["leases"]
+                if x["container_id"] is not None
+            }
+
+        expected = dict.fromkeys(containers, ("running", podman_socket))
+        wait_until(lambda: saved() == expected, what="the state file: 3 leases, Podman's")
+        grant = node.ask({"count": 1})  # for a Docker container, run while the agent is down
+
+        node.kill9()
+        node.service.stop()  # Podman run without podman.socket: the socket is gone
+        assert not node.service.socket_path.exists()
+        gone, *alive = containers
+        node.podman("rm", "--force", "--time", "0", gone)  # the CLI needs no service
+        labels = [arg for k, v in grant["Labels"].items() for arg in ("--label", f"{k}={v}")]
+        dockers = docker.docker("run", "-d", *labels, IMAGE, "sleep", "600").stdout.strip()
+
+        node.agent = _launch(node.service, node.base, docker_socket)
+        wait_ready(node.agent)
+        # dockerd's list binds its container's lease (the resync is applied) ...
+        wait_until(
+            lambda: node.bound().get(dockers) == grant["Lease"],
+            what=f"dockerd's list binding its container's lease (log: {node.agent.log_path})",
+            timeout_s=60,
+            proc=node.agent.proc,
+        )
+        assert not node.service.socket_path.exists()  # Podman has not listed
+        # ... and leaves Podman's three leases as they were: none of their GPUs is free.
+        assert node.bound() == {**podmans, dockers: grant["Lease"]}
+        states = [u["State"] for u in node.table()["Units"]]
+        assert (states.count("leased"), states.count("free")) == (4, GPUS - 4)
+        refused = node.ask({"count": GPUS - 3}, status=409)
+        assert refused["Refusal"] == "not_enough"
+        assert f"by container {gone[:12]} ({podmans[gone]})" in refused["Error"]
+
+        follows = node.follows()
+        node.service.start()
+        node.wait_following(follows)  # Podman's list, once its service answers
+        node.wait_bound([*alive, dockers], "the removed container's lease ended, no other")
+        assert node.bound() == {**{cid: podmans[cid] for cid in alive}, dockers: grant["Lease"]}
+        states = [u["State"] for u in node.table()["Units"]]
+        assert (states.count("leased"), states.count("free")) == (3, GPUS - 3)
+    finally:
+        stop_engine(docker, dockerd_proc)
