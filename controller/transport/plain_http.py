@@ -23,7 +23,8 @@ failure is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.
 
 ``unix_get(path, target, timeout_s)`` makes one ``GET`` of an HTTP server on a unix socket
 with the same code (the wrapper's questions to the local container engine:
-``controller.wrapper.engine_api``): the status and body, or None when no whole answer came.
+``controller.wrapper.engine_api``): the status, headers (names in lower case) and body, or
+None when no whole answer came.
 
 The socket is ``_socket``'s, the C module under ``socket``, whose Python layer imports
 ``enum`` and ``selectors`` (3 to 6 ms) for what this client does not use (address families
@@ -368,11 +369,11 @@ class _UnixConnection(_Connection):
         self._buffer.clear()
 
 
-def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, bytes] | None:
+def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, dict[str, str], bytes] | None:
     """``GET target`` of the HTTP server on the unix socket ``path`` (the container engine's
-    API): the status and body of its answer, or None when no whole answer came within
-    ``timeout_s`` (no socket, refused, not HTTP, closed early): the caller then asks the
-    way it would have without this shortcut."""
+    API): the status, headers (names in lower case) and body of its answer, or None when no
+    whole answer came within ``timeout_s`` (no socket, refused, not HTTP, closed early): the
+    caller then asks the way it would have without this shortcut."""
     connection = _UnixConnection(path)
     connection.timeout = timeout_s
     connection.deadline = time.monotonic() + timeout_s
@@ -383,7 +384,7 @@ def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, bytes] | No
         return None
     finally:
         connection.close()
-    return answer.status, answer.body
+    return answer.status, answer.headers, answer.body
 
 
 def _length(text: str | None) -> int | None:

@@ -1,11 +1,14 @@
 """Ask the local Docker engine over its unix socket what the docker CLI would have asked it.
 
 The wrapper's questions to the engine (an image's labels, whether a volume exists, the
-engine's version) are each one ``GET`` of the engine's API, which the docker CLI makes for
-``docker image inspect``, ``docker volume inspect`` and ``docker version``. Starting the CLI for that costs 12 ms or more on
-the 2-core development machine (docs/nvidia-docker.md, "Speed"); the ``GET`` itself well
-under one. So when the docker CLI would talk to a unix socket, the wrapper asks that socket
-itself (``engine_socket``), with the HTTP/1.1 client of ``controller.transport.plain_http``.
+engine's version, where it reads CDI specs) are each one ``GET`` of the engine's API, which
+the docker CLI makes for ``docker image inspect``, ``docker volume inspect``, ``docker
+version`` and ``docker info``. Starting the CLI for that costs 12 ms or more on the 2-core
+development machine (docs/nvidia-docker.md, "Speed"); the ``GET`` itself well under one
+(``/version`` and ``/info``: about 5 ms of dockerd's own, which asks containerd and runc for
+their versions). So when the docker CLI would talk to a unix socket, the wrapper asks that
+socket itself (``engine_socket``), with the HTTP/1.1 client of
+``controller.transport.plain_http``.
 
 ``engine_socket(options, command)`` says which socket, or None (ask the CLI, as before):
 
@@ -23,8 +26,13 @@ The answers then are the CLI's: ``image_labels`` returns the image's labels (the
 (a 404 with docker's or Podman's words), or None for everything else: no answer within
 ``TIMEOUT_S``, another status, an answer that is not the expected JSON. None makes the
 wrapper ask the docker CLI after all, so every error is still said in the CLI's words.
-``volume_exists`` is True (200), False (404) or None (ask the CLI); ``server_version`` is
-``GET /version`` (``docker version``'s ``Server`` part, for ``engine_cdi``) or None.
+``volume_exists`` is True (200), False (404) or None (ask the CLI). For ``engine_cdi``:
+``docker_version`` is dockerd's version from ``GET /_ping`` (its ``Server`` header,
+``Docker/26.1.5+dfsg1 (linux)``: the ``Version`` of ``GET /version``, at about a fiftieth of
+dockerd's cost) or None (another engine, such as Podman's service, ``Libpod/4.3.1``; no
+answer); ``server_version`` is ``GET /version`` (``docker version``'s ``Server`` part) or
+None; ``cdi_spec_dirs`` is ``GET /info``'s ``CDISpecDirs`` (``docker info``'s) or None.
+``docker_program`` is the docker CLI's file that ``engine_socket`` found on ``PATH``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ UNIX = "unix://"
 TIMEOUT_S = 30.0  # the CLI waits for ever; past this the CLI is asked, and waits
 NO_SUCH_IMAGE = "no such image"
 _ELF = b"\x7fELF"
+DOCKER_SERVER = "Docker/"  # dockerd's Server header: Docker/<version> (<os>)
 # Image and volume names the engine takes as they are in a URL path (anything else: the CLI)
 _NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/:@")
 _MISSING_WORDS = ("no such image", "image not known")  # docker's, Podman's
@@ -54,7 +63,7 @@ def engine_socket(options: Options, command: DockerCommand) -> str | None:
     itself (see the module docstring); else None."""
     if options.docker != ("docker",) or command.global_end != 0:
         return None
-    if not _docker_is_the_cli(options.environment.get("PATH") or os.defpath):
+    if docker_program(options.environment.get("PATH") or os.defpath) is None:
         return None
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
@@ -67,21 +76,22 @@ def engine_socket(options: Options, command: DockerCommand) -> str | None:
     return address[len(UNIX) :]
 
 
-def _docker_is_the_cli(search_path: str) -> bool:
-    """``docker`` on ``search_path`` (as ``execvp`` finds it) is a program whose real name
-    is ``docker``: the docker CLI, not a script or a link to another engine's client."""
+def docker_program(search_path: str) -> str | None:
+    """The file of ``docker`` on ``search_path`` (as ``execvp`` finds it) when it is a
+    program whose real name is ``docker``: the docker CLI, not a script or a link to another
+    engine's client; else None."""
     for directory in search_path.split(os.pathsep):
         path = os.path.join(directory or ".", "docker")
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             continue
         if os.path.basename(os.path.realpath(path)) != "docker":
-            return False
+            return None
         try:
             with open(path, "rb") as program:
-                return program.read(4) == _ELF
+                return path if program.read(4) == _ELF else None
         except OSError:
-            return False
-    return False
+            return None
+    return None
 
 
 def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:
@@ -89,7 +99,7 @@ def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:
     answer = unix_get(socket_path, target, TIMEOUT_S)
     if answer is None:
         return None
-    status, body = answer
+    status, _, body = answer
     try:
         return status, json_codec.loads(body)
     except ValueError:
@@ -125,6 +135,35 @@ def image_labels(socket_path: str, image: str) -> dict[str, str] | str | None:
     if labels is not None and not isinstance(labels, dict):
         return None
     return {str(k): str(v) for k, v in (labels or {}).items()}
+
+
+def docker_version(socket_path: str) -> str | None:
+    """dockerd's version (``26.1.5+dfsg1``) from the ``Server`` header of its ``GET /_ping``
+    answer, ``Docker/<version> (<os>)``; None: another engine or server, or no answer (ask
+    ``GET /version``)."""
+    answer = unix_get(socket_path, "/_ping", TIMEOUT_S)
+    if answer is None or answer[0] != 200:
+        return None
+    server = answer[1].get("server", "")
+    if not server.startswith(DOCKER_SERVER):
+        return None
+    return server[len(DOCKER_SERVER) :].split(" ", 1)[0] or None
+
+
+def cdi_spec_dirs(socket_path: str) -> list[str] | None:
+    """``CDISpecDirs`` of the engine's ``GET /info`` answer: where it reads CDI specs (``[]``:
+    CDI is off; ``[]`` too where the answer has none or ``null``, which ``docker info``'s
+    ``{{json .CDISpecDirs}}`` prints as ``null``), or None: ask the CLI (no answer, another
+    status, not a list of strings)."""
+    answer = _get_json(socket_path, "/info")
+    if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
+        return None
+    dirs = answer[1].get("CDISpecDirs")
+    if dirs is None:
+        return []
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        return None
+    return dirs
 
 
 def server_version(socket_path: str) -> dict[str, object] | None:

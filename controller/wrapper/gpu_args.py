@@ -494,7 +494,8 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     if options.debug:
         sys.stderr.write(
             f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
-            f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms)\n"
+            f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms"
+            f"{': ' + ', '.join(engine.asked) if engine.asked else ''})\n"
         )
     started = time.perf_counter()
     gpus = options.gpus if isinstance(options.gpus, str) else ""

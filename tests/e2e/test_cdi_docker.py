@@ -32,6 +32,9 @@ from typing import Any
 
 import pytest
 
+from controller.wrapper.docker_args import scan
+from controller.wrapper.engine_cdi import CLI_VERSION, ask_engine
+from controller.wrapper.go_build_info import linked_value
 from tests.support.cdi_node import (
     CONTROL,
     GPU1,
@@ -174,9 +177,50 @@ def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> 
     assert done.returncode == 0, done.stderr
     assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
     # NV_DEBUG: what the engine check found (the volume form would name the host's /dev,
-    # where these nodes do not exist, and the run would fail)
+    # where these nodes do not exist, and the run would fail), and whom it asked: the
+    # engine's socket, and the docker CLI's file for its version (docker info only where
+    # that file does not record it)
     assert "nvidia-docker | engine: Docker " in done.stderr
     assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr
+    cli = shutil.which("docker", path=environ["PATH"])
+    assert cli is not None
+    asked = "GET /_ping, GET /info, the docker CLI's build information"
+    if linked_value(cli, CLI_VERSION) is None:
+        asked += ", docker info"
+    assert f" ms: {asked})\n" in done.stderr, done.stderr
+
+
+def _docker_clis() -> list[str]:
+    """The docker CLIs of this machine (the one on PATH, Debian's), once each."""
+    found = {shutil.which("docker"), "/usr/bin/docker", "/usr/local/bin/docker"}
+    return sorted({os.path.realpath(p) for p in found if p and os.access(p, os.X_OK)})
+
+
+@pytest.mark.parametrize("cli", _docker_clis())
+def test_the_wrapper_s_cdi_question_on_the_socket_is_the_cli_s(
+    setup: Setup, cli: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``nvidia-docker``'s question (``ask_engine``) on this engine's socket says what the
+    docker CLI says, with each docker CLI here: 25 or later passes CDI devices on, an older
+    one (Debian 12's 20.10) cannot and knows no ``CDISpecDirs`` (no CDI)."""
+    (tmp_path / "docker").symlink_to(cli)
+    # this process's PATH too: the docker CLI is started as execvp finds it (os.posix_spawnp)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    environ = setup.engine.env()
+    printed = subprocess.run(
+        [cli, "--version"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout  # "Docker version 28.2.2, build e6534b4"
+    new_cli = int(printed.removeprefix("Docker version ").split(".", 1)[0]) >= 25
+    command = scan(["run", "--rm", "nvd-cdi/busybox-cuda:12.4", "true"])
+    socket_path = setup.engine.host.removeprefix("unix://")
+    by_socket = ask_engine(("docker",), command, environ, socket_path)
+    by_cli = ask_engine(("docker",), command, environ)
+    assert by_cli.asked == ("docker version", "docker info")
+    assert by_socket.asked[:2] == ("GET /_ping", "GET /info")
+    assert (by_socket.engine, by_socket.reads_cdi) == (by_cli.engine, by_cli.reads_cdi)
+    assert by_socket.reads_cdi is new_cli, (by_socket, by_cli)
+    if new_cli:
+        assert by_socket.reason == by_cli.reason == f"CDI spec dirs {setup.spec_dir}"
 
 
 def through_socket(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:

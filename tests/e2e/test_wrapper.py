@@ -689,9 +689,15 @@ def _asked(result: Result) -> str:
 
 
 def _engine_line(result: Result) -> str:
-    """The NV_DEBUG line of the CDI question, without its time."""
+    """The NV_DEBUG line of the CDI question, without its time and whom it asked."""
     lines = [line for line in result.stderr.splitlines() if "| engine: " in line]
     return lines[0].split("; asked in ")[0] if lines else ""
+
+
+def _engine_asked(result: Result) -> str:
+    """Whom the CDI question asked (the end of its NV_DEBUG line)."""
+    lines = [line for line in result.stderr.splitlines() if "| engine: " in line]
+    return lines[0].split(" ms: ", 1)[1].removesuffix(")") if lines else ""
 
 
 def test_the_engine_s_socket_tells_the_labels_the_cli_would(
@@ -716,9 +722,16 @@ def test_the_engine_s_socket_tells_the_labels_the_cli_would(
         assert (expected in by_engine.stdout.split()) if expected else not by_engine.stdout
         assert _asked(by_cli) == "docker image inspect"
         assert _asked(by_engine) == f"the engine's API on {socket_path}"
-        # NV_CDI unset: the engine's version from its socket, the same answer as the CLI's
+        # NV_CDI unset: the engine's version from its socket, the same answer as the CLI's;
+        # dockerd 20.10 is older than CDI, so its GET /_ping is the whole question
         assert _engine_line(by_engine) == _engine_line(by_cli)
         assert bool(_engine_line(by_engine)) is (image == images["gpu"])  # GPUs wanted: asked
+        if image == images["gpu"]:
+            assert _engine_line(by_engine).endswith("CDI: no (Docker reads CDI from 25.0 on")
+            assert (_engine_asked(by_engine), _engine_asked(by_cli)) == (
+                "GET /_ping",
+                "docker version",
+            )
 
 
 @pytest.mark.parametrize("case", ["missing", "missing_pull_never", "bad_name", "engine_down"])

@@ -25,11 +25,13 @@ from controller.wrapper.docker_args import scan
 from controller.wrapper.engine_api import (
     DEFAULT_SOCKET,
     NO_SUCH_IMAGE,
+    docker_version,
     engine_socket,
     image_labels,
     server_version,
 )
 from controller.wrapper.engine_cdi import ask_engine
+from tests.unit.controller.go_program import go_program, ldflags_lines
 
 DOCKER = shutil.which("docker")
 PROGRAM = Path("/bin/true")  # any ELF program stands in for the docker CLI's file
@@ -209,26 +211,172 @@ def test_the_engine_s_version(tmp_path: Path, answer: bytes, expected: str | Non
     thread.join(5)
 
 
+def _pinged(status: str, header: str) -> bytes:
+    return f"HTTP/1.1 {status}\r\n{header}\r\nContent-Length: 2\r\n\r\nOK".encode()
+
+
 @pytest.mark.parametrize(
-    ("server", "reads_cdi", "cli_calls"),
+    ("answer", "expected"),
     [
-        ("20.10.24+dfsg1", False, []),  # older than CDI: the socket's answer is enough
-        ("28.2.2", True, ["info --format {{json .CDISpecDirs}}"]),  # then the CLI's info
+        (_json("200 OK", "OK"), None),  # no Server header
+        (_pinged("200 OK", "Server: Docker/28.2.2 (linux)"), "28.2.2"),
+        (_pinged("200 OK", "server: Docker/26.1.5+dfsg1"), "26.1.5+dfsg1"),
+        (_pinged("200 OK", "Server: Libpod/4.3.1 (linux)"), None),  # Podman's service
+        (_pinged("200 OK", "Server: Docker/"), None),
+        (_pinged("500 Internal Server Error", "Server: Docker/28.2.2 (linux)"), None),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", None),
     ],
-)
-def test_the_cdi_question_asks_the_socket_first(
-    tmp_path: Path, server: str, reads_cdi: bool, cli_calls: list[str]
+)  # fmt: skip
+def test_dockerd_s_version_from_its_ping(
+    tmp_path: Path, answer: bytes, expected: str | None
 ) -> None:
+    path = tmp_path / "engine.sock"
+    thread = _answering(path, answer)
+    assert docker_version(str(path)) == expected
+    thread.join(5)
+
+
+class _Engine:
+    """A server on a unix socket that answers each connection's one request from
+    ``answers`` (by its target; 404 otherwise) and records the targets asked, in order."""
+
+    def __init__(self, path: Path, answers: dict[str, bytes]) -> None:
+        self.path = str(path)
+        self.answers = answers
+        self.asked: list[str] = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(8)
+        self._listener.settimeout(0.05)  # how often the loop looks at _stop
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with self._listener:
+            while not self._stop.is_set():
+                try:
+                    conn = self._listener.accept()[0]
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(5)
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        data += conn.recv(65536)
+                    target = data.split(b" ", 2)[1].decode()
+                    self.asked.append(target)
+                    conn.sendall(self.answers.get(target, _json("404 Not Found", {})))
+
+    def stop(self) -> list[str]:
+        """Stop serving; the targets asked."""
+        self._stop.set()
+        self._thread.join(5)
+        return self.asked
+
+
+def _ping(server: str | None) -> bytes:
+    """dockerd's answer to ``GET /_ping`` (``server``: its Server header; None: none)."""
+    headers = "Api-Version: 1.45\r\nOstype: linux\r\nContent-Length: 2\r\n"
+    if server is not None:
+        headers += f"Server: {server}\r\n"
+    return f"HTTP/1.1 200 OK\r\n{headers}\r\nOK".encode()
+
+
+CDI_INFO = _json("200 OK", {"ServerVersion": "26.1.5+dfsg1", "CDISpecDirs": ["/etc/cdi"]})
+DOCKER_26 = {"/_ping": _ping("Docker/26.1.5+dfsg1 (linux)"), "/info": CDI_INFO}
+DOCKER_CE_CLI = '"-X \\"github.com/docker/cli/cli/version.Version=28.2.2\\""'
+OLD_CLI = "-X github.com/docker/cli/cli/version.Version=24.0.7"
+INFO_CALL = "info --format {{json .CDISpecDirs}}"
+ON, OFF = "CDI spec dirs /etc/cdi", "CDI is off in the engine (no CDI spec dirs)"
+
+
+@pytest.mark.parametrize(
+    ("answers", "cli", "engine", "reads_cdi", "reason", "asked", "cli_calls"),
+    [
+        pytest.param(  # older than CDI: /_ping is the whole question (no /version, no CLI)
+            {"/_ping": _ping("Docker/20.10.24+dfsg1 (linux)")}, DOCKER_CE_CLI,
+            "Docker 20.10.24+dfsg1", False, "Docker reads CDI from 25.0 on", ["/_ping"], [],
+            id="docker-20.10",
+        ),
+        pytest.param(  # 25+: /info, and the CLI's version from its file
+            DOCKER_26, DOCKER_CE_CLI,
+            "Docker 26.1.5+dfsg1", True, ON, ["/_ping", "/info"], [], id="docker-26-cdi-on",
+        ),
+        pytest.param(  # a CLI older than 25 cannot pass a CDI device on (its info fails)
+            DOCKER_26, OLD_CLI, "Docker 26.1.5+dfsg1", False,
+            "the docker CLI 24.0.7 cannot pass CDI devices (25.0 on can)", ["/_ping", "/info"], [],
+            id="docker-26-old-cli",
+        ),
+        pytest.param(  # a CLI that does not record its version (-trimpath): docker info
+            DOCKER_26, None,
+            "Docker 26.1.5+dfsg1", True, ON, ["/_ping", "/info"], [INFO_CALL], id="trimpath-cli",
+        ),
+        pytest.param(
+            {**DOCKER_26, "/info": _json("200 OK", {"CDISpecDirs": []})}, DOCKER_CE_CLI,
+            "Docker 26.1.5+dfsg1", False, OFF, ["/_ping", "/info"], [], id="docker-26-cdi-off",
+        ),
+        pytest.param(  # no CDISpecDirs at all: the CLI's template prints null, no CDI
+            {**DOCKER_26, "/info": _json("200 OK", {"ServerVersion": "26.1.5"})}, DOCKER_CE_CLI,
+            "Docker 26.1.5+dfsg1", False, OFF, ["/_ping", "/info"], [], id="no-spec-dirs",
+        ),
+        pytest.param(  # an unclear /info: docker info says it
+            {**DOCKER_26, "/info": _json("500 Internal Server Error", {"message": "boom"})},
+            None, "Docker 26.1.5+dfsg1", True, ON, ["/_ping", "/info"], [INFO_CALL],
+            id="info-unclear",
+        ),
+        pytest.param(
+            {**DOCKER_26, "/info": _json("200 OK", {"CDISpecDirs": "/etc/cdi"})},
+            None, "Docker 26.1.5+dfsg1", True, ON, ["/_ping", "/info"], [INFO_CALL],
+            id="info-odd",
+        ),
+        pytest.param(  # Podman's service is no dockerd: its /version, as before
+            {"/_ping": _ping("Libpod/4.3.1 (linux)"),
+             "/version": _json("200 OK", {"Version": "4.3.1"})},
+            DOCKER_CE_CLI, "Docker 4.3.1", False, "Docker reads CDI from 25.0 on",
+            ["/_ping", "/version"], [], id="podman-service",
+        ),
+        pytest.param(  # no Server header: /version, then (25+) the CLI's info, as before
+            {"/_ping": _ping(None), "/version": _json("200 OK", {"Version": "28.2.2"})},
+            None, "Docker 28.2.2", True, ON, ["/_ping", "/version"], [INFO_CALL],
+            id="no-server-header",
+        ),
+        pytest.param(  # nothing answers clearly: the CLI's version (its script says 20.10)
+            {}, None, "Docker 20.10.24", False, "Docker reads CDI from 25.0 on",
+            ["/_ping", "/version"], ["version --format {{json .}}"], id="no-answers",
+        ),
+    ],
+)  # fmt: skip
+def test_the_cdi_question_on_the_engine_s_socket(
+    tmp_path: Path,
+    answers: dict[str, bytes],
+    cli: str | None,
+    engine: str,
+    reads_cdi: bool,
+    reason: str,
+    asked: list[str],
+    cli_calls: list[str],
+) -> None:
+    """``cli``: the ``-ldflags`` the docker CLI's file records (None: a script, which
+    records its calls and answers as docker would)."""
     calls = tmp_path / "calls"
     docker = tmp_path / "docker"
-    docker.write_text(
-        f'#!/bin/sh\necho "$*" >> {calls}\n'
-        'case "$1" in info) echo \'["/etc/cdi"]\' ;; *) echo \'{"Client": {}}\' ;; esac\n'
-    )
-    docker.chmod(0o755)
-    path = tmp_path / "engine.sock"
-    thread = _answering(path, _json("200 OK", {"Version": server, "ApiVersion": "1.41"}))
-    found = ask_engine([str(docker)], scan(RUN), {"PATH": "/usr/bin:/bin"}, str(path))
-    thread.join(5)
-    assert (found.engine, found.reads_cdi) == (f"Docker {server}", reads_cdi)
+    if cli is None:
+        docker.write_text(
+            f'#!/bin/sh\necho "$*" >> {calls}\n'
+            'case "$1" in info) echo \'["/etc/cdi"]\' ;;'
+            ' *) echo \'{"Client": {}, "Server": {"Version": "20.10.24"}}\' ;; esac\n'
+        )
+        docker.chmod(0o755)
+    else:  # the build information of a docker CLI; the file cannot run, so it is never asked
+        go_program(docker, ldflags_lines(cli))
+    server = _Engine(tmp_path / "engine.sock", answers)
+    try:
+        found = ask_engine([str(docker)], scan(RUN), {"PATH": "/usr/bin:/bin"}, server.path)
+    finally:
+        targets = server.stop()
+    assert (found.engine, found.reads_cdi, found.reason) == (engine, reads_cdi, reason)
+    assert targets == asked
     assert (calls.read_text().splitlines() if calls.exists() else []) == cli_calls
+    said = [f"GET {t}" for t in asked] + [f"docker {c.split()[0]}" for c in cli_calls]
+    assert [a for a in found.asked if not a.startswith("the docker CLI")] == said

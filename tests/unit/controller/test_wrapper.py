@@ -742,7 +742,7 @@ async def test_nv_debug_says_what_the_engine_check_found_and_cost(
     result = await run_gpu_image(docker, agent, NV_DEBUG="1")
     assert re.search(
         r"^nvidia-docker \| engine: Podman 4\.3\.1, CDI: yes \(Podman reads CDI; asked in "
-        r"\d+\.\d ms\)$",
+        r"\d+\.\d ms: docker version\)$",  # what it cost, and whom it asked
         result.stderr,
         flags=re.MULTILINE,
     )
