@@ -42,7 +42,7 @@ import time
 
 from controller import json_codec
 from controller.record import record
-from controller.wrapper import docker_cli, engine_api, go_build_info
+from controller.wrapper import docker_cli, engine_api
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,6 +156,8 @@ def _docker(
     if not dirs:
         return found(name, False, NO_SPEC_DIRS)
     asked.append("the docker CLI's build information")
+    from controller.wrapper import go_build_info  # noqa: PLC0415 (here only: 0.1 ms to import)
+
     program = _program(docker, environment)
     cli = go_build_info.linked_value(program, CLI_VERSION) if program is not None else None
     cli_major = _major(cli) if cli is not None else None
