@@ -35,7 +35,15 @@ socket for the labels (``controller.wrapper.engine_api``). docker itself must co
 and the same every time, so the daemon refuses the run (an unknown ``--runtime``: the CLI's
 start, its API version check and the create request, no container): ``real: docker`` is
 that refusal alone, ``real: python exec`` the floor, and ``NV_GPU=auto`` with ``NV_CDI=no``
-and unset (then the engine is asked whether it reads CDI: ``docker version``).
+and unset (then the engine is asked whether it reads CDI, on its socket:
+``controller.wrapper.engine_cdi``).
+
+``--cdi-docker`` (with ``--lease``, as root) adds the same run against a private dockerd 25 or
+later with CDI on (Debian 13's dockerd 26, which ``scripts/test-all`` unpacks into
+``.cache/docker-cdi``; ``NVD_DOCKERD_CDI`` names another), refused the same way: ``cdi:
+docker``, ``cdi: python exec``, ``NV_GPU=auto`` with ``NV_CDI=no`` (the volume form), ``yes``
+(the CDI form, ``--device=nvidia.com/gpu=...``, without asking) and unset (the engine is
+asked, reads CDI: the CDI form; what the question costs is this minus ``NV_CDI=yes``).
 
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
@@ -44,7 +52,7 @@ Each line also has the CPU time (user and system) of the command and its childre
 other load on a shared machine moves less than the wall time.
 
     python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
-        [--lease [--real-docker] [--compare DIR]]
+        [--lease [--real-docker] [--cdi-docker] [--compare DIR]]
 """
 
 from __future__ import annotations
@@ -139,9 +147,16 @@ REFUSED_RUNTIME = "nvd-bench-no-such-runtime"
 # NV_CPUSET=no: the fake node's cpuset (0-7) is not this machine's, and dockerd would refuse
 # that before the runtime
 REAL_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("real: NV_GPU=auto", {"NV_GPU": "auto", "NV_CDI": "no", "NV_CPUSET": "no"}),
-    ("real: NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
+    ("NV_GPU=auto", {"NV_GPU": "auto", "NV_CDI": "no", "NV_CPUSET": "no"}),
+    ("NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
 )
+REAL, CDI = "real: ", "cdi: "  # the private engines: dockerd 20.10, dockerd 25+ with CDI on
+# --cdi-docker: the CDI form without asking too, so that what the question costs is apart
+CDI_VARIANTS = (
+    *REAL_VARIANTS,
+    ("NV_GPU=auto, NV_CDI=yes", {"NV_GPU": "auto", "NV_CDI": "yes", "NV_CPUSET": "no"}),
+)
+FETCHED_DOCKERD_CDI = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 class Variant:
@@ -168,7 +183,11 @@ def lease_path(opts: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nvd-bench-"))
         port = stack.enter_context(served_in_thread(LeaseAgent(forgetful=True)))
-        engine_host = _private_engine(stack) if opts.real_docker else None
+        engine_hosts: dict[str, str] = {}
+        if opts.real_docker:
+            engine_hosts[REAL] = _private_engine(stack)
+        if opts.cdi_docker:
+            engine_hosts[CDI] = _private_engine(stack, cdi=Path(tmp))
         python = _plain_venv(Path(tmp))
         _see_libraries(python)
         docker = Path(tmp) / "docker"
@@ -200,31 +219,35 @@ def lease_path(opts: argparse.Namespace) -> int:
                     {**scripted, **extra_env},
                     leases=name != "NV_GPU=0",
                 )
-        if engine_host is not None:
+        for engine, engine_host in engine_hosts.items():
             real_env = {**env, **agent, "DOCKER_HOST": engine_host}
             real_run = ["run", "--rm", f"--runtime={REFUSED_RUNTIME}", REAL_IMAGE, "true"]
-            variants["real: docker"] = Variant(["docker", *real_run], real_env, real=True)
-            variants["real: python exec"] = Variant(
+            variants[f"{engine}docker"] = Variant(["docker", *real_run], real_env, real=True)
+            variants[f"{engine}python exec"] = Variant(
                 [str(python), "-c", exec_only, "docker", *real_run], real_env, real=True
             )
             for prefix, launcher in launchers.items():
-                for name, extra_env in REAL_VARIANTS:
-                    variants[f"{prefix}{name}"] = Variant(
+                for name, extra_env in CDI_VARIANTS if engine == CDI else REAL_VARIANTS:
+                    variants[f"{prefix}{engine}{name}"] = Variant(
                         [*launcher, *real_run], {**real_env, **extra_env}, leases=True, real=True
                     )
+        engine_lines: dict[str, str] = {}  # the CDI question's NV_DEBUG line, where asked
         for name, variant in variants.items():  # each works, leases or not
-            problem = _check(variant)
+            problem, engine_lines[name] = _check(variant)
             if problem:
                 print(f"bench_wrapper | {name}: {problem}", file=sys.stderr)
                 return 1
         print(f"bench_wrapper | run path: a plain venv ({python}), the fake agent on "
               f"127.0.0.1:{port}, a shell-script docker, NV_CDI=no")  # fmt: skip
-        if engine_host is not None:
-            print(f"bench_wrapper | real: ...: the docker CLI ({shutil.which('docker')}) and a "
-                  f"private dockerd ({engine_host}), which refuses the run (--runtime="
-                  f"{REFUSED_RUNTIME}); NV_DOCKER unset")  # fmt: skip
+        for engine, engine_host in engine_hosts.items():
+            print(f"bench_wrapper | {engine}...: the docker CLI ({shutil.which('docker')}) and a "
+                  f"private dockerd ({_server_version(engine_host)}, {engine_host}), which "
+                  f"refuses the run (--runtime={REFUSED_RUNTIME}); NV_DOCKER unset")  # fmt: skip
         if opts.compare is not None:
             print(f"bench_wrapper | {COMPARED}...: the same, from {opts.compare}")
+        for name, line in engine_lines.items():
+            if line:
+                print(f"bench_wrapper | {name}: {line}")
         print(f"bench_wrapper | python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
               f"{opts.runs} runs each, interleaved, load average "
               f"{' '.join(f'{load:.2f}' for load in os.getloadavg())} before")  # fmt: skip
@@ -245,8 +268,8 @@ def lease_path(opts: argparse.Namespace) -> int:
 
 def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
     """Medians of wall and CPU time (user + system, the command and its children), each
-    real-docker variant against ``real: docker``, the others against ``docker``, and each
-    variant against its twin from ``--compare`` (``x before``)."""
+    private engine's variant against its ``real: docker`` or ``cdi: docker``, the others
+    against ``docker``, and each variant against its twin from ``--compare`` (``x before``)."""
 
     def median(name: str, which: int = 0) -> float:
         return statistics.median(sample[which] for sample in samples[name])
@@ -254,7 +277,7 @@ def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
     print(f"{'variant':<42} {'median ms':>9} {'p90 ms':>7} {'+ms vs docker':>13} "
           f"{'cpu ms':>7} {'+cpu vs docker':>14} {'x before':>8}")  # fmt: skip
     for name, values in samples.items():
-        base = "real: docker" if "real: " in name else "docker"
+        base = next((f"{engine}docker" for engine in (REAL, CDI) if engine in name), "docker")
         wall, cpu = median(name), median(name, 1)
         p90 = statistics.quantiles([v[0] for v in values], n=10)[-1]
         before = f"{COMPARED}{name}"
@@ -264,31 +287,62 @@ def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
               f"{(cpu - median(base, 1)) * 1e3:>+14.1f} {ratio}")  # fmt: skip
 
 
-def _check(variant: Variant) -> str | None:
-    """What is wrong with one run of ``variant`` (None: it works, and leases if it must)."""
+def _check(variant: Variant) -> tuple[str | None, str]:
+    """What is wrong with one run of ``variant`` (None: it works, and leases if it must),
+    and what its engine's CDI question found and asked (``NV_DEBUG``; "": not asked)."""
     env = {**variant.env, "NV_DEBUG": "1"} if variant.real else variant.env
     done = subprocess.run(variant.argv, env=env, capture_output=True, text=True, check=False)
+    said = [
+        line for line in done.stderr.splitlines() if "| engine: " in line and "NV_CDI=" not in line
+    ]
+    engine_line = said[0].split("| engine: ", 1)[1] if said else ""
     if variant.real:
         if done.returncode != 125 or "runtime" not in done.stderr:
-            return done.stderr.strip() or f"exit {done.returncode}"
+            return done.stderr.strip() or f"exit {done.returncode}", engine_line
         leased = "lease: granted" in done.stderr
     else:
         if done.returncode != 0:
-            return done.stderr.strip() or f"exit {done.returncode}"
+            return done.stderr.strip() or f"exit {done.returncode}", engine_line
         leased = "--label=nvidia-docker.lease=" in done.stdout
     if leased is not variant.leases:
-        return f"leased: {leased}, expected {variant.leases}: {done.stderr.strip()}"
-    return None
+        return f"leased: {leased}, expected {variant.leases}: {done.stderr.strip()}", engine_line
+    return None, engine_line
 
 
-def _private_engine(stack: contextlib.ExitStack) -> str:
-    """A private dockerd (tests.support.dockerd) with the GPU image; its DOCKER_HOST."""
+def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str:
+    """A private dockerd (tests.support.dockerd) with the GPU image; its DOCKER_HOST.
+    ``cdi``: Debian 13's dockerd with CDI on instead, reading specs from a directory there."""
     from tests.support.dockerd import start_engine, stop_engine  # noqa: PLC0415
 
-    engine, proc = start_engine()
+    if cdi is None:
+        engine, proc = start_engine()
+    else:
+        dockerd = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD_CDI)
+        if not os.access(dockerd, os.X_OK):
+            raise SystemExit(
+                f"bench_wrapper | --cdi-docker needs a dockerd 25 or newer at {dockerd} "
+                "(scripts/test-all unpacks Debian 13's there; NVD_DOCKERD_CDI names another)"
+            )
+        spec_dir = cdi / "cdi"
+        spec_dir.mkdir()
+        engine, proc = start_engine(
+            dockerd=dockerd,
+            extra_args=["--cdi-spec-dir", str(spec_dir)],
+            daemon_json={"features": {"cdi": True}},
+        )
     stack.callback(stop_engine, engine, proc)
     engine.import_busybox(REAL_IMAGE, GPU_LABELS)
     return engine.host
+
+
+def _server_version(host: str) -> str:
+    done = subprocess.run(
+        ["docker", "-H", host, "version", "--format", "dockerd {{.Server.Version}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "dockerd"
 
 
 def _see_libraries(python: Path) -> None:
@@ -336,6 +390,11 @@ def main() -> int:
         "--real-docker",
         action="store_true",
         help="with --lease: also time the docker CLI against a private dockerd (root, dockerd)",
+    )
+    parser.add_argument(
+        "--cdi-docker",
+        action="store_true",
+        help="with --lease: also time it against a private dockerd 25+ with CDI on (root)",
     )
     parser.add_argument(
         "--compare",
