@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -131,12 +130,18 @@ def write_atomically(directory: Path, name: str, data: bytes, *, mode: int = 0o6
         os.close(dir_fd)
 
 
+def _random_suffix() -> str:
+    """16 random hex digits: os.urandom, as secrets.token_hex is, without importing secrets
+    (hmac, hashlib, OpenSSL: 3.8 MB more in the GPU worker, which reads node files here)."""
+    return os.urandom(8).hex()
+
+
 def _create_temporary(dir_fd: int, name: str, mode: int) -> tuple[str, int]:
     """A new file ``.<name>.<random>.tmp`` (CDI readers load ``*.json`` and ``*.yaml`` only),
     created by this call and by nobody else."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(_TEMPORARY_TRIES):
-        temporary = f".{name}.{secrets.token_hex(8)}.tmp"
+        temporary = f".{name}.{_random_suffix()}.tmp"
         try:
             return temporary, os.open(temporary, flags, mode & 0o600, dir_fd=dir_fd)
         except FileExistsError:

@@ -121,7 +121,7 @@ def test_whatever_is_planted_at_temporary_names_is_left_alone(
     directory = tmp_path / "cdi"
     directory.mkdir()
     names = iter(["aaaa", "bbbb", "cccc", "dddd"])
-    monkeypatch.setattr("agent.files.secrets.token_hex", lambda _n: next(names))
+    monkeypatch.setattr("agent.files._random_suffix", lambda: next(names))
     (directory / ".spec.json.aaaa.tmp").symlink_to(victim)
     os.mkfifo(directory / ".spec.json.bbbb.tmp")
     (directory / ".spec.json.cccc.tmp").mkdir()
