@@ -27,8 +27,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from agent import files
 from cdi.others import OtherSpec, summarize
 
@@ -40,8 +38,6 @@ MAX_FILES = 64  # spec files read, per directory
 MAX_OTHER_BYTES = 1024 * 1024  # NVIDIA's spec of an 8-GPU node with MIG is about 100 KB
 MAX_READ_BYTES = 8 * 1024 * 1024  # all files of one read together
 
-# libyaml's safe loader where PyYAML has it (it parses ten times faster), else PyYAML's own
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
 # directory, name, its stamp, and whether it is ours (a link to our spec)
 _Listing = tuple[tuple[str, str, _Stamp | None, bool], ...]
@@ -152,7 +148,7 @@ class OtherSpecs:
                 document = json.loads(data)
         if document is None:  # YAML (JSON is YAML too: the CDI library reads both so)
             try:
-                document = yaml.load(data, Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
+                document = _load_yaml(data)
             except Exception:  # a spec engines cannot read either: it defines nothing
                 return None
         summary = summarize(document)
@@ -164,6 +160,16 @@ class OtherSpecs:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("%s", line)
+
+
+def _load_yaml(data: bytes) -> object:
+    """A YAML document, with libyaml's safe loader where PyYAML has it (ten times faster),
+    else PyYAML's own. Imported here, on the first YAML spec found: PyYAML is 1 MB of the
+    daemon's memory that a node without other producers' YAML specs never needs."""
+    import yaml  # noqa: PLC0415
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(data, Loader=loader)  # noqa: S506 (a safe loader)
 
 
 def _stamp(path: str) -> _Stamp | None:
