@@ -338,7 +338,7 @@ def ask_each(
     admit = None if window is None else window.admit
     pool = None
     try:
-        workers = workers_for(asked)
+        workers = workers_for(asked, options.parallel)
         if workers:
             with contextlib.suppress(OSError):  # no fork (no memory, no process left): here
                 pool = WorkerPool.start(

@@ -39,9 +39,9 @@ and errors), and sends each node's result back to this process as it is done.
 - A worker that fails (a bug: an exception, or killed) fails the whole query with
   ``WorkerFailed``, naming the worker and its traceback; nodes are never silently lost.
 
-``workers_for(nodes)`` is how many workers a query gets: the CPUs this process may run on,
-when there are more than one and at least ``MIN_NODES`` HTTP(S) nodes, else 0 (asked in
-this process, as before).
+``workers_for(nodes, parallel)`` is how many workers a query gets: the CPUs this process may
+run on (no more than ``parallel``), when that is more than one and there are at least
+``MIN_NODES`` HTTP(S) nodes, else 0 (asked in this process, as before).
 """
 
 from __future__ import annotations
@@ -95,13 +95,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def workers_for(nodes: Sequence[FleetNode]) -> int:
-    """How many worker processes to ask ``nodes`` with: 0 to ask them in this process."""
-    cpus = usable_cpus()
-    if cpus < 2 or not hasattr(os, "fork") or threading.active_count() > 1:
+def workers_for(nodes: Sequence[FleetNode], parallel: int) -> int:
+    """How many worker processes to ask ``nodes`` with, ``parallel`` at a time: 0 to ask them
+    in this process (one CPU, a small fleet, or one node at a time: a worker would only add
+    its round trip)."""
+    workers = min(usable_cpus(), parallel)
+    if workers < 2 or not hasattr(os, "fork") or threading.active_count() > 1:
         return 0  # forking with other threads running could copy a lock they hold
     remote = sum(1 for node in nodes if node.endpoint.transport != "ssh")
-    return cpus if remote >= MIN_NODES else 0
+    return workers if remote >= MIN_NODES else 0
 
 
 def _frame(value: Any) -> bytes:

@@ -37,19 +37,25 @@ def cpus(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 
 def test_one_worker_per_cpu_for_a_fleet_of_http_nodes(cpus: dict[str, int]) -> None:
-    assert workers_for(_nodes(MIN_NODES)) == 2
-    assert workers_for(_nodes(10_000, "http")) == 2
+    assert workers_for(_nodes(MIN_NODES), 64) == 2
+    assert workers_for(_nodes(10_000, "http"), 64) == 2
     cpus["cpus"] = 16
-    assert workers_for(_nodes(MIN_NODES)) == 16
+    assert workers_for(_nodes(MIN_NODES), 64) == 16
 
 
 def test_no_workers_for_small_fleets_one_cpu_or_only_ssh(cpus: dict[str, int]) -> None:
-    assert workers_for(_nodes(MIN_NODES - 1)) == 0
-    assert workers_for(_ssh_nodes(200)) == 0  # SSH logins stay in the ctl's own process
-    assert workers_for([*_ssh_nodes(200), *_nodes(MIN_NODES - 1)]) == 0
-    assert workers_for([*_ssh_nodes(200), *_nodes(MIN_NODES)]) == 2
+    assert workers_for(_nodes(MIN_NODES - 1), 64) == 0
+    assert workers_for(_ssh_nodes(200), 64) == 0  # SSH logins stay in the ctl's own process
+    assert workers_for([*_ssh_nodes(200), *_nodes(MIN_NODES - 1)], 64) == 0
+    assert workers_for([*_ssh_nodes(200), *_nodes(MIN_NODES)], 64) == 2
     cpus["cpus"] = 1
-    assert workers_for(_nodes(10_000)) == 0
+    assert workers_for(_nodes(10_000), 64) == 0
+
+
+def test_no_more_workers_than_nodes_at_a_time(cpus: dict[str, int]) -> None:
+    cpus["cpus"] = 16
+    assert workers_for(_nodes(1000), 4) == 4
+    assert workers_for(_nodes(1000), 1) == 0  # --parallel 1: one node at a time, here
 
 
 def test_no_workers_while_another_thread_runs(
@@ -57,7 +63,7 @@ def test_no_workers_while_another_thread_runs(
 ) -> None:
     """Forking then could copy a lock another thread holds: the nodes are asked here."""
     monkeypatch.setattr(threading, "active_count", lambda: 2)
-    assert workers_for(_nodes(10_000)) == 0
+    assert workers_for(_nodes(10_000), 64) == 0
 
 
 def test_frames_are_read_whole_however_the_bytes_arrive() -> None:
