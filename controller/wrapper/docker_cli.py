@@ -10,7 +10,7 @@ that is not found raises ``FileNotFoundError``; a timeout kills the command and 
 
 Why not ``subprocess``: it imports ``signal``, ``threading``, ``selectors``, ``locale`` and
 ``contextlib``, 4 to 10 ms on the 2-core development machine, more than the rest of the
-wrapper's questions (docs/nvidia-docker.md, "Speed"). This is ``os.posix_spawnp`` with two
+wrapper's questions (docs/nvidia-docker.md, "Speed"). This is ``os.posix_spawn`` with two
 pipes read by ``select.poll``. Unlike ``subprocess`` it leaves the command the signals that
 Python ignores (``SIGPIPE``, ``SIGXFSZ``) ignored, as the docker the wrapper finally becomes
 has them; nothing here closes a pipe early, so no question notices.
@@ -41,6 +41,18 @@ class Answer:
         self.stderr = stderr
 
 
+def _found(command: str, environment: Mapping[str, str]) -> str:
+    """``command``'s file, looked up on ``environment``'s ``PATH`` as ``subprocess`` looks
+    (``posix_spawnp`` would use this process's own); ``FileNotFoundError`` if none."""
+    if "/" in command:
+        return command
+    for directory in environment.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, "No such file or directory", command)
+
+
 def ask(
     argv: Sequence[str], environment: Mapping[str, str], timeout_s: float | None = None
 ) -> Answer:
@@ -48,8 +60,8 @@ def ask(
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:
-        pid = os.posix_spawnp(
-            argv[0],
+        pid = os.posix_spawn(
+            _found(argv[0], environment),
             list(argv),
             environment,
             file_actions=[

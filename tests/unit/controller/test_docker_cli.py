@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,16 @@ def _children() -> list[str]:
         if int(rest.split()[1]) == os.getpid():
             found.append(name)
     return found
+
+
+def test_the_command_is_found_on_the_given_environments_path(tmp_path: Path) -> None:
+    """As ``subprocess.run(env=...)`` finds it: on the PATH the command is given (the
+    docker the wrapper's environment names), not this process's."""
+    tool = tmp_path / "bin" / "only-there"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    environment = {**ENV, "PATH": f"{tool.parent}:{ENV['PATH']}"}
+    assert ask(["only-there"], environment).stdout == "found\n"
+    with pytest.raises(FileNotFoundError):
+        ask(["only-there"], ENV)
