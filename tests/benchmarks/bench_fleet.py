@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tests.benchmarks.bench_fleet_tls import make_certificates
 from tests.benchmarks.proc_usage import machine_busy_seconds, usable_cpus
 from tests.support.agent_farm import AgentFarm, raise_fd_limit, start_farm
-from tests.support.certs import make_pki
+from tests.support.certs import Pki, make_pki
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,6 +211,12 @@ def main() -> None:
         "--farm-loop", default="auto", help="the farm's event loop: auto (the agent's), asyncio"
     )
     parser.add_argument(
+        "--tls-keys",
+        choices=("ec", "rsa"),
+        default="ec",
+        help="with --tls: the test CA's EC P-256 keys, or an RSA-2048 CA and server key",
+    )
+    parser.add_argument(
         "--ctl-cpus",
         type=int,
         default=0,
@@ -248,8 +255,14 @@ def main() -> None:
 
 def lease_runs(args: argparse.Namespace, work: Path) -> None:
     """``leases`` and ``free`` on nodes with the lease routes (over TLS with ``--tls``)."""
-    pki = make_pki(work / "pki") if args.tls else None
-    tls = (pki.pem("server"), pki.key("server")) if pki is not None else None
+    pki: Pki | None = None
+    server, ca = "server", "ca"
+    if args.tls and args.tls_keys == "rsa":  # an RSA-2048 CA and server key
+        make_certificates(work / "pki")
+        pki, server, ca = Pki(work / "pki"), "rsa-chain", "rsa-ca"
+    elif args.tls:
+        pki = make_pki(work / "pki")
+    tls = (pki.pem(server), pki.key(server)) if pki is not None else None
     farm = start_farm(
         args.http_nodes,
         ("hgx-h200-8",),
@@ -261,7 +274,7 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
     )
     try:
         scheme = "https" if pki is not None else "http"
-        context = ssl.create_default_context(cafile=pki.pem("ca")) if pki is not None else None
+        context = ssl.create_default_context(cafile=pki.pem(ca)) if pki is not None else None
         for port in farm.ports[: args.farm_processes]:
             ask = urllib.request.Request(
                 f"{scheme}://127.0.0.1:{port}/leases",
@@ -275,9 +288,9 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
         nodes.write_text("".join(f"{scheme}://127.0.0.1:{p}\n" for p in farm.ports))
         flags = ["--nodes", str(nodes)]
         if pki is not None:
-            flags += ["--ca", str(pki.pem("ca"))]
+            flags += ["--ca", str(pki.pem(ca))]
         env = ctl_env(work)
-        label = "TLS" if pki is not None else "HTTP"
+        label = ("TLS" if args.tls_keys == "ec" else "TLS, RSA") if pki is not None else "HTTP"
         count = args.http_nodes
         runs = {
             "status": (["status", *flags], 0),
