@@ -481,8 +481,9 @@ SPREAD_NODES = 40  # above controller.fleet.workers.MIN_NODES: a fleet the ctl s
 # The ctl as an operator runs it, but for two things a test must decide: how many CPUs it
 # sees (NVD_TEST_CPUS: 1 asks every node in its own process, as before workers; 2 spreads
 # the nodes over two worker processes on any machine), and a count of the worker processes
-# it forked, written at exit to NVD_TEST_FORKS (so that a test of the workers knows that
-# they did the asking).
+# it forked, written at exit to NVD_TEST_FORKS with the number of its child processes still
+# there then, running or unreaped (so that a test of the workers knows that they did the
+# asking, and that none was left behind).
 _LAUNCHER = """
 import atexit, os, runpy, sys
 import controller.fleet.workers as workers
@@ -497,8 +498,11 @@ def fork():
     return pid
 os.fork = fork
 def count():
+    pid = os.getpid()
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        left = len(children.read().split())
     with open(os.environ["NVD_TEST_FORKS"], "w") as out:
-        out.write(str(len(forked)))
+        out.write(f"{len(forked)} {left}")
 atexit.register(count)
 sys.argv = ["nvidia-docker-ctl", *sys.argv[1:]]
 runpy.run_module("controller.ctl.main", run_name="__main__")
@@ -545,7 +549,8 @@ def spread_nodes(tls_farm: TlsFarm, impostors: dict[str, int]) -> list[str]:
 async def launched_ctl(
     cpus: int, *args: str, tmp_path: Path, env: dict[str, str] | None = None
 ) -> tuple[int, str, str, int]:
-    """The ctl seeing ``cpus`` CPUs: exit code, stdout, stderr, worker processes forked."""
+    """The ctl seeing ``cpus`` CPUs: exit code, stdout, stderr, worker processes forked
+    (and none of them left when it exited)."""
     forks = tmp_path / f"forks-{cpus}"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _LAUNCHER, *args,
@@ -554,7 +559,9 @@ async def launched_ctl(
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode(), int(forks.read_text())
+    forked, left = map(int, forks.read_text().split())
+    assert left == 0, f"{left} worker processes left when the ctl exited"
+    return proc.returncode, out.decode(), err.decode(), forked
 
 
 def _no_elapsed(text: str) -> str:
@@ -642,7 +649,7 @@ def test_workers_draw_the_progress_line(tls_farm: TlsFarm, tmp_path: Path) -> No
         os.close(main)
         if child >= 0:
             os.close(child)
-    assert forks.read_text() == "2"
+    assert forks.read_text() == "2 0"  # two workers, none left at exit
     assert proc.returncode == 1
     assert f"{SPREAD_NODES}/{SPREAD_NODES} nodes  3 failed".encode() in seen
     assert len(proc.stdout.splitlines()) == 1 + (SPREAD_NODES - 3) // 2 * 9 + 1 + 3
