@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from agent.api.fast_routes import fast_gets
-from agent.api.routes import create_app
+from agent.api.routes import Wrapper, create_app
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
 from agent.edge.fast_gets import FastGets
@@ -75,7 +75,7 @@ async def _serve(
     guard = ConnectionGuard(
         "REST API", limits or ConnectionLimits(10, 60, 64), on_answer=counters.count
     )
-    around = [guard.wrap]
+    around: list[Wrapper] = [guard.wrap]
     if token_file is not None:
         around.append(require_token(TokenStore(token_file), plain_loopback=False))
     app = create_app(NodeState(NodeFacts(node, CONTROL)), status, around=around)
