@@ -26,23 +26,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, restart_engine, start_engine, stop_engine
+from tests.support.lease_node import LeaseNode, one_line
 from tests.support.services import stop_process, wait_until
+from tests.support.wrapper import wrapper_command
 
 # The first test may wait for another run on this machine to give back the device nodes.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -95,42 +93,14 @@ def dockerd(nvidia_devices: None) -> Iterator[Dockerd]:
         stop_engine(served.engine, served.proc)
 
 
-def wrapper_command() -> list[str]:
-    """The installed console script when there is one, else the module."""
-    script = Path(sys.executable).with_name("nvidia-docker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
-
-
 @dataclass
-class Node:
+class Node(LeaseNode):
     """The agent of the simulated node, following ``dockerd``; restartable."""
 
-    dockerd: Dockerd
-    base: Path
-    grace_s: float
-    agent: AgentProcess
+    dockerd: Dockerd = field(kw_only=True)
+    grace_s: float = field(kw_only=True)
 
-    @property
-    def state_file(self) -> Path:
-        return self.base / "state" / "leases.json"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
-
-    def table(self) -> dict[str, Any]:
-        """GET /leases/json."""
-        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
-    def bound(self) -> dict[str, str]:
-        """Container id -> lease id, of every lease bound to a container."""
-        return {
-            lease["Container"]: lease["Lease"]
-            for lease in self.table()["Leases"]
-            if lease["Container"] is not None
-        }
+    engine_name = "dockerd"
 
     def wrapper_env(self, **env: str) -> dict[str, str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "DOCKER_"))}
@@ -180,15 +150,6 @@ class Node:
         assert len(gpus) == 1, devices
         return gpus[0], labels[LEASE_LABEL]
 
-    def wait_bound(self, containers: list[str], what: str, timeout_s: float = 20) -> None:
-        """Until every container of ``containers`` (and no other) holds a lease."""
-        wait_until(
-            lambda: set(self.bound()) == set(containers),
-            what=what,
-            timeout_s=timeout_s,
-            proc=self.agent.proc,
-        )
-
     def follows(self) -> int:
         """How many times the agent has followed dockerd's events (at start, and once more
         after each reconnection, each time with the containers listed: a resync)."""
@@ -197,27 +158,8 @@ class Node:
             log.count(f"Docker engine at {self.dockerd.engine.host} answers again: following")
         )
 
-    def wait_following(self, more_than: int, timeout_s: float = 30) -> None:
-        wait_until(
-            lambda: self.follows() > more_than,
-            what=f"the agent following dockerd (log: {self.agent.log_path})",
-            timeout_s=timeout_s,
-            proc=self.agent.proc,
-        )
-
-    def kill9(self) -> None:
-        self.agent.proc.send_signal(signal.SIGKILL)
-        self.agent.proc.wait(timeout=10)
-
-    def start(self) -> None:
-        """Start the agent again (on the same state directory, plugin socket and log)."""
-        follows = self.follows()
-        self.agent = _launch(self.dockerd, self.base, self.grace_s)
-        wait_ready(self.agent)
-        self.wait_following(follows)  # ready is the REST API; the table follows after it
-
-    def log(self) -> str:
-        return self.agent.log()
+    def launch(self) -> AgentProcess:
+        return _launch(self.dockerd, self.base, self.grace_s)
 
 
 def _launch(
@@ -242,7 +184,8 @@ def node_of(
 ) -> Iterator[Node]:
     """A ready agent following ``dockerd``; afterwards every container removed, the agent
     stopped."""
-    node = Node(dockerd, base, grace_s, _launch(dockerd, base, grace_s, simulate))
+    agent = _launch(dockerd, base, grace_s, simulate)
+    node = Node(base, agent, dockerd=dockerd, grace_s=grace_s)
     try:
         wait_ready(node.agent)
         node.wait_following(0)
@@ -264,12 +207,6 @@ def node_of(
 def node(dockerd: Dockerd, tmp_path: Path) -> Iterator[Node]:
     with node_of(dockerd, tmp_path / "agent") as served:
         yield served
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    return lines[0]
 
 
 def test_eight_concurrent_runs_get_a_gpu_each_and_a_ninth_waits_for_one(node: Node) -> None:

@@ -34,27 +34,24 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.dockerd import start_engine, stop_engine
+from tests.support.lease_node import LeaseNode, one_line
 from tests.support.podman import CDI_LOCK, RUN_LIMITS, ApiService, api_service, private_podman
 from tests.support.prerequisites import require_root
 from tests.support.services import machine_lock, stop_process, wait_until
+from tests.support.wrapper import wrapper_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -98,65 +95,15 @@ def _make_dev_root(root: Path) -> None:
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
 
-def wrapper_command() -> list[str]:
-    """The installed console script when there is one, else the module."""
-    script = Path(sys.executable).with_name("nvidia-docker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    return lines[0]
-
-
 @dataclass
-class Node:
+class Node(LeaseNode):
     """The agent of the simulated node, following ``service``; restartable."""
 
-    service: ApiService
-    base: Path
-    agent: AgentProcess
+    service: ApiService = field(kw_only=True)
 
-    @property
-    def state_file(self) -> Path:
-        return self.base / "state" / "leases.json"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
-
-    def table(self) -> dict[str, Any]:
-        """GET /leases/json."""
-        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
-    def leases(self) -> dict[str, dict[str, Any]]:
-        """Container id -> its lease (as /leases/json shows it), of every bound lease."""
-        return {
-            lease["Container"]: lease
-            for lease in self.table()["Leases"]
-            if lease["Container"] is not None
-        }
-
-    def bound(self) -> dict[str, str]:
-        """Container id -> lease id, of every lease bound to a container."""
-        return {cid: lease["Lease"] for cid, lease in self.leases().items()}
-
-    def ask(self, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
-        """POST /leases; its answer, of HTTP ``status``."""
-        request = urllib.request.Request(
-            f"{self.url}/leases", data=json.dumps(body).encode(), method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                code, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            code, raw = err.code, err.read()
-        assert code == status, raw
-        answer: dict[str, Any] = json.loads(raw)
-        return answer
+    engine_name = "Podman's API service"
+    follow_timeout_s = 60.0
+    bind_timeout_s = 30.0
 
     def gpu_names(self) -> dict[str, str]:
         """Unit UUID -> its name (``0`` .. ``7``)."""
@@ -211,15 +158,6 @@ class Node:
         """Every container of the Podman store, full ids."""
         return self.podman("ps", "-aq", "--no-trunc").split()
 
-    def wait_bound(self, containers: list[str], what: str, timeout_s: float = 30) -> None:
-        """Until every container of ``containers`` (and no other) holds a lease."""
-        wait_until(
-            lambda: set(self.bound()) == set(containers),
-            what=what,
-            timeout_s=timeout_s,
-            proc=self.agent.proc,
-        )
-
     def follows(self) -> int:
         """How many times the agent has followed the service's events (at start, and once
         more after each reconnection, each time with the containers listed: a resync)."""
@@ -228,27 +166,8 @@ class Node:
             "answers again: following its container events"
         )
 
-    def wait_following(self, more_than: int, timeout_s: float = 60) -> None:
-        wait_until(
-            lambda: self.follows() > more_than,
-            what=f"the agent following Podman's API service (log: {self.agent.log_path})",
-            timeout_s=timeout_s,
-            proc=self.agent.proc,
-        )
-
-    def kill9(self) -> None:
-        self.agent.proc.send_signal(signal.SIGKILL)
-        self.agent.proc.wait(timeout=10)
-
-    def start(self) -> None:
-        """Start the agent again (on the same state directory, dev root and log)."""
-        follows = self.follows()
-        self.agent = _launch(self.service, self.base)
-        wait_ready(self.agent)
-        self.wait_following(follows)  # ready is the REST API; the table follows after it
-
-    def log(self) -> str:
-        return self.agent.log()
+    def launch(self) -> AgentProcess:
+        return _launch(self.service, self.base)
 
 
 def _launch(service: ApiService, base: Path, docker_socket: Path | None = None) -> AgentProcess:
@@ -275,7 +194,7 @@ def node(podman_service: ApiService) -> Iterator[Node]:
         made_dir = not CDI_DIR.exists()
         base = Path(tempfile.mkdtemp(prefix="nvd-leases-podman-"))
         _make_dev_root(base / "devroot")
-        node = Node(podman_service, base, _launch(podman_service, base))
+        node = Node(base, _launch(podman_service, base), service=podman_service)
         try:
             wait_ready(node.agent)
             wait_until(

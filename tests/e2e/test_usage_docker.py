@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.prerequisites import require_command
 from tests.support.services import stop_process, wait_until
+from tests.support.wrapper import wrapper_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -72,11 +72,6 @@ def write_node(path: Path, utilization: int) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(raw), encoding="utf-8")
     os.replace(partial, path)
-
-
-def wrapper_command() -> list[str]:
-    script = Path(sys.executable).with_name("nvidia-docker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
 
 
 @dataclass

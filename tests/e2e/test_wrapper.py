@@ -42,6 +42,7 @@ from tests.support.services import (
     wait_until,
 )
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
+from tests.support.wrapper import wrapper_command
 
 # Above pyproject's 60 s: the first test may wait for another test run on this machine to
 # give back the device nodes or port 3476 (machine-wide locks, held for a module's run).
@@ -146,12 +147,6 @@ class Result:
         assert lines[0].startswith(ERROR_PREFIX), lines[0]
         assert " Error: " in lines[0]
         return lines[0].split(" Error: ", 1)[1]
-
-
-def wrapper_command() -> list[str]:
-    """The installed console script when there is one, else the module."""
-    script = Path(sys.executable).with_name("nvidia-docker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
 
 
 def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -> Result:
