@@ -433,20 +433,17 @@ async def test_bad_node_argument_is_one_line() -> None:
     assert "invalid remote host URI 'ftp://node1'" in error_of(err)
 
 
-def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
-    nodes = [http_node(p) for p in farm.ports]
-    command = [sys.executable, "-m", "controller.ctl.main", "info", *nodes]
+def _run_with_a_terminal_for_stderr(
+    command: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[bytes], bytes]:
+    """``command`` run with its standard error on a pseudo-terminal (where the progress line
+    is drawn) and its standard output piped; what the terminal showed."""
     main, child = pty.openpty()
     try:
         proc = subprocess.run(
-            command,
-            check=False,
-            stdout=subprocess.PIPE,
-            stderr=child,
-            cwd=REPO,
-            env=ctl_env(),
+            command, check=False, stdout=subprocess.PIPE, stderr=child, cwd=REPO, env=env,
             timeout=60,
-        )
+        )  # fmt: skip
         os.close(child)
         child = -1
         seen = b""
@@ -462,6 +459,13 @@ def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
         os.close(main)
         if child >= 0:
             os.close(child)
+    return proc, seen
+
+
+def test_progress_bar_only_on_a_terminal(farm: AgentFarm) -> None:
+    nodes = [http_node(p) for p in farm.ports]
+    command = [sys.executable, "-m", "controller.ctl.main", "info", *nodes]
+    proc, seen = _run_with_a_terminal_for_stderr(command, ctl_env())
     assert proc.returncode == 1
     assert b"/12 nodes" in seen
     assert b"\r" in seen
@@ -630,27 +634,7 @@ def test_workers_draw_the_progress_line(tls_farm: TlsFarm, tmp_path: Path) -> No
     forks = tmp_path / "forks"
     env = {**ctl_env(), "NVD_TEST_CPUS": "2", "NVD_TEST_FORKS": str(forks)}
     command = [sys.executable, "-c", _LAUNCHER, "info", "--ca", str(tls_farm.ca), *nodes]
-    main, child = pty.openpty()
-    try:
-        proc = subprocess.run(
-            command, check=False, stdout=subprocess.PIPE, stderr=child, cwd=REPO, env=env,
-            timeout=60,
-        )  # fmt: skip
-        os.close(child)
-        child = -1
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(main)
-        if child >= 0:
-            os.close(child)
+    proc, seen = _run_with_a_terminal_for_stderr(command, env)
     assert forks.read_text() == "2 0"  # two workers, none left at exit
     assert proc.returncode == 1
     assert f"{SPREAD_NODES}/{SPREAD_NODES} nodes  3 failed".encode() in seen
