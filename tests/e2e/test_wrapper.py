@@ -149,6 +149,21 @@ class Result:
         return lines[0].split(" Error: ", 1)[1]
 
 
+def _run_wrapper(
+    args: tuple[str, ...], environ: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``nvidia-docker ARGS`` as installed, in ``environ``, its outputs captured."""
+    return subprocess.run(
+        [*wrapper_command(), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
 def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -> Result:
     """Run the wrapper with NV_DOCKER recording the final argv, then exec'ing real docker."""
     record = tmp_path / f"argv-{time.monotonic_ns()}"
@@ -175,15 +190,7 @@ def nvidia_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) 
         PYTHONPATH=str(REPO),
     )
     environ.update(env)
-    done = subprocess.run(
-        [*wrapper_command(), *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = _run_wrapper(args, environ)
     argv = record.read_text().split("\0")[:-1] if record.exists() else None
     return Result(done.returncode, done.stdout, done.stderr, argv)
 
@@ -664,15 +671,7 @@ def plain_docker(engine: DockerEngine, tmp_path: Path, *args: str, **env: str) -
     }
     environ.update(DOCKER_HOST=engine.host, PYTHONPATH=str(REPO), HOME=str(tmp_path))
     environ.update(env)
-    done = subprocess.run(
-        [*wrapper_command(), *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = _run_wrapper(args, environ)
     return Result(done.returncode, done.stdout, done.stderr, None)
 
 
