@@ -20,6 +20,10 @@ against a second farm whose nodes serve the lease routes (hgx-h200-8 nodes, one 
 three GPUs on each; ``--tls``: every node over TLS, with a test CA, ``status`` measured
 there too for scale): the table, ``--json``, ``free --gpus 2`` (every node qualifies) and
 ``free --gpus 6`` (none does: exit 1).
+
+``--ctl-cpu-list 0,1`` pins the ctl (and its workers) to those CPUs and the farm to the
+others: on a machine with cores to spare, the ctl's own time on two cores, the agents' work
+elsewhere as on a real fleet.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def _peak():
                     out.write(f"{line.split()[1]} {own.ru_utime + own.ru_stime} "
                               f"{kids.ru_utime + kids.ru_stime} {kids.ru_maxrss}")
 atexit.register(_peak)
+if os.environ.get("NVD_BENCH_CTL_AFFINITY"):  # --ctl-cpu-list: the CPUs the ctl runs on
+    os.sched_setaffinity(0, {int(c) for c in os.environ["NVD_BENCH_CTL_AFFINITY"].split(",")})
 if os.environ.get("NVD_BENCH_CTL_CPUS"):  # --ctl-cpus: the CPUs the ctl believes it has
     import controller.fleet.workers as workers
     workers.usable_cpus = lambda: int(os.environ["NVD_BENCH_CTL_CPUS"])
@@ -150,6 +156,7 @@ def _count(out: IO[bytes], last_error_line: str) -> tuple[int, int]:
 
 
 CTL_CPUS = 0  # --ctl-cpus (0: as the machine has)
+CTL_AFFINITY: set[int] = set()  # --ctl-cpu-list (empty: wherever the scheduler puts it)
 
 
 def ctl_env(home: Path) -> dict[str, str]:
@@ -158,6 +165,8 @@ def ctl_env(home: Path) -> dict[str, str]:
     env["HOME"] = str(home)
     if CTL_CPUS:
         env["NVD_BENCH_CTL_CPUS"] = str(CTL_CPUS)
+    if CTL_AFFINITY:
+        env["NVD_BENCH_CTL_AFFINITY"] = ",".join(map(str, sorted(CTL_AFFINITY)))
     return env
 
 
@@ -204,7 +213,7 @@ def main() -> None:
     parser.add_argument(
         "--farm-processes",
         type=int,
-        default=usable_cpus(),
+        default=0,
         help="agent-farm processes (default: the usable CPUs, as the agents' own machines)",
     )
     parser.add_argument(
@@ -224,16 +233,35 @@ def main() -> None:
         "default: the machine's",
     )
     parser.add_argument(
+        "--ctl-cpu-list",
+        default="",
+        help="CPUs for the ctl alone, e.g. 0,1 (the farm and this process get the others: "
+        "the agents on machines of their own, as in a real fleet)",
+    )
+    parser.add_argument(
         "--only", default="", help="leases runs whose names start with these (comma separated)"
     )
     args = parser.parse_args()
     commands = {c.strip() for c in args.commands.split(",")}
     global CTL_CPUS  # noqa: PLW0603 (one setting for every run of the ctl)
     CTL_CPUS = args.ctl_cpus
+    if args.ctl_cpu_list:
+        global CTL_AFFINITY  # noqa: PLW0603 (likewise)
+        CTL_AFFINITY = {int(c) for c in args.ctl_cpu_list.split(",")}
+        others = os.sched_getaffinity(0) - CTL_AFFINITY
+        if not others or not CTL_AFFINITY.issubset(os.sched_getaffinity(0)):
+            parser.error(
+                f"--ctl-cpu-list {args.ctl_cpu_list}: name some, not all, of the "
+                f"CPUs {sorted(os.sched_getaffinity(0))}"
+            )
+        os.sched_setaffinity(0, others)  # the farm, started from here, inherits them
+    args.farm_processes = args.farm_processes or usable_cpus()
     raise_fd_limit(max(args.http_nodes, args.ssh_nodes) * 4 + 1024)
+    seen = args.ctl_cpus or len(CTL_AFFINITY) or usable_cpus()
+    pinned = f" (on CPUs {sorted(CTL_AFFINITY)}, the farm on the others)" if CTL_AFFINITY else ""
     print(
         f"bench_fleet: {os.cpu_count()} CPUs, farm of {args.farm_processes} processes "
-        f"({args.farm_loop} loop), ctl sees {args.ctl_cpus or usable_cpus()} CPUs, fd limit "
+        f"({args.farm_loop} loop), ctl sees {seen} CPUs{pinned}, fd limit "
         f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, Python {sys.version.split()[0]}, "
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
         flush=True,
