@@ -11,17 +11,21 @@ nvidia.com/gpu=...`` to an engine that reads CDI) or its device nodes added to
 plugin's driver, as ``/docker/cli`` gives it); then the lease labels (over any the client
 sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set
 one.
+A create labelled ``nvidia-docker.lease.wait=SECONDS`` (``WAIT_LABEL``; 0 to
+``MAX_WAIT_S``) waits that long in the lease queue when its GPUs are not free now.
 ``CreateError`` is a body that cannot be read, with the status and line to answer.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.leases.settings import MAX_WAIT_S
 from plugin.json_body import BodyError, parse_json
 
 MAX_CREATE_BYTES = 4 * 1024 * 1024
@@ -29,6 +33,7 @@ VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 CDI_DRIVER = "cdi"  # the device driver of Docker 25+ that resolves CDI names
 _CREATE = re.compile(rb"(?:/v[0-9]{1,3}\.[0-9]{1,3})?/containers/create(?:\?.*)?", re.DOTALL)
 MAX_IDS = 64
+WAIT_LABEL = "nvidia-docker.lease.wait"  # seconds a create may wait for its GPUs
 
 
 class CreateError(ValueError):
@@ -41,10 +46,12 @@ class CreateError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
-    """What a create asks of GPUs: ``count`` (-1: every GPU), or the ``device_ids``."""
+    """What a create asks of GPUs: ``count`` (-1: every GPU), or the ``device_ids``; how
+    long it may wait for them (``wait_s``, its ``WAIT_LABEL``)."""
 
     count: int = 0
     device_ids: tuple[str, ...] = ()
+    wait_s: float = 0.0
 
     @property
     def every_gpu(self) -> bool:
@@ -174,7 +181,26 @@ def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
         raise CreateError(400, "a GPU device request asks for no GPU (Count 0, no DeviceIDs)")
     assert host is not None
     _check_shape(body, host)
-    return GpuRequest(count, tuple(ids))
+    return GpuRequest(count, tuple(ids), _wait_s(body.get("Labels") or {}))
+
+
+def _wait_s(labels: Mapping[str, Any]) -> float:
+    """The seconds of the create's ``WAIT_LABEL`` (0 without it); ``CreateError`` (400)."""
+    raw = labels.get(WAIT_LABEL)
+    if raw is None:
+        return 0.0
+    try:
+        wait = float(raw) if isinstance(raw, str) and raw.strip() else -1.0
+    except ValueError:
+        wait = -1.0
+    if not (math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S):
+        shown = str(raw)[:40]
+        raise CreateError(
+            400,
+            f"the label {WAIT_LABEL}={shown!r} is not a number of seconds from 0 to "
+            f"{MAX_WAIT_S:g} (how long the create may wait for free GPUs)",
+        )
+    return wait
 
 
 def rewrite(body: Mapping[str, Any], addition: Addition) -> dict[str, Any]:

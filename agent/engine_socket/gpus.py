@@ -55,18 +55,21 @@ class GpuCreates:
         if name:
             owner.append(("name", name[:MAX_OWNER_VALUE]))
         if request.device_ids:
-            return Ask(devices=" ".join(request.device_ids), owner=tuple(owner))
+            return Ask(
+                devices=" ".join(request.device_ids), owner=tuple(owner), wait_s=request.wait_s
+            )
         if request.every_gpu:
             targets = self._facts().usable(None)
             names = " ".join(str(t.gpu.index) for t in targets if t.mig is None)
             if not names:
                 raise CreateError(409, "nvidia-docker: this node has no healthy GPU to give")
-            return Ask(devices=names, owner=tuple(owner))
-        return Ask(count=request.count, owner=tuple(owner))
+            return Ask(devices=names, owner=tuple(owner), wait_s=request.wait_s)
+        return Ask(count=request.count, owner=tuple(owner), wait_s=request.wait_s)
 
     async def lease(self, request: GpuRequest, name: str | None) -> tuple[Granted, Addition]:
         """The grant for ``request`` and what it adds to the create; ``CreateError`` with
-        the table's own line when it cannot be had now (409) or is malformed (400)."""
+        the table's own line when it cannot be had now, or within the request's wait (409),
+        or is malformed (400). A create that waits is queued first come, first served."""
         try:
             answer = await self._leases.ask(self._ask(request, name))
         except InvalidAsk as err:
@@ -81,6 +84,9 @@ class GpuCreates:
             raise CreateError(
                 409, f"nvidia-docker: the leased GPUs cannot be given: {err}"
             ) from None
+        except BaseException:  # its client left meanwhile: given back now, not at its expiry
+            self.release(answer.lease.id)
+            raise
 
     def _addition(self, grant: Granted, naming: CdiNaming | None) -> Addition:
         facts = self._facts()

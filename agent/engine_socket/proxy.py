@@ -6,7 +6,9 @@ its first request. Requests are read one at a time: the head (within ``MAX_HEAD_
 framing checked, bytes unchanged) while the answer is relayed as it comes. Only a GPU
 create (``agent.engine_socket.create``) is read whole (within ``MAX_CREATE_BYTES``),
 rewritten and leased; a create that cannot get its GPUs is answered here, as the engine
-answers a bad create (``{"message": ...}``), and nothing is forwarded.
+answers a bad create (``{"message": ...}``), and nothing is forwarded. A create that waits
+for its GPUs (``nvidia-docker.lease.wait``) holds its connection meanwhile; its client's
+closing the connection (checked every ``CLIENT_CHECK_S``) takes it out of the queue.
 
 An answer of ``101`` (HTTP Upgrade: attach, exec, ``docker run -it``) or one without a
 length (Docker's hijacked streams answer ``200`` and then raw bytes) turns the connection
@@ -21,12 +23,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import select
 from http import HTTPStatus
 from pathlib import Path
 
 from agent.engine_socket.create import (
     MAX_CREATE_BYTES,
+    Addition,
     CreateError,
+    GpuRequest,
     container_name,
     gpu_request,
     is_create,
@@ -45,11 +50,13 @@ from agent.engine_socket.heads import (
     parse_request_head,
     parse_response_head,
 )
+from agent.leases.answers import Granted
 
 log = logging.getLogger("nvidia-docker-plugin.engine-socket")
 
 PIECE = 256 * 1024  # bytes copied at once
 END = b"\r\n\r\n"
+CLIENT_CHECK_S = 0.25  # how often a create that waits for GPUs checks that its client is there
 
 
 class _Hijacked(Exception):
@@ -294,7 +301,7 @@ class Connection:
             body = read_body(raw)
             request = gpu_request(body)
             if request is not None:
-                grant, addition = await self._creates.lease(request, container_name(head.target))
+                grant, addition = await self._leased(request, container_name(head.target))
                 lease = grant.lease.id
                 raw = json.dumps(rewrite(body, addition), separators=(",", ":")).encode()
         except CreateError as err:
@@ -314,6 +321,39 @@ class Connection:
             if lease is not None and not created:
                 self._creates.release(lease)
         return _keeps_alive(head, answer)
+
+    async def _leased(self, request: GpuRequest, name: str | None) -> tuple[Granted, Addition]:
+        """The create's lease; one that waits in the queue (``nvidia-docker.lease.wait``)
+        leaves it when its client goes away (``_Broken``), so that no container is created
+        for nobody."""
+        assert self._creates is not None
+        if request.wait_s <= 0:
+            return await self._creates.lease(request, name)
+        asking = asyncio.ensure_future(self._creates.lease(request, name))
+        try:
+            while True:
+                done, _ = await asyncio.wait({asking}, timeout=CLIENT_CHECK_S)
+                if done:
+                    return asking.result()
+                if self._client_gone():
+                    raise _Broken("the client left while its create waited for GPUs")
+        finally:
+            if not asking.done():
+                asking.cancel()
+                with contextlib.suppress(BaseException):
+                    await asking
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection whole: the unix socket's ``POLLHUP``.
+        A half close (the end of its input only) still waits for its answer."""
+        if self._writer.is_closing() or self._reader.exception() is not None:
+            return True
+        sock = self._writer.get_extra_info("socket")
+        if sock is None or sock.fileno() < 0:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLHUP)
+        return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
 
     async def _both_ways(self) -> None:
         """After a hijack: client to engine (its end passed on), engine to client until the

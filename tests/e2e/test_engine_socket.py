@@ -8,10 +8,13 @@ module fixture (mknod where missing, under the machine-wide device lock). Checke
 ``docker logs -f``, ``docker run -i`` and ``docker exec -i`` (hijacked streams, stdin echoed
 back), ``docker events`` (bounded) work through the socket; with all eight GPUs leased a
 ``docker run --gpus 1`` fails in one line and leaves no container; ``docker rm -f`` frees
-the lease; the REST API answers while a client holds a half-sent head on the socket;
+the lease; a ``docker run --gpus 1`` labelled ``nvidia-docker.lease.wait`` waits in the queue
+and runs once the holder is removed, and one killed while it waits leaves the queue and
+creates nothing; the REST API answers while a client holds a half-sent head on the socket;
 ``docker run -it`` (on a pseudo-terminal), ``attach``, ``cp`` and ``build`` work through it;
 Debian 13's Compose v2 (``.cache/compose``, fetched by scripts/test-all; skipped without it)
-gives 4 replicas 4 distinct GPUs and ``down`` frees them.
+gives 4 replicas 4 distinct GPUs and ``down`` frees them, and a project whose service is
+labelled ``nvidia-docker.lease.wait`` comes up once another project's ``down`` frees a GPU.
 """
 
 from __future__ import annotations
@@ -225,6 +228,48 @@ def test_all_gpus_leased_a_run_fails_in_one_line_and_leaves_nothing(served: Serv
     assert served.gpus_of(again) == ["/dev/nvidia3"]
 
 
+def test_a_run_labelled_to_wait_starts_when_a_gpu_frees(served: Served) -> None:
+    holder = served.ok("run", "-d", "--gpus", "all", IMAGE, "sleep", "600").strip()
+    before = served.ok("ps", "-aq").split()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    waiting = ["docker", "run", "--rm", "--gpus", "1", "--label", "nvidia-docker.lease.wait=120"]
+
+    def queued() -> int:
+        return len(served.table()["Waiting"])
+
+    # A client killed while its create waits leaves the queue, and nothing is created.
+    gone = subprocess.Popen([*waiting, IMAGE, "true"], env=env, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: queued() == 1, what="the create in the queue", timeout_s=20)
+    finally:
+        gone.kill()
+        gone.wait(timeout=10)
+    wait_until(lambda: queued() == 0, what="the killed client's create out of the queue",
+               timeout_s=10)  # fmt: skip
+    assert served.ok("ps", "-aq").split() == before
+
+    # One that stays gets the GPU the holder gives back, and runs.
+    runner = subprocess.Popen(
+        [*waiting, IMAGE, "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: queued() == 1, what="the create in the queue", timeout_s=20)
+        assert runner.poll() is None  # still waiting: every GPU is the holder's
+        served.ok("rm", "-f", holder)
+        out, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(timeout=10)
+    assert runner.returncode == 0, err.decode()
+    assert out.decode().strip().startswith("GPU-"), out
+
+
 def test_a_half_sent_head_holds_only_its_own_connection(served: Served) -> None:
     slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     slow.connect(str(served.engine_socket))
@@ -403,6 +448,63 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     down = compose("down")
     assert down.returncode == 0, down.stderr.decode()
     wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+
+
+WAITING_SERVICE = """\
+services:
+  evaluator:
+    image: {image}
+    command: ["sleep", "600"]
+    labels:
+      nvidia-docker.lease.wait: "120"
+    deploy:
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: 1, capabilities: [gpu]}}]
+"""
+
+
+def test_a_compose_service_labelled_to_wait_comes_up_when_another_project_goes_down(
+    served: Served, tmp_path: Path
+) -> None:
+    if not COMPOSE.exists():
+        pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+
+    def project(name: str, text: str) -> list[str]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "compose.yaml").write_text(text.format(image=IMAGE))
+        return [str(COMPOSE), "--project-directory", str(folder), "-p", name]
+
+    every_gpu = COMPOSE_FILE.replace("replicas: 4", "replicas: 8")
+    training, evaluation = project("nvdtrain", every_gpu), project("nvdeval", WAITING_SERVICE)
+
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(args, env=env, capture_output=True, timeout=120, check=False)
+
+    up = run(*training, "up", "-d")
+    assert up.returncode == 0, up.stderr.decode()
+    waiting = subprocess.Popen(
+        [*evaluation, "up", "-d"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_until(lambda: len(served.table()["Waiting"]) == 1, what="the create in the queue",
+                   timeout_s=30)  # fmt: skip
+        assert waiting.poll() is None  # Compose waits for the create's answer
+        down = run(*training, "down")
+        assert down.returncode == 0, down.stderr.decode()
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait(timeout=10)
+    assert waiting.returncode == 0, err.decode()
+    evaluator = served.ok("ps", "-q", "--filter", "label=com.docker.compose.project=nvdeval")
+    assert len(evaluator.split()) == 1
+    assert len(served.gpus_of(evaluator.strip())) == 1
+    assert run(*evaluation, "down").returncode == 0
 
 
 def usage(served: Served, by: str) -> dict[str, float]:

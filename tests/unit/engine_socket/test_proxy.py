@@ -16,6 +16,8 @@ import pytest
 from agent.api.leases import Cpusets
 from agent.engine_socket.gpus import GpuCreates
 from agent.engine_socket.site import EngineSocket, serve_engine_socket
+from agent.leases.answers import Granted
+from agent.leases.asks import Ask
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
@@ -288,6 +290,103 @@ async def test_a_create_that_cannot_get_its_gpus_is_answered_here(
     assert message.startswith("nvidia-docker: ")
     assert "\n" not in message
     assert engine.connections == 0
+
+
+def waiting_create(seconds: str) -> bytes:
+    return create({**GPUS_2, "Labels": {"nvidia-docker.lease.wait": seconds, "app": "train"}})
+
+
+async def take_every_gpu(leases: LeaseService) -> Granted:
+    granted = await leases.ask(Ask(count=4))
+    assert isinstance(granted, Granted)
+    return granted
+
+
+async def queued(leases: LeaseService, count: int = 1) -> None:
+    """Until ``count`` asks wait (5 s at most: the queue moves within a few loop turns)."""
+    for _ in range(500):
+        if len(leases.view().waiting) == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"waiting asks: {leases.view().waiting}")
+
+
+async def test_a_create_that_may_wait_gets_the_gpus_another_gives_back(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    bodies: list[dict[str, object]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, body = await read_request(reader)
+        bodies.append(json.loads(body))
+        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
+        await writer.drain()
+
+    engine.handler = handler
+    holder = await take_every_gpu(leases)
+    # half closed after the create, as some clients do: still there, still waiting
+    answering = asyncio.ensure_future(exchange(site, waiting_create("30")))
+    await queued(leases)
+    assert engine.connections == 0
+    assert not answering.done()
+    leases.release(holder.lease.id)
+    answer = await asyncio.wait_for(answering, 10)
+    assert answer.startswith(b"HTTP/1.1 201 ")
+    (lease,) = leases.view().leases
+    assert bodies[0]["Labels"] == {
+        "nvidia-docker.lease.wait": "30",
+        "app": "train",
+        "nvidia-docker.lease": lease.id,
+        "nvidia-docker.lease.devices": ",".join(lease.units),
+        "nvidia-docker.lease.mode": "exclusive",
+        "nvidia-docker.lease.owner": '{"via":"engine-socket","name":"job"}',
+    }
+
+
+async def test_a_create_whose_wait_ends_is_answered_in_one_line(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    await take_every_gpu(leases)
+    answer = await exchange(site, waiting_create("0.3"))
+    assert answer.startswith(b"HTTP/1.1 409 Conflict\r\n")
+    message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+    assert message.startswith("nvidia-docker: ")
+    assert "waited" in message, message
+    assert "\n" not in message
+    assert engine.connections == 0
+    assert not leases.view().waiting
+
+
+async def test_a_client_that_leaves_while_its_create_waits_leaves_the_queue(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    holder = await take_every_gpu(leases)
+    _reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(waiting_create("60"))
+    await queued(leases)
+    writer.close()  # the docker CLI killed, say
+    await writer.wait_closed()
+    await queued(leases, 0)
+    leases.release(holder.lease.id)
+    assert engine.connections == 0  # nothing created for nobody
+    assert not leases.view().leases
+
+
+@pytest.mark.parametrize("seconds", ["soon", "-1", "601", "nan", "", "1e9"])
+async def test_a_wait_label_that_is_not_seconds_is_refused_in_one_line(
+    world: tuple[FakeEngine, EngineSocket, LeaseService], seconds: str
+) -> None:
+    engine, site, leases = world
+    answer = await exchange(site, waiting_create(seconds))
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+    assert "nvidia-docker.lease.wait" in message
+    assert "0 to 600" in message, message
+    assert engine.connections == 0
+    assert not leases.view().leases
 
 
 async def test_an_engine_that_is_down_is_said_in_one_line(tmp_path: Path) -> None:
