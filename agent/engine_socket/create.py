@@ -13,6 +13,9 @@ sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the
 one.
 A create labelled ``nvidia-docker.lease.wait=SECONDS`` (``WAIT_LABEL``; 0 to
 ``MAX_WAIT_S``) waits that long in the lease queue when its GPUs are not free now.
+A GPU request whose ``Options`` hold ``mig-profile`` (``MIG_OPTION``: ``docker run --gpus
+'count=2,options=mig-profile=1g.18gb'``, Compose's ``options:``) asks for ``Count`` MIG devices
+of that profile.
 ``CreateError`` is a body that cannot be read, with the status and line to answer.
 """
 
@@ -34,6 +37,7 @@ CDI_DRIVER = "cdi"  # the device driver of Docker 25+ that resolves CDI names
 _CREATE = re.compile(rb"(?:/v[0-9]{1,3}\.[0-9]{1,3})?/containers/create(?:\?.*)?", re.DOTALL)
 MAX_IDS = 64
 WAIT_LABEL = "nvidia-docker.lease.wait"  # seconds a create may wait for its GPUs
+MIG_OPTION = "mig-profile"  # a GPU request's option: Count MIG devices of this profile
 
 
 class CreateError(ValueError):
@@ -46,12 +50,14 @@ class CreateError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
-    """What a create asks of GPUs: ``count`` (-1: every GPU), or the ``device_ids``; how
-    long it may wait for them (``wait_s``, its ``WAIT_LABEL``)."""
+    """What a create asks of GPUs: ``count`` (-1: every GPU) whole GPUs, or ``count`` MIG
+    devices of ``mig_profile``, or the ``device_ids``; how long it may wait for them
+    (``wait_s``, its ``WAIT_LABEL``)."""
 
     count: int = 0
     device_ids: tuple[str, ...] = ()
     wait_s: float = 0.0
+    mig_profile: str | None = None
 
     @property
     def every_gpu(self) -> bool:
@@ -157,6 +163,10 @@ def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
     if not gpus:
         return None
     count, ids = 0, []
+    profiles = {_mig_profile(request) for request in gpus}
+    if len(profiles) > 1:
+        raise CreateError(400, "GPU device requests ask for different MIG profiles")
+    (profile,) = profiles
     for request in gpus:
         raw_count, raw_ids = request.get("Count", 0), request.get("DeviceIDs") or []
         if isinstance(raw_count, bool) or not isinstance(raw_count, int):
@@ -179,9 +189,28 @@ def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
         raise CreateError(400, f"more than {MAX_IDS} GPU DeviceIDs")
     if not ids and count == 0:
         raise CreateError(400, "a GPU device request asks for no GPU (Count 0, no DeviceIDs)")
+    if profile is not None and (ids or count < 0):
+        raise CreateError(
+            400,
+            f"a GPU device request with the option {MIG_OPTION} asks for a count of MIG "
+            "devices (count=N), not named devices or all",
+        )
     assert host is not None
     _check_shape(body, host)
-    return GpuRequest(count, tuple(ids), _wait_s(body.get("Labels") or {}))
+    return GpuRequest(count, tuple(ids), _wait_s(body.get("Labels") or {}), profile)
+
+
+def _mig_profile(request: Mapping[str, Any]) -> str | None:
+    """The request's ``MIG_OPTION`` (None without it); ``CreateError`` (400)."""
+    options = request.get("Options") or {}
+    if not isinstance(options, dict):
+        raise CreateError(400, "a GPU device request's Options are not a JSON object")
+    profile = options.get(MIG_OPTION)
+    if profile is None:
+        return None
+    if not isinstance(profile, str) or not profile.strip():
+        raise CreateError(400, f"the GPU option {MIG_OPTION} is not a MIG profile (like 1g.18gb)")
+    return profile.strip()
 
 
 def _wait_s(labels: Mapping[str, Any]) -> float:

@@ -64,7 +64,12 @@ class GpuCreates:
             if not names:
                 raise CreateError(409, "nvidia-docker: this node has no healthy GPU to give")
             return Ask(devices=names, owner=tuple(owner), wait_s=request.wait_s)
-        return Ask(count=request.count, owner=tuple(owner), wait_s=request.wait_s)
+        return Ask(
+            count=request.count,
+            mig_profile=request.mig_profile,
+            owner=tuple(owner),
+            wait_s=request.wait_s,
+        )
 
     async def lease(self, request: GpuRequest, name: str | None) -> tuple[Granted, Addition]:
         """The grant for ``request`` and what it adds to the create; ``CreateError`` with

@@ -12,8 +12,9 @@ Checked: ``docker run --device nvidia.com/gpu=...`` gives the container exactly 
 selected nodes; the CDI hook (run by runc for dockerd) lets a Debian image without
 LD_LIBRARY_PATH load ``libcuda.so.1`` by soname; ``nvidia-docker run`` sees that the
 engine reads CDI and gives a labelled image its GPUs that way; the agent's engine socket
-(docs/engine-socket.md) gives ``docker run --gpus`` and ``--gpus '"device=0:1"'`` leased GPUs
-as CDI devices (the device-node form would name the host's ``/dev``, where these nodes do
+(docs/engine-socket.md) gives ``docker run --gpus``, ``--gpus '"device=0:1"'`` and ``--gpus
+count=2,options=mig-profile=1g.18gb`` (two MIG devices of that profile) leased GPUs as CDI
+devices (the device-node form would name the host's ``/dev``, where these nodes do
 not exist), and with every GPU leased refuses a third in one line.
 """
 
@@ -245,7 +246,7 @@ def test_the_engine_socket_gives_leased_gpus_as_cdi_devices(setup: Setup, busybo
     started: list[str] = []
     listing = f"{LIST_NODES}; sleep 600"
     try:
-        for gpus in ("1", '"device=0:1"'):
+        for gpus in ("1", '"device=0:1"', "count=2,options=mig-profile=1g.18gb"):
             done = through_socket(
                 setup,
                 "run",
@@ -262,12 +263,20 @@ def test_the_engine_socket_gives_leased_gpus_as_cdi_devices(setup: Setup, busybo
             assert done.returncode == 0, done.stderr
             started.append(done.stdout.strip())
         requests = [inspected(setup, cid, ".HostConfig.DeviceRequests") for cid in started]
+        by_profile = requests[2][0].pop("DeviceIDs")  # the two 1g.18gb MIG devices, any order
+        assert sorted(by_profile) == sorted(f"nvidia.com/gpu={MIGS[i].uuid}" for i in (2, 3))
+        assert [MIGS[i].profile for i in (2, 3)] == ["1g.18gb"] * 2
         assert requests == [
             [cdi_request(f"nvidia.com/gpu={GPU1.uuid}")],
             [cdi_request(f"nvidia.com/gpu={MIGS[1].uuid}")],
+            [{k: v for k, v in cdi_request("").items() if k != "DeviceIDs"}],
         ]
         seen = [wait_for_output(setup, cid) for cid in started]
-        assert seen == [CONTROL | {"/dev/nvidia1"}, CONTROL | {"/dev/nvidia0", *caps_of(1)}]
+        assert seen == [
+            CONTROL | {"/dev/nvidia1"},
+            CONTROL | {"/dev/nvidia0", *caps_of(1)},
+            CONTROL | {"/dev/nvidia0", *caps_of(2, 3)},
+        ]
         for cid in started:  # each container is labelled with its lease
             labels = inspected(setup, cid, ".Config.Labels")
             assert labels["nvidia-docker.lease"].startswith("lease-"), labels

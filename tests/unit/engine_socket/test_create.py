@@ -62,6 +62,14 @@ def test_the_container_name() -> None:
         ([{"Capabilities": [["gpu"]], "DeviceIDs": ["3", "GPU-5"]}], GpuRequest(0, ("3", "GPU-5"))),
         ([CLI_GPUS_2, {"Driver": "nvidia", "Count": 1}], GpuRequest(3)),
         ([{"Driver": "other", "Count": 1, "Capabilities": [["fpga"]]}], None),
+        (  # docker run --gpus 'count=2,options=mig-profile=1g.18gb'
+            [{**CLI_GPUS_2, "Options": {"mig-profile": "1g.18gb"}}],
+            GpuRequest(2, mig_profile="1g.18gb"),
+        ),
+        (  # Compose: the same option on two requests
+            [{"Driver": "nvidia", "Count": 1, "Options": {"mig-profile": "1g.18gb"}}] * 2,
+            GpuRequest(2, mig_profile="1g.18gb"),
+        ),
         ([], None),
     ],
 )
@@ -91,6 +99,15 @@ def test_no_host_config_asks_for_nothing() -> None:
         body(CLI_GPUS_2, Devices="/dev/fuse"),
         body(CLI_GPUS_2, Mounts=["/data:/data"]),
         body(CLI_GPUS_2, CpusetCpus=3),
+        body({**CLI_GPUS_2, "Options": ["mig-profile=1g.18gb"]}),
+        body({**CLI_GPUS_2, "Options": {"mig-profile": ""}}),
+        body({**CLI_GPUS_2, "Options": {"mig-profile": 1}}),
+        body({**CLI_GPUS_2, "Count": -1, "Options": {"mig-profile": "1g.18gb"}}),
+        body({"Driver": "nvidia", "DeviceIDs": ["0"], "Options": {"mig-profile": "1g.18gb"}}),
+        body(
+            {**CLI_GPUS_2, "Options": {"mig-profile": "1g.18gb"}},
+            {**CLI_GPUS_2, "Options": {"mig-profile": "2g.35gb"}},
+        ),
     ],
 )
 def test_malformed_gpu_requests_are_400(bad: dict[str, Any]) -> None:
