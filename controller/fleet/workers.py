@@ -34,7 +34,9 @@ and errors), and sends each node's result back to this process as it is done.
   workers (SIGKILL for any still running), whatever ended the query (the last answer,
   Ctrl-C, an error writing the output); a worker never outlives this process (this
   process's exit closes the socket too). Workers ignore SIGINT: Ctrl-C on a terminal
-  reaches the whole process group, and this process decides. Their standard input and
+  reaches the whole process group, and this process decides. SIGINT is blocked while a
+  worker is forked, so that a Ctrl-C at that moment finds the worker ignoring it and in the
+  list that ``stop`` ends. Their standard input and
   output are /dev/null: a pipe's reader (``| head``) never waits for a worker.
 - A worker that fails (a bug: an exception, or killed) fails the whole query with
   ``WorkerFailed``, naming the worker and its traceback; nodes are never silently lost.
@@ -207,18 +209,33 @@ class WorkerPool:
         pool = cls(nodes, query, timeout_s, base_tls, base_ssh, [])
         try:
             for number in range(max(1, workers)):
-                pool.workers.append(pool._fork(number))
+                # Ctrl-C held back while a worker is forked, until it is in the list that
+                # ``stop`` ends (and until the worker ignores it): it then ends the pool.
+                held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    pool.workers.append(pool._fork(number, held))
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
         except BaseException:
             pool.stop()
             raise
         return pool
 
-    def _fork(self, number: int) -> _Worker:
+    def _fork(self, number: int, mask: set[int | signal.Signals]) -> _Worker:
+        """Fork worker ``number`` (SIGINT blocked here: ``mask`` is the signal mask to give
+        it once it ignores SIGINT)."""
         ours, theirs = socket.socketpair()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:  # the worker
             code = 1
             try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent decides
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 ours.close()
                 for other in self.workers:  # their sockets must end when this process does
                     other.sock.close()
@@ -384,7 +401,6 @@ async def _connect(
 
 def _worker_main(sock: socket.socket, pool: WorkerPool) -> int:
     """A worker's life: ask the nodes it is sent until its socket ends; 0 when it ended so."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent decides, then ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)

@@ -691,13 +691,14 @@ def test_ctrl_c_ends_the_workers(silent_nodes: list[str], tmp_path: Path) -> Non
     """Ctrl-C on a terminal reaches the whole job: the ctl exits 130 at once (not after the
     60 s timeout) and leaves no worker behind, running or unreaped."""
     proc, workers = _start_waiting_ctl(silent_nodes, tmp_path)
+    err = b""
     try:
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # ended, and its pipes read and closed, whatever happened
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _, err = proc.communicate()
     assert proc.returncode == 130, err.decode()[-2000:]
     assert "Traceback" not in err.decode()
     for pid in workers:  # the ctl waited for them before it exited
