@@ -489,7 +489,10 @@ SPREAD_NODES = 40  # above controller.fleet.workers.MIN_NODES: a fleet the ctl s
 # there then, running or unreaped (so that a test of the workers knows that they did the
 # asking, and that none was left behind).
 _LAUNCHER = """
-import atexit, os, runpy, sys
+import atexit, os, runpy, signal, sys
+# Ctrl-C as a terminal's foreground job gets it: a run started in the background by a
+# shell without job control (as CI may be) would otherwise inherit SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import controller.fleet.workers as workers
 cpus = int(os.environ["NVD_TEST_CPUS"])
 workers.usable_cpus = lambda: cpus
