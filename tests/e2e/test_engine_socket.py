@@ -67,12 +67,17 @@ class Served:
             if lease["Container"] is not None
         }
 
+    def client_env(self) -> dict[str, str]:
+        """This environment for a Docker client of the agent's socket (no other DOCKER_*)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        env["DOCKER_HOST"] = f"unix://{self.engine_socket}"
+        return env
+
     def docker(
         self, *args: str, stdin: bytes | None = None, timeout_s: float = 60
     ) -> subprocess.CompletedProcess[bytes]:
         """The docker CLI through the agent's engine socket."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        env["DOCKER_HOST"] = f"unix://{self.engine_socket}"
+        env = self.client_env()
         return subprocess.run(
             ["docker", *args],
             env=env,
@@ -231,8 +236,7 @@ def test_all_gpus_leased_a_run_fails_in_one_line_and_leaves_nothing(served: Serv
 def test_a_run_labelled_to_wait_starts_when_a_gpu_frees(served: Served) -> None:
     holder = served.ok("run", "-d", "--gpus", "all", IMAGE, "sleep", "600").strip()
     before = served.ok("ps", "-aq").split()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
     waiting = ["docker", "run", "--rm", "--gpus", "1", "--label", "nvidia-docker.lease.wait=120"]
 
     def queued() -> int:
@@ -298,8 +302,7 @@ def run_in_a_terminal(served: Served, *args: str, typed: bytes) -> tuple[int, by
     ``typed`` is written to the terminal once the container's shell is waiting. The exit
     status and everything the terminal showed."""
     controller, terminal = os.openpty()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
     proc = subprocess.Popen(
         ["docker", *args], stdin=terminal, stdout=terminal, stderr=terminal, env=env
     )
@@ -342,8 +345,7 @@ def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path
     # attach to a container started -d -i: its stdin stays open after ours ends (Docker's
     # rule, the same on the engine's own socket), so the echo is read, then attach killed
     waiting = served.ok("run", "-d", "-i", IMAGE, "cat").strip()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
     attach = subprocess.Popen(
         ["docker", "attach", waiting],
         stdin=subprocess.PIPE,
@@ -374,8 +376,7 @@ def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path
     context.mkdir()
     (context / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY note /note\nLABEL built=yes\n")
     (context / "note").write_text("built through the engine socket\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env.update(DOCKER_HOST=f"unix://{served.engine_socket}", DOCKER_BUILDKIT="0")
+    env = {**served.client_env(), "DOCKER_BUILDKIT": "0"}
     built = subprocess.run(
         ["docker", "build", "-q", "-t", "nvd-engine-socket/built:1", str(context)],
         env=env,
@@ -413,8 +414,7 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     project = tmp_path / "project"
     project.mkdir()
     (project / "compose.yaml").write_text(COMPOSE_FILE.format(image=IMAGE))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
 
     def compose(*args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
@@ -469,8 +469,7 @@ def test_a_compose_service_labelled_to_wait_comes_up_when_another_project_goes_d
 ) -> None:
     if not COMPOSE.exists():
         pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
 
     def project(name: str, text: str) -> list[str]:
         folder = tmp_path / name
@@ -520,8 +519,7 @@ def usage(served: Served, by: str) -> dict[str, float]:
 def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logged(
     served: Served,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env["DOCKER_HOST"] = f"unix://{served.engine_socket}"
+    env = served.client_env()
     endless = subprocess.Popen(  # a hijack that never ends: stdin held open, nothing sent
         ["docker", "run", "--rm", "-i", IMAGE, "cat"],
         stdin=subprocess.PIPE,

@@ -18,6 +18,7 @@ from agent.engine_socket.gpus import GpuCreates
 from agent.engine_socket.site import EngineSocket, serve_engine_socket
 from agent.leases.answers import Granted
 from agent.leases.asks import Ask
+from agent.leases.holders import Lease
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
@@ -215,10 +216,8 @@ def create(body: object) -> bytes:
 GPUS_2 = {"Image": "x", "HostConfig": {"DeviceRequests": [{"Count": 2, "Capabilities": [["gpu"]]}]}}
 
 
-async def test_a_gpu_create_is_leased_and_rewritten(
-    world: tuple[FakeEngine, EngineSocket, LeaseService],
-) -> None:
-    engine, site, leases = world
+def creates_every_container(engine: FakeEngine) -> list[dict[str, object]]:
+    """The engine answers each create 201; the bodies it was sent, as they come."""
     bodies: list[dict[str, object]] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -228,6 +227,24 @@ async def test_a_gpu_create_is_leased_and_rewritten(
         await writer.drain()
 
     engine.handler = handler
+    return bodies
+
+
+def lease_labels(lease: Lease) -> dict[str, str]:
+    """The labels a create through the socket named ``job`` gets for ``lease``."""
+    return {
+        "nvidia-docker.lease": lease.id,
+        "nvidia-docker.lease.devices": ",".join(lease.units),
+        "nvidia-docker.lease.mode": "exclusive",
+        "nvidia-docker.lease.owner": '{"via":"engine-socket","name":"job"}',
+    }
+
+
+async def test_a_gpu_create_is_leased_and_rewritten(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    engine, site, leases = world
+    bodies = creates_every_container(engine)
     answer = await exchange(site, create(GPUS_2))
     assert answer.startswith(b"HTTP/1.1 201 ")
     (lease,) = leases.view().leases
@@ -237,12 +254,7 @@ async def test_a_gpu_create_is_leased_and_rewritten(
     devices = [d["PathOnHost"] for d in host["Devices"]]
     assert devices[:2] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert len(devices) == 4
-    assert bodies[0]["Labels"] == {
-        "nvidia-docker.lease": lease.id,
-        "nvidia-docker.lease.devices": ",".join(lease.units),
-        "nvidia-docker.lease.mode": "exclusive",
-        "nvidia-docker.lease.owner": '{"via":"engine-socket","name":"job"}',
-    }
+    assert bodies[0]["Labels"] == lease_labels(lease)
 
 
 async def test_a_create_without_gpus_passes_unchanged(
@@ -315,15 +327,7 @@ async def test_a_create_that_may_wait_gets_the_gpus_another_gives_back(
     world: tuple[FakeEngine, EngineSocket, LeaseService],
 ) -> None:
     engine, site, leases = world
-    bodies: list[dict[str, object]] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _, body = await read_request(reader)
-        bodies.append(json.loads(body))
-        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
-        await writer.drain()
-
-    engine.handler = handler
+    bodies = creates_every_container(engine)
     holder = await take_every_gpu(leases)
     # half closed after the create, as some clients do: still there, still waiting
     answering = asyncio.ensure_future(exchange(site, waiting_create("30")))
@@ -337,10 +341,7 @@ async def test_a_create_that_may_wait_gets_the_gpus_another_gives_back(
     assert bodies[0]["Labels"] == {
         "nvidia-docker.lease.wait": "30",
         "app": "train",
-        "nvidia-docker.lease": lease.id,
-        "nvidia-docker.lease.devices": ",".join(lease.units),
-        "nvidia-docker.lease.mode": "exclusive",
-        "nvidia-docker.lease.owner": '{"via":"engine-socket","name":"job"}',
+        **lease_labels(lease),
     }
 
 
