@@ -219,9 +219,9 @@ def _wait_s(labels: Mapping[str, Any]) -> float:
     if raw is None:
         return 0.0
     try:
-        wait = float(raw) if isinstance(raw, str) and raw.strip() else -1.0
-    except ValueError:
-        wait = -1.0
+        wait = float(raw) if isinstance(raw, str) else math.nan
+    except ValueError:  # "" and "soon" alike
+        wait = math.nan
     if not (math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S):
         shown = str(raw)[:40]
         raise CreateError(

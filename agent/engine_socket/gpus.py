@@ -55,21 +55,20 @@ class GpuCreates:
         if name:
             owner.append(("name", name[:MAX_OWNER_VALUE]))
         if request.device_ids:
-            return Ask(
-                devices=" ".join(request.device_ids), owner=tuple(owner), wait_s=request.wait_s
-            )
-        if request.every_gpu:
+            devices = " ".join(request.device_ids)
+        elif request.every_gpu:
             targets = self._facts().usable(None)
-            names = " ".join(str(t.gpu.index) for t in targets if t.mig is None)
-            if not names:
+            devices = " ".join(str(t.gpu.index) for t in targets if t.mig is None)
+            if not devices:
                 raise CreateError(409, "nvidia-docker: this node has no healthy GPU to give")
-            return Ask(devices=names, owner=tuple(owner), wait_s=request.wait_s)
-        return Ask(
-            count=request.count,
-            mig_profile=request.mig_profile,
-            owner=tuple(owner),
-            wait_s=request.wait_s,
-        )
+        else:
+            return Ask(
+                count=request.count,
+                mig_profile=request.mig_profile,
+                owner=tuple(owner),
+                wait_s=request.wait_s,
+            )
+        return Ask(devices=devices, owner=tuple(owner), wait_s=request.wait_s)
 
     async def lease(self, request: GpuRequest, name: str | None) -> tuple[Granted, Addition]:
         """The grant for ``request`` and what it adds to the create; ``CreateError`` with
