@@ -43,7 +43,7 @@ from tests.benchmarks.loadgen import (
     plan_processes,
 )
 from tests.benchmarks.proc_usage import ResidentMemory, resident_memory, usable_cpus
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, port_open, python_path, stop_process, wait_until
 
 PATHS = ("/gpu/status/json", "/gpu/info/json", "/docker/cli", "/mesos/cli")
 CLIENTS = (1, 16, 64, 256)
@@ -92,10 +92,8 @@ def _start_agent(
     if simulate:
         cmd += ["--simulate", simulate]
     env = None
-    if agent_dir is not None:  # its code first; the dependencies of PYTHONPATH stay reachable
-        inherited = os.environ.get("PYTHONPATH")
-        path = os.pathsep.join([str(agent_dir.resolve()), *filter(None, [inherited])])
-        env = dict(os.environ, PYTHONPATH=path)
+    if agent_dir is not None:
+        env = dict(os.environ, PYTHONPATH=python_path(agent_dir.resolve()))
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=agent_dir
     )

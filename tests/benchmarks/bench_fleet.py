@@ -47,6 +47,7 @@ from tests.benchmarks.bench_fleet_tls import make_certificates
 from tests.benchmarks.proc_usage import machine_busy_seconds, usable_cpus
 from tests.support.agent_farm import AgentFarm, raise_fd_limit, start_farm
 from tests.support.certs import Pki, make_pki
+from tests.support.services import python_path
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,7 +162,7 @@ CTL_AFFINITY: set[int] = set()  # --ctl-cpu-list (empty: wherever the scheduler 
 
 def ctl_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NV_", "SSH_AUTH"))}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = python_path(REPO)
     env["HOME"] = str(home)
     if CTL_CPUS:
         env["NVD_BENCH_CTL_CPUS"] = str(CTL_CPUS)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.benchmarks.proc_usage import resident_memory
 from tests.benchmarks.status_loop import run_for
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, port_open, python_path, stop_process, wait_until
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -50,6 +50,29 @@ def _mapped_nvidia(pid: int) -> list[str]:
     return sorted(names)
 
 
+def _mappings(pid: int) -> dict[str, tuple[int, int]]:
+    """Resident and proportional kB per mapped file (anonymous maps as ``[anon]``), from smaps."""
+    sizes: dict[str, tuple[int, int]] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if not fields[0].endswith(":"):  # a mapping's header: address perms offset dev inode [path]
+            name = (
+                Path(fields[5]).name
+                if len(fields) >= 6 and fields[5].startswith("/")
+                else (fields[5] if len(fields) >= 6 else "[anon]")
+            )
+        elif fields[0] in ("Rss:", "Pss:"):
+            rss, pss = sizes.get(name, (0, 0))
+            kb = int(fields[1])
+            sizes[name] = (rss + kb, pss) if fields[0] == "Rss:" else (rss, pss + kb)
+    return sizes
+
+
+def _pss_mb(pid: int) -> float:
+    return sum(pss for _, pss in _mappings(pid).values()) / 1024
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_footprint")
     parser.add_argument("--real", action="store_true")
@@ -63,6 +86,9 @@ def main() -> int:
     )
     parser.add_argument("--load", type=float, default=5.0, help="seconds of load before RSS")
     parser.add_argument("--agent-dir", type=Path, help="serve another checkout's agent")
+    parser.add_argument(
+        "--top", type=int, default=0, help="after load, each process's N largest mappings"
+    )
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="nvd-footprint-") as tmp:
@@ -75,9 +101,7 @@ def main() -> int:
             command += ["--simulate", args.simulate]
         env = dict(os.environ)
         if args.agent_dir is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(args.agent_dir.resolve()), *filter(None, [env.get("PYTHONPATH")])]
-            )
+            env["PYTHONPATH"] = python_path(args.agent_dir.resolve())
         proc = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
             cwd=args.agent_dir or None,
@@ -98,6 +122,10 @@ def main() -> int:
                 asyncio.run(run_for(port, path, 16, args.load / 2))
             loaded_rss = [resident_memory(pid).rss_mb for pid in [proc.pid, *_children(proc.pid)]]
             mapped = [_mapped_nvidia(pid) for pid in pids]
+            loaded_pss = [_pss_mb(pid) for pid in pids]
+            tops = [
+                sorted(_mappings(pid).items(), key=lambda kv: -kv[1][0])[: args.top] for pid in pids
+            ]
         finally:
             stop_process(proc)
     names = ["daemon", *(f"worker {i}" for i in range(1, len(pids)))]
@@ -108,6 +136,12 @@ def main() -> int:
               f"{', '.join(libs) or 'no NVIDIA library'}")  # fmt: skip
     print(f"  together: idle RSS {sum(idle_rss):.1f} MB, after load {sum(loaded_rss):.1f} MB, "
           f"idle CPU {sum(idle_cpu):.2f}% of a core over {args.idle:g} s")  # fmt: skip
+    print(f"  after load, proportional (PSS: shared pages split between the two): "
+          f"{' + '.join(f'{p:.1f}' for p in loaded_pss)} = {sum(loaded_pss):.1f} MB")  # fmt: skip
+    for name, top in zip(names, tops, strict=True):
+        if top:
+            print(f"  {name}'s largest mappings after load (RSS / PSS kB): " + ", ".join(
+                f"{path} {rss}/{pss}" for path, (rss, pss) in top))  # fmt: skip
     return 0
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.benchmarks.status_loop import run_for
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port, port_open, python_path, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BEFORE_REV = "b813a62"  # the last commit with NVML inside the daemon
@@ -72,9 +72,7 @@ def _measure(source: Path, node: str | None, duration_s: float, workdir: Path) -
     command += ["-s", str(workdir / "sock"), "-d", str(workdir / "volumes")]
     if node is not None:
         command += ["--simulate", node]
-    # the source first; what the rest of PYTHONPATH carries (dependencies) stays reachable
-    inherited = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), *filter(None, [inherited])]))
+    env = dict(os.environ, PYTHONPATH=python_path(source))
     proc = subprocess.Popen(
         command, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

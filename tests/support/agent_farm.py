@@ -69,7 +69,7 @@ from agent.node.status import StatusService
 from agent.process import CHOICES, loop_factory
 from tests.benchmarks.proc_usage import cpu_seconds
 from tests.support.readers import ThreadReader
-from tests.support.services import stop_process, wait_until
+from tests.support.services import python_path, stop_process, wait_until
 
 LISTEN_HOST = "127.0.0.1"
 
@@ -343,7 +343,7 @@ def start_farm(
         command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     command += ["--processes", str(processes), "--event-loop", event_loop]
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = {**os.environ, "PYTHONPATH": python_path(repo)}
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=repo, env=env
     )

@@ -16,6 +16,13 @@ from pathlib import Path
 from aiohttp import web
 
 
+def python_path(first: Path) -> str:
+    """A PYTHONPATH with ``first`` (a checkout) before what the caller's PYTHONPATH names: the
+    code under test comes from there, and dependencies installed in a target directory (as on
+    the device machine) stay reachable."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody uses right now, for a server that binds it a moment later.
 
