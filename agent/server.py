@@ -23,6 +23,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -71,6 +72,7 @@ from agent.node.uvm import UvmError, ensure_uvm_device
 from agent.process import notify, release_startup_memory
 from agent.usage.idle import IdlePolicy
 from agent.usage.ledger import LEDGER_FILE, UsageLedger, UsageSettings
+from agent.usage.queries import LedgerUnreadable, newest_lease_number
 from plugin.volumes import VolumeStore
 
 log = logging.getLogger("nvidia-docker-plugin")
@@ -289,7 +291,10 @@ async def _leases(
         pending_s=config.lease_pending_s, grace_s=config.lease_grace_s, sharing=config.gpu_sharing
     )
     facts = state.facts
-    leases = LeaseService.open(facts.node, facts.health, settings, config.state_dir)
+    numbered_above = await _ledger_lease_number(config)
+    leases = LeaseService.open(
+        facts.node, facts.health, settings, config.state_dir, numbered_above=numbered_above
+    )
     parts.push_async_callback(leases.close)
     log.info("Leases: %s (state in %s)", leases.describe(), leases.state_file)
     feed = EngineFeed(leases)
@@ -311,6 +316,23 @@ async def _leases(
     return leases
 
 
+def _ledger_path(config: Config) -> Path:
+    return config.usage_db or config.state_dir / LEDGER_FILE
+
+
+async def _ledger_lease_number(config: Config) -> int:
+    """The highest lease number the usage ledger names (0 without a ledger): new leases are
+    numbered above it, so an agent whose lease state file is gone does not give a lease the
+    id of one the ledger already names (docs/leases.md)."""
+    if not config.usage_ledger:
+        return 0
+    try:
+        return await asyncio.to_thread(newest_lease_number, _ledger_path(config))
+    except LedgerUnreadable as err:
+        log.warning("%s: new lease ids are numbered from the lease table alone", err)
+        return 0
+
+
 async def _usage(
     config: Config,
     status: StatusService,
@@ -323,7 +345,7 @@ async def _usage(
         log.info("Usage ledger: off (--no-usage-ledger)")
         return None, "the usage ledger is off on this node (--no-usage-ledger)"
     settings = UsageSettings(
-        path=config.usage_db or config.state_dir / LEDGER_FILE,
+        path=_ledger_path(config),
         interval_s=config.usage_interval_s,
         retention_s=config.usage_retention_days * 86400.0,
         max_bytes=config.usage_max_mib << 20,

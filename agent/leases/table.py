@@ -325,6 +325,10 @@ class LeaseTable(TableState):
         due = self._due()
         return due[0] if due else None
 
+    def number_above(self, number: int) -> None:
+        """Give new leases numbers above ``number`` (one that the usage ledger names)."""
+        self._next_lease = max(self._next_lease, number + 1)
+
     def snapshot(self) -> Snapshot:
         return Snapshot(
             self._now,

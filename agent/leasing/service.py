@@ -88,14 +88,18 @@ class LeaseService:
         settings: LeaseSettings,
         state_dir: Path | None,
         *,
+        numbered_above: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> LeaseService:
-        """The table of ``node``, restored from the state file if there is a usable one."""
+        """The table of ``node``, restored from the state file if there is a usable one; new
+        leases are numbered above ``numbered_above`` too (the highest lease number the usage
+        ledger names: without the state file, the table knows only the live containers')."""
         now = clock()
         service = cls(LeaseTable(node, health, settings, now), state_dir, clock=clock)
         snapshot = service._read_state()
         if snapshot is not None:
             service._apply(service._table.restore(snapshot, now))
+        service._table.number_above(numbered_above)
         return service
 
     @property

@@ -28,6 +28,9 @@ Rows come sorted by GPU-seconds, most first, then by key; at most ``limit`` of t
 
 ``read_holds(path, since_s=..., until_s=..., limit=...)`` lists the holds that overlap the
 range, the latest started first: who used what, one hold per unit.
+
+``newest_lease_number(path)`` is the highest lease number the newest holds name (the agent's
+start numbers new leases above it).
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.leases.holders import lease_number
 from agent.usage import schema
 from agent.usage.records import Hold, hour_of
 
 BUSY_TIMEOUT_S = 0.5
 SEEK_GROUPS = 512  # up to this many values, a grouping is read value by value
+NEWEST_HOLDS = 10_000  # how many of the newest holds newest_lease_number reads
 TOTAL_KEY = "total"
 
 
@@ -142,6 +147,23 @@ def read_holds(path: Path, *, since_s: float, until_s: float, limit: int) -> tup
 
 
 # -- the groupings ----------------------------------------------------------------------------
+
+
+def newest_lease_number(path: Path) -> int:
+    """The highest ``N`` of the ``lease-N`` ids among the ledger's ``NEWEST_HOLDS`` newest
+    holds; 0 when none names a lease (or there is no ledger yet). An agent started without
+    its lease state file numbers new leases above it, so a lease id the ledger names is not
+    given to another lease. One read of at most ``NEWEST_HOLDS`` rows, newest first by the
+    table's key; ``LedgerUnreadable`` as the other readers."""
+    with _reading(path) as conn:
+        if conn is None:
+            return 0
+        rows = conn.execute(
+            "SELECT lease_id FROM (SELECT lease_id FROM holds ORDER BY id DESC LIMIT ?) "
+            "WHERE lease_id IS NOT NULL",
+            (NEWEST_HOLDS,),
+        ).fetchall()
+    return max((lease_number(str(row[0])) or 0 for row in rows), default=0)
 
 
 def _dimension(by: str) -> str | None:

@@ -6,7 +6,8 @@ Checked: a garbage and a truncated ``usage.db`` are moved aside with one line an
 ledger starts; ``kill -9`` of the agent loses nothing the ledger had written, and the hold
 goes on after the restart; on a full filesystem (a 1 MiB tmpfs) the agent keeps serving, the
 ledger says it is behind (REST and ``/metrics``), and catches up once there is room; two
-agents pointed at one ledger file: the second serves without a ledger and says why. And
+agents pointed at one ledger file: the second serves without a ledger and says why; an
+agent whose lease state file is gone numbers new leases above those the ledger names. And
 ``nvidia-docker-ctl usage`` over two agents sums their ledgers' rows, group by group.
 """
 
@@ -150,6 +151,23 @@ def test_kill_9_loses_nothing_written_and_the_hold_goes_on(tmp_path: Path) -> No
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == "1|1"  # one hold, still open: it went on after the restart
+
+
+def test_without_its_lease_state_the_agent_numbers_leases_above_the_ledgers(
+    tmp_path: Path,
+) -> None:
+    with agent_at(tmp_path / "node") as agent:
+        first, second = ask(agent, "ml"), ask(agent, "ml")
+        wait_team_seconds(agent, "ml", 1.0)  # both leases are in the ledger's holds
+        for lease in (first, second):
+            assert call(agent, "DELETE", f"/leases/{lease}")[0] == 200
+    (tmp_path / "node" / "state" / "leases.json").unlink()  # lost, or deleted by hand
+    with agent_at(tmp_path / "node") as agent:
+        third = ask(agent, "ml")
+        _status, table = call(agent, "GET", "/leases/json")
+    # lease-1 again would merge a new owner's figures into the old lease's in the ledger
+    assert (first, second, third) == ("lease-1", "lease-2", "lease-3")
+    assert [row["Lease"] for row in table["Leases"]] == ["lease-3"]
 
 
 @contextlib.contextmanager

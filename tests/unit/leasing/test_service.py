@@ -34,7 +34,8 @@ Open = Callable[..., LeaseService]
 @pytest.fixture
 async def open_service(tmp_path: Path) -> AsyncIterator[Open]:
     """``open_service(node=TWO_GPUS, settings=LeaseSettings(), state_dir=tmp_path/"state")``:
-    a service opened as the agent opens it; every one is closed after the test."""
+    a service opened as the agent opens it (``numbered_above``: the usage ledger's highest lease
+    number); every one is closed after the test."""
     opened: list[LeaseService] = []
     default_dir = tmp_path / "state"
     default_dir.mkdir(mode=0o700)
@@ -43,8 +44,15 @@ async def open_service(tmp_path: Path) -> AsyncIterator[Open]:
         node: NodeInfo = TWO_GPUS,
         settings: LeaseSettings | None = None,
         state_dir: Path | None = default_dir,
+        numbered_above: int = 0,
     ) -> LeaseService:
-        service = LeaseService.open(node, healthy(node), settings or LeaseSettings(), state_dir)
+        service = LeaseService.open(
+            node,
+            healthy(node),
+            settings or LeaseSettings(),
+            state_dir,
+            numbered_above=numbered_above,
+        )
         opened.append(service)
         return service
 
@@ -319,6 +327,20 @@ async def test_open_restores_the_leases_with_their_ids(open_service: Open) -> No
     # A lease id is never given twice: the next is lease-3, not a restored one's.
     again.release(a.lease.id)
     assert grant_of(await again.ask(Ask(count=1))).lease.id == "lease-3"
+
+
+async def test_new_leases_are_numbered_above_the_ledgers_and_the_state_files(
+    open_service: Open,
+) -> None:
+    # No state file (deleted, or none kept): the ledger's lease-41 is not given again.
+    fresh = open_service(state_dir=None, numbered_above=41)
+    assert grant_of(await fresh.ask(Ask(count=1))).lease.id == "lease-42"
+    first = open_service()
+    for _ in range(3):
+        first.release(grant_of(await first.ask(Ask(count=1))).lease.id)
+    await first.close()  # its state file says lease-4 is next, above the ledger's lease-2
+    again = open_service(numbered_above=2)
+    assert grant_of(await again.ask(Ask(count=1))).lease.id == "lease-4"
 
 
 async def test_the_state_is_written_atomically(open_service: Open) -> None:

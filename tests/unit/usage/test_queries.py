@@ -215,6 +215,25 @@ def test_read_holds_lists_the_holds_of_the_range_latest_first(ledger: Path) -> N
     assert read_holds(ledger, since_s=T0 + 200, until_s=T0 + 600, limit=10) == (holds[1],)
 
 
+def test_newest_lease_number_is_the_highest_lease_the_newest_holds_name(
+    ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert queries.newest_lease_number(ledger) == 0  # no ledger yet
+    written(
+        ledger,
+        batch(
+            hold("lease-9", ended=T0 + 10),
+            hold("lease-12", gpu=1, started=T0 + 5),
+            hold("c1", gpu=2, holder=HolderKind.CONTAINER, container_id="c1"),
+            hold("lease-3", gpu=3, started=T0 + 20),
+        ),
+    )
+    assert queries.newest_lease_number(ledger) == 12
+    written(ledger, batch(hold("p7", gpu=4, holder=HolderKind.PROCESS, pid=7)))
+    monkeypatch.setattr(queries, "NEWEST_HOLDS", 2)  # the process and lease-3 only
+    assert queries.newest_lease_number(ledger) == 3
+
+
 # -- the file ------------------------------------------------------------------------------------
 
 
@@ -226,6 +245,7 @@ def test_no_file_or_a_file_not_set_up_yet_is_an_empty_answer(ledger: Path) -> No
     assert read_holds(ledger, since_s=T0, until_s=T0 + DAY, limit=5) == ()
     ledger.touch()
     assert read_usage(ledger, since_s=T0, until_s=T0 + DAY, by="gpu").rows == ()
+    assert queries.newest_lease_number(ledger) == 0
 
 
 def test_a_file_that_is_not_a_ledger_is_one_line(ledger: Path) -> None:
@@ -238,6 +258,8 @@ def test_a_file_that_is_not_a_ledger_is_one_line(ledger: Path) -> None:
     ledger.write_bytes(b"not sqlite at all" * 100)
     with pytest.raises(LedgerUnreadable, match="cannot be read: file is not a database"):
         read_usage(ledger, since_s=T0, until_s=T0 + DAY, by="gpu")
+    with pytest.raises(LedgerUnreadable, match="cannot be read: file is not a database"):
+        queries.newest_lease_number(ledger)
 
 
 @pytest.mark.parametrize(
