@@ -120,7 +120,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     table: asyncio.Future[LeaseService] = asyncio.get_running_loop().create_future()
     await _serve_plugin(config, store, parts, StartGate(engines[0], table))
     cdi = await _write_cdi_spec(config, store, state, parts)
-    leases = await _leases(config, state, engines, parts)
+    leases, feed = await _leases(config, state, engines, parts)
     table.set_result(leases)
     attributor = Attributor(engines[0], podman=engines[1])
     usage_ledger: list[UsageLedger] = []  # the ledger, once open (after the metrics)
@@ -154,6 +154,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         remote_lease_writes=access.authenticated,
         usage=usage,
         usage_off=usage_off,
+        engines=feed.engines,
     )
     fast = fast_gets(app, counters.count_resource, access.token_free)
     bound = await _serve_rest(config, app, guard, fast, rest_sockets, access, parts)
@@ -284,9 +285,10 @@ async def _leases(
     state: NodeState,
     engines: tuple[DockerEngine, DockerEngine],
     parts: contextlib.AsyncExitStack,
-) -> LeaseService:
+) -> tuple[LeaseService, EngineFeed]:
     """The lease table: restored from the state directory, following the node's health and
-    driver changes and the engines' container events (docs/leases.md)."""
+    driver changes and the engines' container events (docs/leases.md); the feed of those
+    events, which reads the Docker engine's facts too (``/engines/json``)."""
     settings = LeaseSettings(
         pending_s=config.lease_pending_s, grace_s=config.lease_grace_s, sharing=config.gpu_sharing
     )
@@ -298,8 +300,9 @@ async def _leases(
     parts.push_async_callback(leases.close)
     log.info("Leases: %s (state in %s)", leases.describe(), leases.state_file)
     feed = EngineFeed(leases)
-    for engine in engines:
-        feed.follow(engine)
+    docker, podman = engines
+    feed.follow(docker, with_facts=True)  # its version and CDI spec dirs, for the wrapper
+    feed.follow(podman)
     seen = [facts.node]
 
     def on_node_change(facts: NodeFacts) -> None:
@@ -313,7 +316,7 @@ async def _leases(
     state.subscribe(on_node_change)
     parts.push_async_callback(feed.close)
     feed.start()
-    return leases
+    return leases, feed
 
 
 def _ledger_path(config: Config) -> Path:

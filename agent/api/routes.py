@@ -16,12 +16,14 @@ from urllib.parse import quote
 from aiohttp import web
 
 from agent.api import render_json, render_text
+from agent.api.engines import ENGINES, engines_json
 from agent.api.leases import IDLE_BY_UNIT, LEASES, make_routes
 from agent.api.query import query_checked
 from agent.api.usage import OFF as USAGE_OFF
 from agent.api.usage import USAGE, idle_by_unit
 from agent.api.usage import make_routes as usage_routes
 from agent.cdi_spec.writer import CdiSpecWriter
+from agent.engines.events import EngineEvents
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.health import render as health_routes
 from agent.health.selection import UnhealthyDevice
@@ -274,6 +276,7 @@ ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/gpu/health", gpu_health),
     ("/gpu/health/json", gpu_health_json),
     ("/cdi/spec", cdi_spec),
+    ("/engines/json", engines_json),
 )
 
 
@@ -312,6 +315,7 @@ def create_app(
     remote_lease_writes: bool = False,
     usage: UsageLedger | None = None,
     usage_off: str | None = None,
+    engines: Callable[[], Sequence[EngineEvents]] | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -332,6 +336,8 @@ def create_app(
     app[METRICS] = metrics if metrics is not None else MetricsService(node, status)
     if cdi is not None:
         app[CDI] = cdi
+    if engines is not None:  # the followed engines, for /engines/json
+        app[ENGINES] = engines
     paths: dict[str, dict[str, Handler]] = {path: {"GET": h} for path, h in ROUTES}
     if leases is not None:  # the lease routes (docs/leases.md, "The REST API")
         app[LEASES] = leases

@@ -25,6 +25,11 @@ from the first once a stream has stayed open for ``steady_s``. An outage is two 
 one when the events stop (why), one when they follow again; never a traceback (that is
 at debug level, ``NV_DEBUG``, for an error no engine should cause).
 
+With ``with_facts`` (the node's dockerd; Podman's service sends no daemon events), the stream
+takes the ``daemon`` events too, and ``facts`` holds the engine's version and CDI spec dirs
+(``agent.engines.facts``): read as the stream opens, before the resync, read again at each
+``daemon reload`` event, and None whenever no stream is open or they could not be read.
+
 The callbacks are plain functions, called in the event loop one at a time, in the stream's
 order (the lease service makes them the table's serialised calls). An exception in one is
 one log line (at most one per kind of callback and ``steady_s``), and the stream goes on.
@@ -46,6 +51,7 @@ from urllib.parse import quote
 from agent.display import shown
 from agent.edge.rate_limit import RateLimiter
 from agent.engines.containers import LIST_TIMEOUT_S, MAX_CONTAINERS, list_containers
+from agent.engines.facts import EngineFacts, is_reload, read_facts
 from agent.engines.http import BadAnswer, EngineClient, EngineError, parse_answer
 from agent.leases.containers import Container
 
@@ -56,6 +62,10 @@ MOST_BACKOFF_S = 30.0
 STEADY_S = 30.0  # a stream open this long resets the backoff
 EVENTS_PATH = "/events?filters=" + quote(
     json.dumps({"type": ["container"]}, separators=(",", ":")), safe=""
+)
+# With the engine's facts: its daemon events too (``reload``; dockerd only, see facts.py).
+EVENTS_PATH_WITH_DAEMON = "/events?filters=" + quote(
+    json.dumps({"type": ["container", "daemon"]}, separators=(",", ":")), safe=""
 )
 _ABOUT = "in its event stream"
 _ID = re.compile(r"[0-9a-f]{64}")
@@ -151,6 +161,7 @@ class EngineEvents:
         max_containers: int = MAX_CONTAINERS,
         list_timeout_s: float = LIST_TIMEOUT_S,
         visible_devices_env: bool | None = None,
+        with_facts: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -161,6 +172,9 @@ class EngineEvents:
         self.max_containers = max_containers
         self.list_timeout_s = list_timeout_s
         self.visible_devices_env = visible_devices_env
+        self.with_facts = with_facts
+        # The engine's version and CDI spec dirs while a stream is open (with_facts only).
+        self.facts: EngineFacts | None = None
         self._backoff = Backoff(first_backoff_s, most_backoff_s)
         self._clock = clock
         self._sleep = sleep
@@ -207,8 +221,11 @@ class EngineEvents:
         """One stream, from its opening to its end; when it was resynced (None: never)."""
         opened_at: float | None = None
         try:
-            stream = await self.engine.stream(EVENTS_PATH, _ABOUT)
+            path = EVENTS_PATH_WITH_DAEMON if self.with_facts else EVENTS_PATH
+            stream = await self.engine.stream(path, _ABOUT)
             try:
+                if self.with_facts:
+                    self.facts = await self._read_facts()
                 containers = await list_containers(
                     self.engine,
                     max_containers=self.max_containers,
@@ -219,12 +236,16 @@ class EngineEvents:
                 opened_at = self._clock()
                 bad = self.engine.bad_answer(_ABOUT)
                 async for line in stream:
-                    event = event_of(parse_answer(line, bad), bad)
+                    value = parse_answer(line, bad)
+                    event = event_of(value, bad)
                     if event is not None:
                         self._call_on_event(event)
+                    elif self.with_facts and is_reload(value):
+                        self.facts = await self._read_facts()
                 why = f"{self.engine.where} ended its event stream"
             finally:
                 self._following = False
+                self.facts = None
                 await stream.close()
         except EngineError as err:
             why = str(err)
@@ -237,6 +258,17 @@ class EngineEvents:
             )
         self._lost(why)
         return opened_at
+
+    async def _read_facts(self) -> EngineFacts | None:
+        """The engine's facts; None (one line, at most one a ``steady_s``) when it does not
+        give them: the wrapper then asks the engine itself, as without an agent."""
+        try:
+            return await read_facts(self.engine)
+        except EngineError as err:
+            held_back = self._callback_lines.allow("facts")
+            if held_back is not None:
+                log.warning("%s; the wrapper asks the engine itself whether it reads CDI", err)
+            return None
 
     def _resynced(self, containers: list[Container]) -> None:
         self.resyncs += 1

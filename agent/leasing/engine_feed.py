@@ -105,6 +105,11 @@ class EngineFeed:
         self._events.append(events)
         return events
 
+    def engines(self) -> tuple[EngineEvents, ...]:
+        """Each followed engine's events, in the order followed: whether they follow now,
+        and the engine's facts where they are read (``/engines/json``)."""
+        return tuple(self._events)
+
     def start(self) -> None:
         self._service.followed(self._names)
         if self._task is None:

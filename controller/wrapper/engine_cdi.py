@@ -29,6 +29,12 @@ Anything not answered clearly is asked as before, so the answer stays the CLI's:
 ``GET /version`` of the socket, else ``docker version``; no clear ``/info``, or a CLI whose
 file does not record its version (Debian builds with ``-trimpath``): ``docker info``.
 
+Where the node's agent answers on this machine and follows that same socket's dockerd, steps
+1 and 2 are its word instead (``agent_engine_cdi``: ``GET /engines/json`` on the connection
+the wrapper has open to it anyway, about 0.3 ms, against dockerd's 5 ms for ``/info``): the
+agent reads the version and the CDI spec dirs when its event stream opens and at each
+``daemon reload`` event, and says nothing while it does not follow the engine.
+
 Podman's ``info`` would tell too, but costs 200-700 ms against 30-100 ms for ``version``.
 ``NV_CDI`` (``Options.cdi``, checked at the edge) overrides the question: ``yes`` (CDI
 without asking), ``no`` (the volume form without asking), ``auto`` or unset (ask). Any
@@ -56,6 +62,8 @@ PODMAN_CDI_MAJOR = 4
 NO_SPEC_DIRS = "CDI is off in the engine (no CDI spec dirs)"
 PROBE_TIMEOUT_S = 10.0
 CLI_VERSION = "github.com/docker/cli/cli/version.Version"  # set by the CLI's build (-X)
+AGENT_ENGINES = "the agent's GET /engines/json"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # the same for the agent: on this machine
 
 
 @record
@@ -136,6 +144,64 @@ def ask_engine(
     return found(name, *_cli_info(docker, command, environment, asked))
 
 
+def agent_engine_cdi(
+    answer: object,
+    engine: str,
+    docker: Sequence[str],
+    command: DockerCommand,
+    environment: Mapping[str, str],
+) -> EngineCdi | None:
+    """Whether the engine at ``engine`` (its unix socket) reads CDI, from what the node's
+    agent says of it (``answer``: its ``GET /engines/json``): the row of that same socket
+    file while the agent follows its events (dockerd's version and CDI spec dirs, read when
+    the stream opened or at its latest ``daemon reload``); then step 3 as on the socket.
+    None when the agent says nothing of it (another socket, not following now, an agent
+    before the route): the caller asks the engine."""
+    started = time.perf_counter()
+    row = _followed_row(answer, engine)
+    if row is None:
+        return None
+    asked = [AGENT_ENGINES]
+
+    def found(name: str, reads: bool, why: str) -> EngineCdi:
+        return EngineCdi(name, reads, why, time.perf_counter() - started, tuple(asked))
+
+    number, dirs = row
+    return _docker(number, docker, command, environment, engine, asked, found, dirs=dirs)
+
+
+def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
+    """The version and CDI spec dirs of ``answer``'s row for the socket file ``engine``,
+    when the agent runs on this machine (its kernel's boot id), follows it and knows both."""
+    own = _boot_id()
+    if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
+        return None
+    rows = answer.get("Engines")
+    for row in rows if isinstance(rows, list) else ():
+        if not isinstance(row, dict) or row.get("Following") is not True:
+            continue
+        socket, number, dirs = row.get("Socket"), row.get("Version"), row.get("CDISpecDirs")
+        if not (isinstance(socket, str) and isinstance(number, str) and number):
+            continue
+        if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+            continue
+        try:
+            same = os.path.samefile(socket, engine)
+        except (OSError, ValueError):
+            continue
+        if same:
+            return number, dirs
+    return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open(BOOT_ID, encoding="ascii") as file:
+            return file.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _docker(
     number: str,
     docker: Sequence[str],
@@ -144,13 +210,17 @@ def _docker(
     engine: str,
     asked: list[str],
     found: Callable[[str, bool, str], EngineCdi],
+    *,
+    dirs: list[str] | None = None,
 ) -> EngineCdi:
-    """Steps 2 and 3 on the engine's socket, for dockerd ``number`` (from ``/_ping``)."""
+    """Steps 2 and 3 on the engine's socket, for dockerd ``number`` (from ``/_ping``, or
+    with ``dirs`` from the agent)."""
     name = f"Docker {number}"
     if not _docker_reads_cdi(number):
         return found(name, False, f"Docker reads CDI from {DOCKER_CDI_MAJOR}.0 on")
-    asked.append("GET /info")
-    dirs = engine_api.cdi_spec_dirs(engine)
+    if dirs is None:
+        asked.append("GET /info")
+        dirs = engine_api.cdi_spec_dirs(engine)
     if dirs is None:
         return found(name, *_cli_info(docker, command, environment, asked))
     if not dirs:

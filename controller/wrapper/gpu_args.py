@@ -61,7 +61,7 @@ from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
 from controller.wrapper import docker_cli, engine_api
-from controller.wrapper.engine_cdi import engine_cdi, is_podman
+from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
@@ -266,11 +266,14 @@ def _facts_from_agent(
     cuda_needed: str | None,
     *,
     probe: bool,
-    cdi: bool = False,
+    cdi: CdiChoice | None = None,
     reach: Reach | None = None,
     lease: LeaseAsk | None = None,
     terminal: bool = False,
 ) -> GpuFacts:
+    """The node's facts from its agent; ``probe``: the local agent (``localhost``, NVML if it
+    does not answer). An agent on this machine's loopback may also say whether this
+    machine's engine reads CDI (``cdi``)."""
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
     with open_agent(endpoint, reach or Reach(TlsOptions()), connect_s) as agent:
         info = agent.get_json("/gpu/info/json")
@@ -280,15 +283,28 @@ def _facts_from_agent(
             raise NodeError(agent.node, "GET /gpu/info/json has no Version.CUDA") from None
         if cuda_needed is not None:
             check_cuda(cuda, cuda_needed)
+
+        def reads_cdi() -> bool:
+            return cdi(agent if _on_loopback(endpoint) else None) if cdi is not None else False
+
         if lease is None:
-            return _device_args(agent, info, cuda, volumes, devices, cdi=cdi)
+            return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
         grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
-            facts = _device_args(agent, info, cuda, volumes, grant.dev, cdi=cdi)
+            facts = _device_args(agent, info, cuda, volumes, grant.dev, cdi=reads_cdi())
         except Exception:  # not on Ctrl-C: the pending lease then ends by itself
             release(agent, grant.lease)
             raise
         return replace(facts, grant=grant, warnings=(*facts.warnings, *grant.warnings()))
+
+
+def _on_loopback(endpoint: Endpoint) -> bool:
+    """The agent is reached on this machine's loopback (not through SSH): it may run here
+    (its boot id says: ``engine_cdi.agent_engine_cdi``), or be a tunnel's end."""
+    host = endpoint.host
+    return endpoint.transport in ("local", "http") and (
+        host in ("localhost", "::1") or host.startswith("127.")
+    )
 
 
 def _device_args(
@@ -408,7 +424,7 @@ def _node_facts(
     volumes: str,
     devices: str,
     cuda_needed: str | None,
-    cdi: bool = False,
+    cdi: CdiChoice | None = None,
     reach: Reach | None = None,
     lease: LeaseAsk | None = None,
     terminal: bool = False,
@@ -448,7 +464,7 @@ def _node_facts(
                 "(nvidia-docker-plugin), or name a GPU node's agent in NV_HOST (e.g. "
                 "NV_HOST=ssh://user@gpu-node:)"
             ) from None
-    return _facts_from_nvml(volumes, devices, cuda_needed, cdi)
+    return _facts_from_nvml(volumes, devices, cuda_needed, cdi(None) if cdi is not None else False)
 
 
 # --- the whole step -------------------------------------------------------------------------
@@ -464,6 +480,48 @@ def reach(endpoint: Endpoint, options: Options) -> Reach:
     from controller.transport.ssh_tunnel import SshOptions  # noqa: PLC0415 (paramiko)
 
     return Reach(tls, SshOptions.from_options(options, prompt=True))
+
+
+class CdiChoice:
+    """Whether the engine reads CDI, decided once, when the GPU arguments are made
+    (``engine``: the answer and how it was found, for ``NV_DEBUG``): from the local agent's
+    word on the engine when it has one (``agent_engine_cdi``: no question to dockerd), else
+    by asking the engine (``engine_cdi``)."""
+
+    def __init__(self, options: Options, command: DockerCommand, socket: str | None) -> None:
+        self._options = options
+        self._command = command
+        self._socket = socket
+        self.engine: EngineCdi | None = None
+
+    def __call__(self, agent: BlockingAgent | None) -> bool:
+        """``agent``: the local agent's open connection, or None (a remote node's agent,
+        or none): then the engine is asked."""
+        if self.engine is None:
+            self.engine = self._agents_word(agent) or engine_cdi(
+                self._options, self._command, self._socket
+            )
+            if self._options.debug:
+                engine = self.engine
+                sys.stderr.write(
+                    f"nvidia-docker | engine: {engine.engine}, CDI: "
+                    f"{'yes' if engine.reads_cdi else 'no'} ({engine.reason}; asked in "
+                    f"{engine.seconds * 1000:.1f} ms"
+                    f"{': ' + ', '.join(engine.asked) if engine.asked else ''})\n"
+                )
+        return self.engine.reads_cdi
+
+    def _agents_word(self, agent: BlockingAgent | None) -> EngineCdi | None:
+        options = self._options
+        if agent is None or self._socket is None or options.cdi != "auto":
+            return None
+        try:
+            answer = agent.get_json("/engines/json")
+        except NodeError:  # an agent before the route (404): the engine is asked
+            return None
+        return agent_engine_cdi(
+            answer, self._socket, options.docker, self._command, options.environment
+        )
 
 
 def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
@@ -490,13 +548,6 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     wanted_volumes = " ".join(labels.get(VOLUMES_LABEL, "").split())
     devices_only = VOLUMES_LABEL in labels and not wanted_volumes
     cuda_needed = labels.get(CUDA_LABEL) or None
-    engine = engine_cdi(options, command, engine_socket)
-    if options.debug:
-        sys.stderr.write(
-            f"nvidia-docker | engine: {engine.engine}, CDI: {'yes' if engine.reads_cdi else 'no'}"
-            f" ({engine.reason}; asked in {engine.seconds * 1000:.1f} ms"
-            f"{': ' + ', '.join(engine.asked) if engine.asked else ''})\n"
-        )
     started = time.perf_counter()
     gpus = options.gpus if isinstance(options.gpus, str) else ""
     facts = _node_facts(
@@ -504,7 +555,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         wanted_volumes,
         gpus,
         cuda_needed,
-        cdi=engine.reads_cdi,
+        cdi=CdiChoice(options, command, engine_socket),
         reach=reach(endpoint, options),
         lease=lease,
         terminal=options.progress,

@@ -35,15 +35,18 @@ socket for the labels (``controller.wrapper.engine_api``). docker itself must co
 and the same every time, so the daemon refuses the run (an unknown ``--runtime``: the CLI's
 start, its API version check and the create request, no container): ``real: docker`` is
 that refusal alone, ``real: python exec`` the floor, and ``NV_GPU=auto`` with ``NV_CDI=no``
-and unset (then the engine is asked whether it reads CDI, on its socket:
+and unset (then whether the engine reads CDI is the agent's word: the stand-in agent says
+what the engine answered to ``GET /version`` and ``GET /info`` read once at the start, as
+the real agent reads them when its event stream opens; ``GET /engines/json``,
 ``controller.wrapper.engine_cdi``).
 
 ``--cdi-docker`` (with ``--lease``, as root) adds the same run against a private dockerd 25 or
 later with CDI on (Debian 13's dockerd 26, which ``scripts/test-all`` unpacks into
 ``.cache/docker-cdi``; ``NVD_DOCKERD_CDI`` names another), refused the same way: ``cdi:
 docker``, ``cdi: python exec``, ``NV_GPU=auto`` with ``NV_CDI=no`` (the volume form), ``yes``
-(the CDI form, ``--device=nvidia.com/gpu=...``, without asking) and unset (the engine is
-asked, reads CDI: the CDI form; what the question costs is this minus ``NV_CDI=yes``).
+(the CDI form, ``--device=nvidia.com/gpu=...``, without asking) and unset (the agent says
+the engine reads CDI: the CDI form; what the question costs is this minus ``NV_CDI=yes``;
+with ``--compare`` of a checkout before ``/engines/json``, the engine itself is asked).
 
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
@@ -182,12 +185,15 @@ def lease_path(opts: argparse.Namespace) -> int:
     env.pop("PYTHONPATH", None)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nvd-bench-"))
-        port = stack.enter_context(served_in_thread(LeaseAgent(forgetful=True)))
+        lease_agent = LeaseAgent(forgetful=True)
+        port = stack.enter_context(served_in_thread(lease_agent))
         engine_hosts: dict[str, str] = {}
         if opts.real_docker:
             engine_hosts[REAL] = _private_engine(stack)
         if opts.cdi_docker:
             engine_hosts[CDI] = _private_engine(stack, cdi=Path(tmp))
+        # The agent follows the node's engine and says what it answered (GET /engines/json)
+        lease_agent.engines = [_followed(host) for host in engine_hosts.values()]
         python = _plain_venv(Path(tmp))
         _see_libraries(python)
         docker = Path(tmp) / "docker"
@@ -333,6 +339,25 @@ def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str
     stack.callback(stop_engine, engine, proc)
     engine.import_busybox(REAL_IMAGE, GPU_LABELS)
     return engine.host
+
+
+def _followed(host: str) -> dict[str, object]:
+    """The agent's ``/engines/json`` row of the engine at ``host`` (``unix://...``), as the
+    agent reads it when its event stream opens (``agent.engines.facts``)."""
+    import asyncio  # noqa: PLC0415
+
+    from agent.engines.facts import read_facts  # noqa: PLC0415
+    from agent.engines.http import EngineClient  # noqa: PLC0415
+
+    path = host.removeprefix("unix://")
+    facts = asyncio.run(read_facts(EngineClient(Path(path))))
+    return {
+        "Socket": path,
+        "Following": True,
+        "Version": facts.version,
+        "CDISpecDirs": list(facts.cdi_spec_dirs),
+        "ReadAt": facts.read_s,
+    }
 
 
 def _server_version(host: str) -> str:

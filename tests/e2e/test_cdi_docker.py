@@ -11,7 +11,9 @@ mknod in a private dev root. Nothing machine-wide is written.
 Checked: ``docker run --device nvidia.com/gpu=...`` gives the container exactly the
 selected nodes; the CDI hook (run by runc for dockerd) lets a Debian image without
 LD_LIBRARY_PATH load ``libcuda.so.1`` by soname; ``nvidia-docker run`` sees that the
-engine reads CDI and gives a labelled image its GPUs that way; the agent's engine socket
+engine reads CDI and gives a labelled image its GPUs that way, taking the answer from the
+node's agent (``GET /engines/json``: no question to dockerd; read again at a ``SIGHUP``'s
+``daemon reload``), also for a run with a lease; the agent's engine socket
 (docs/engine-socket.md) gives ``docker run --gpus``, ``--gpus '"device=0:1"'`` and ``--gpus
 count=2,options=mig-profile=1g.18gb`` (two MIG devices of that profile) leased GPUs as CDI
 devices (the device-node form would name the host's ``/dev``, where these nodes do
@@ -23,9 +25,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +38,7 @@ from typing import Any
 import pytest
 
 from controller.wrapper.docker_args import scan
-from controller.wrapper.engine_cdi import CLI_VERSION, ask_engine
+from controller.wrapper.engine_cdi import AGENT_ENGINES, CLI_VERSION, ask_engine
 from controller.wrapper.go_build_info import linked_value
 from tests.support.cdi_node import (
     CONTROL,
@@ -49,6 +53,7 @@ from tests.support.cdi_node import (
 )
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.fake_driver import FakeDriver
+from tests.support.local_agent import local_agent_port
 from tests.support.prerequisites import require_root, unavailable
 from tests.support.services import wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
@@ -65,6 +70,7 @@ class Setup:
     agent_port: int
     spec_dir: Path
     engine_socket: Path  # the agent's (--engine-socket), forwarding to the engine
+    dockerd: subprocess.Popen[bytes]
 
 
 def _dockerd_with_cdi() -> str:
@@ -103,7 +109,7 @@ def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
             )
             engine_link.symlink_to(engine.host.removeprefix("unix://"))
             try:
-                yield Setup(engine, agent.port, spec_dir, engine_socket)
+                yield Setup(engine, agent.port, spec_dir, engine_socket, proc)
             finally:
                 stop_engine(engine, proc)
     finally:
@@ -178,14 +184,14 @@ def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> 
     assert done.returncode == 0, done.stderr
     assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
     # NV_DEBUG: what the engine check found (the volume form would name the host's /dev,
-    # where these nodes do not exist, and the run would fail), and whom it asked: the
-    # engine's socket, and the docker CLI's file for its version (docker info only where
-    # that file does not record it)
+    # where these nodes do not exist, and the run would fail), and whom it asked: the agent
+    # (on loopback, following this engine), and the docker CLI's file for its version
+    # (docker info only where that file does not record it)
     assert "nvidia-docker | engine: Docker " in done.stderr
     assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr
     cli = shutil.which("docker", path=environ["PATH"])
     assert cli is not None
-    asked = "GET /_ping, GET /info, the docker CLI's build information"
+    asked = f"{AGENT_ENGINES}, the docker CLI's build information"
     if linked_value(cli, CLI_VERSION) is None:
         asked += ", docker info"
     assert f" ms: {asked})\n" in done.stderr, done.stderr
@@ -301,3 +307,65 @@ def wait_for_output(setup: Setup, container: str) -> set[str]:
 
     wait_until(printed, what=f"the output of container {container[:12]}", timeout_s=60)
     return found
+
+
+def _engines_row(port: int, socket_path: str) -> dict[str, Any] | None:
+    """The agent's ``/engines/json`` row of the engine at ``socket_path``, while it follows."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/engines/json", timeout=10) as answer:
+        rows = json.loads(answer.read())["Engines"]
+    return next((r for r in rows if r["Socket"] == socket_path and r["Following"]), None)
+
+
+def test_the_node_s_agent_answers_the_wrapper_s_cdi_question(
+    setup: Setup, busybox: str, fake_driver: FakeDriver, tmp_path: Path
+) -> None:
+    """The node's agent (localhost:3476, ``NV_HOST`` unset) follows this engine and says
+    what it answered to ``GET /version`` and ``GET /info``: ``nvidia-docker run`` with a
+    lease takes the CDI answer from it and asks dockerd nothing about it; ``SIGHUP`` to
+    dockerd (its ``daemon reload`` event) has the agent read the answers again."""
+    socket_path = setup.engine.host.removeprefix("unix://")
+    (tmp_path / "cdi").mkdir()
+    sockets = (
+        "--docker-socket", socket_path,
+        "--podman-socket", str(tmp_path / "no-podman.sock"),
+        "--state-dir", str(tmp_path / "state"),
+    )  # fmt: skip
+    with (
+        local_agent_port() as port,
+        running_cdi_agent(tmp_path, fake_driver, tmp_path / "cdi", extra_args=sockets, port=port),
+    ):
+        found: list[dict[str, Any]] = []
+
+        def followed() -> bool:
+            row = _engines_row(port, socket_path)
+            found[:] = [row] if row is not None else []
+            return bool(found)
+
+        wait_until(followed, what="the agent to follow the engine", timeout_s=60)
+        assert found[0]["CDISpecDirs"] == [str(setup.spec_dir)]
+        script = Path(sys.executable).with_name("nvidia-docker")
+        command = (
+            [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
+        )
+        environ = {k: v for k, v in setup.engine.env().items() if not k.startswith("NV_")}
+        environ.update(NV_GPU="auto:1", NV_DEBUG="1", PYTHONPATH=str(REPO))
+        done = subprocess.run(
+            [*command, "run", "--rm", "--network", "none", busybox, "sh", "-c", LIST_NODES],
+            env=environ, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
+        assert "nvidia-docker | lease: " in done.stderr, done.stderr
+        assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr, done.stderr
+        cli = shutil.which("docker", path=environ["PATH"])
+        assert cli is not None
+        asked = f"{AGENT_ENGINES}, the docker CLI's build information"
+        if linked_value(cli, CLI_VERSION) is None:
+            asked += ", docker info"
+        assert f" ms: {asked})\n" in done.stderr, done.stderr
+        setup.dockerd.send_signal(signal.SIGHUP)  # dockerd reads its settings again
+        wait_until(
+            lambda: (_engines_row(port, socket_path) or found[0])["ReadAt"] > found[0]["ReadAt"],
+            what="the agent to read the engine's answers again after its reload",
+            timeout_s=60,
+        )

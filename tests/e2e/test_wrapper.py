@@ -31,13 +31,11 @@ from tests.support.certs import make_pki
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine
 from tests.support.fake_driver import FakeDriver
+from tests.support.local_agent import local_agent_port as local_port
 from tests.support.plugin_agent import PluginAgent
-from tests.support.prerequisites import unavailable
 from tests.support.services import (
     free_port,
     listens_on,
-    machine_lock,
-    port_open,
     stop_process,
     wait_until,
 )
@@ -50,7 +48,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
-LOCAL_AGENT_LOCK = "agent-3476"
 ERROR_PREFIX = "nvidia-docker | "
 
 
@@ -120,18 +117,9 @@ def hgx_agent(fake_driver: FakeDriver) -> Iterator[Agent]:
 
 @pytest.fixture
 def local_agent_port() -> Iterator[int]:
-    """Port 3476 of this machine, for this test only: other runs of this suite wait for the
-    lock; anything else listening there is waited for a while, then the test is skipped."""
-    with machine_lock(LOCAL_AGENT_LOCK):
-        try:
-            wait_until(
-                lambda: not (port_open(3476) or port_open(3476, "::1")),
-                what="localhost:3476 to be free",
-                timeout_s=30,
-            )
-        except TimeoutError:
-            unavailable("something else listens on localhost:3476")
-        yield 3476
+    """Port 3476 of this machine, for this test only (``tests.support.local_agent``)."""
+    with local_port() as port:
+        yield port
 
 
 @dataclass

@@ -123,16 +123,17 @@ def running_cdi_agent(
     host_files: bool = False,
     extra_args: tuple[str, ...] = (),
     expect_spec: bool = True,
+    port: int | None = None,
 ) -> Iterator[CdiAgent]:
     """A real agent serving ``NODE`` against the fake driver root, writing its CDI spec into
     ``spec_dir`` with the device nodes of ``make_dev_root`` (made under ``base``, with the
     host files when asked), with ``extra_args``; stopped at the end. It is ready when it
-    serves and, with ``expect_spec``, its spec is there (without: the agent may step aside
-    for another spec at start, docs/cdi.md)."""
+    serves (on ``port``, default a free one) and, with ``expect_spec``, its spec is there
+    (without: the agent may step aside for another spec at start, docs/cdi.md)."""
     make_dev_root(base / "devroot", host_files=host_files)
     node_file = base / "node.json"
     node_file.write_text(nodefile.resolve(NODE).read_text())
-    port = free_port()
+    port = free_port() if port is None else port
     log = base / "agent.log"
     env = {**os.environ, "PATH": driver.search_path, "PYTHONPATH": str(REPO)}
     env.pop("NV_DEBUG", None)

@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from agent.api.engines import boot_id
 from tests.support.services import free_port
 
 SINCE = "2026-12-01T10:00:00Z"
@@ -113,6 +114,8 @@ class LeaseAgent:
     next_lease: int = 1
     waits: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # GET /engines/json's rows (agent.api.engines): the engines the agent says it follows
+    engines: list[dict[str, Any]] = field(default_factory=list)
 
     # --- the table -------------------------------------------------------------------------
 
@@ -294,6 +297,7 @@ class LeaseAgent:
         app.router.add_get("/gpu/info/json", self._info)
         app.router.add_get("/gpu/health/json", self._health)
         app.router.add_get("/docker/cli", self._cli)
+        app.router.add_get("/engines/json", self._engines)
         if self.leases_route:
             app.router.add_post("/leases", self._ask)
             app.router.add_get("/leases/json", self._list)
@@ -317,6 +321,9 @@ class LeaseAgent:
             for i, uuid in enumerate(GPU_UUIDS)
         ]
         return _json({"Version": {"Driver": DRIVER, "CUDA": "13.0"}, "Devices": devices})
+
+    async def _engines(self, _: web.Request) -> web.Response:
+        return _json({"BootId": boot_id(), "Engines": self.engines})
 
     async def _health(self, _: web.Request) -> web.Response:
         entries = [

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from controller.options import Options
+from controller.transport.agent_errors import AgentHttpError
 from controller.wrapper.docker_args import scan
 from controller.wrapper.engine_api import (
     DEFAULT_SOCKET,
@@ -30,7 +31,8 @@ from controller.wrapper.engine_api import (
     image_labels,
     server_version,
 )
-from controller.wrapper.engine_cdi import ask_engine
+from controller.wrapper.engine_cdi import AGENT_ENGINES, agent_engine_cdi, ask_engine
+from controller.wrapper.gpu_args import CdiChoice
 from tests.unit.controller.go_program import go_program, ldflags_lines
 
 DOCKER = shutil.which("docker")
@@ -380,3 +382,160 @@ def test_the_cdi_question_on_the_engine_s_socket(
     assert (calls.read_text().splitlines() if calls.exists() else []) == cli_calls
     said = [f"GET {t}" for t in asked] + [f"docker {c.split()[0]}" for c in cli_calls]
     assert [a for a in found.asked if not a.startswith("the docker CLI")] == said
+
+
+def _agent_row(socket_path: str, **row: object) -> dict[str, object]:
+    """The node's agent's ``GET /engines/json`` (this machine's), one engine in it (``row``
+    overrides)."""
+    engine: dict[str, object] = {
+        "Socket": socket_path,
+        "Following": True,
+        "Version": "26.1.5+dfsg1",
+        "CDISpecDirs": ["/etc/cdi"],
+        "ReadAt": 1796467200.5,
+    }
+    return {"BootId": BOOT_ID.read_text().strip(), "Engines": [{**engine, **row}]}
+
+
+CLI_INFO = "the docker CLI's build information"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@pytest.mark.parametrize(
+    ("row", "cli", "expected"),
+    [
+        pytest.param({}, DOCKER_CE_CLI, (True, ON, (AGENT_ENGINES, CLI_INFO)), id="cdi-on"),
+        pytest.param(
+            {}, OLD_CLI,
+            (False, "the docker CLI 24.0.7 cannot pass CDI devices (25.0 on can)",
+             (AGENT_ENGINES, CLI_INFO)),
+            id="old-cli",
+        ),
+        pytest.param(
+            {"CDISpecDirs": []}, DOCKER_CE_CLI, (False, OFF, (AGENT_ENGINES,)), id="cdi-off"
+        ),
+        pytest.param(
+            {"Version": "20.10.24+dfsg1", "CDISpecDirs": []}, DOCKER_CE_CLI,
+            (False, "Docker reads CDI from 25.0 on", (AGENT_ENGINES,)), id="docker-20.10",
+        ),
+        pytest.param({"Following": False}, DOCKER_CE_CLI, None, id="not-following"),
+        pytest.param({"Version": None, "CDISpecDirs": None}, DOCKER_CE_CLI, None, id="no-facts"),
+        pytest.param({"Socket": "/nonexistent/docker.sock"}, DOCKER_CE_CLI, None, id="elsewhere"),
+        pytest.param({"CDISpecDirs": "/etc/cdi"}, DOCKER_CE_CLI, None, id="odd-dirs"),
+    ],
+)  # fmt: skip
+def test_the_cdi_question_answered_by_the_node_s_agent(
+    tmp_path: Path,
+    row: dict[str, object],
+    cli: str,
+    expected: tuple[bool, str, tuple[str, ...]] | None,
+) -> None:
+    """The agent's word on the engine of that same socket file (here through a link, as
+    ``/var/run`` links to ``/run``): no question to the engine itself (nothing listens)."""
+    docker = tmp_path / "docker"
+    go_program(docker, ldflags_lines(cli))
+    engine = tmp_path / "run" / "docker.sock"
+    engine.parent.mkdir()
+    engine.touch()
+    (tmp_path / "var-run").symlink_to(engine.parent)
+    answer = _agent_row(str(tmp_path / "var-run" / "docker.sock"))
+    answer["Engines"][0].update(row)  # type: ignore[index]
+    found = agent_engine_cdi(answer, str(engine), [str(docker)], scan(RUN), {"PATH": "/bin"})
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    assert (found.engine, found.reads_cdi, found.reason, found.asked) == (
+        f"Docker {row.get('Version', '26.1.5+dfsg1')}",
+        *expected,
+    )
+
+
+def test_an_agent_answer_that_is_not_the_route_s_says_nothing(tmp_path: Path) -> None:
+    engine = tmp_path / "docker.sock"
+    engine.touch()
+    row = _agent_row(str(engine))
+    answers: list[object] = [
+        None,
+        [],
+        {"Engines": {}},
+        {"Engines": ["x"]},
+        {"Engines": [{}]},
+        {**row, "BootId": "another-node"},  # through a tunnel: another kernel's agent
+        {**row, "BootId": None},
+        {"Engines": row["Engines"]},
+    ]
+    for answer in answers:
+        assert agent_engine_cdi(answer, str(engine), ["docker"], scan(RUN), {}) is None
+
+
+class _LocalAgent:
+    """The local agent's connection as ``CdiChoice`` uses it: ``GET /engines/json``."""
+
+    node = "localhost"
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+        self.asked: list[str] = []
+
+    def get_json(self, path: str, params: object = None) -> object:
+        self.asked.append(path)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _choice_world(tmp_path: Path, **environ: str) -> tuple[CdiChoice, str]:
+    """A ``CdiChoice`` of a run whose engine socket is a dockerd 26 with CDI on (answering
+    /_ping and /info) and whose docker CLI records version 28.2.2."""
+    where = _bin(tmp_path, "cli")
+    go_program(where / "docker", ldflags_lines(DOCKER_CE_CLI))
+    (where / "docker").chmod(0o755)  # found on PATH as execvp would (it is never run)
+    options = _options(f"{where}:/usr/bin:/bin", **environ)
+    socket_path = str(tmp_path / "engine.sock")
+    return CdiChoice(options, scan(RUN), socket_path), socket_path
+
+
+def test_the_local_agent_s_word_spares_the_engine_its_questions(tmp_path: Path) -> None:
+    choice, socket_path = _choice_world(tmp_path)
+    server = _Engine(Path(socket_path), DOCKER_26)
+    agent = _LocalAgent(_agent_row(socket_path))
+    try:
+        assert choice(agent) is True  # type: ignore[arg-type]
+        assert choice(agent) is True  # type: ignore[arg-type]  # decided once
+    finally:
+        assert server.stop() == []  # dockerd was asked nothing
+    assert agent.asked == ["/engines/json"]
+    assert choice.engine is not None
+    assert choice.engine.asked == (AGENT_ENGINES, CLI_INFO)
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param(None, id="no local agent (a remote node's, or none)"),
+        pytest.param(
+            _LocalAgent(AgentHttpError("localhost", "/engines/json", 404, "404: Not Found")),
+            id="an agent before the route",
+        ),
+        pytest.param(_LocalAgent({"Engines": []}), id="an agent that follows no engine"),
+    ],
+)
+def test_without_the_agent_s_word_the_engine_is_asked(
+    tmp_path: Path, agent: _LocalAgent | None
+) -> None:
+    choice, socket_path = _choice_world(tmp_path)
+    server = _Engine(Path(socket_path), DOCKER_26)
+    try:
+        assert choice(agent) is True  # type: ignore[arg-type]
+    finally:
+        assert server.stop() == ["/_ping", "/info"]
+    assert choice.engine is not None
+    assert choice.engine.asked == ("GET /_ping", "GET /info", CLI_INFO)
+
+
+def test_nv_cdi_decides_without_the_agent(tmp_path: Path) -> None:
+    choice, socket_path = _choice_world(tmp_path, NV_CDI="no")
+    agent = _LocalAgent(_agent_row(socket_path))
+    assert choice(agent) is False  # type: ignore[arg-type]
+    assert agent.asked == []

@@ -1,0 +1,78 @@
+"""What the node's Docker engine says of itself that the nvidia-docker wrapper needs at every
+``run``: its version, and where it reads CDI specs.
+
+The wrapper chooses between the CDI form and the volume form by asking the engine
+(``GET /_ping``, then from Docker 25 on ``GET /info``: about 5 ms of dockerd's own time, as
+it asks containerd and runc). The agent follows that engine anyway (its event stream, for
+the lease table), so it reads the answers once each time the stream opens (the engine
+started, an outage ended) and again at each ``daemon reload`` event (dockerd read its
+settings again: ``SIGHUP``), and forgets them when the stream ends. While it follows, its
+``GET /engines/json`` says them (``agent.api.engines``), and the wrapper on the node uses
+them in place of asking (docs/nvidia-docker.md, "CDI or the volume form").
+
+``read_facts(engine)`` asks ``GET /version`` and ``GET /info``; ``EngineError`` (a
+``BadAnswer`` for an answer that is not what dockerd sends) when either cannot be read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.engines.http import BadAnswer, EngineClient, parse_answer
+
+MAX_FACTS_BYTES = 1024 * 1024  # /info lists plugins, runtimes, registries: kilobytes
+MAX_DIRS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """The engine's version (``GET /version``'s ``Version``) and its CDI spec directories
+    (``GET /info``'s ``CDISpecDirs``: empty when CDI is off or the engine is older than
+    Docker 25, which has no such field); ``read_s``: when they were read (wall clock)."""
+
+    version: str
+    cdi_spec_dirs: tuple[str, ...]
+    read_s: float
+
+
+def is_reload(value: object) -> bool:
+    """Whether one parsed event of the stream is dockerd's ``daemon reload``."""
+    return (
+        isinstance(value, dict)
+        and value.get("Type") == "daemon"
+        and value.get("Action", value.get("status")) == "reload"
+    )
+
+
+async def read_facts(
+    engine: EngineClient, *, clock: Callable[[], float] = time.time
+) -> EngineFacts:
+    """``GET /version`` and ``GET /info`` of ``engine``, as ``EngineFacts``."""
+    version = await _object(engine, "/version")
+    number = version.get("Version")
+    if not isinstance(number, str) or not number or len(number) > 64:
+        raise BadAnswer(f"{engine.bad_answer('to GET /version')}: it names no Version")
+    info = await _object(engine, "/info")
+    dirs = info.get("CDISpecDirs")
+    if dirs is None:
+        dirs = []
+    if (
+        not isinstance(dirs, list)
+        or len(dirs) > MAX_DIRS
+        or not all(isinstance(d, str) and d.startswith("/") and len(d) <= 4096 for d in dirs)
+    ):
+        raise BadAnswer(
+            f"{engine.bad_answer('to GET /info')}: its CDISpecDirs is not a list of paths"
+        )
+    return EngineFacts(number, tuple(dirs), clock())
+
+
+async def _object(engine: EngineClient, path: str) -> dict[str, object]:
+    about = f"to GET {path}"
+    body = await engine.get(path, about, max_bytes=MAX_FACTS_BYTES)
+    value = parse_answer(body, engine.bad_answer(about)) if body is not None else None
+    if not isinstance(value, dict):
+        raise BadAnswer(f"{engine.bad_answer(about)}: it is not a JSON object")
+    return value
