@@ -25,8 +25,9 @@ from the first once a stream has stayed open for ``steady_s``. An outage is two 
 one when the events stop (why), one when they follow again; never a traceback (that is
 at debug level, ``NV_DEBUG``, for an error no engine should cause).
 
-With ``with_facts`` (the node's dockerd; Podman's service sends no daemon events), the stream
-takes the ``daemon`` events too, and ``facts`` holds the engine's version and CDI spec dirs
+With ``with_facts`` (the node's Docker socket), the engine's version is read before the
+stream opens; where it is dockerd (not Podman's service, which sends no daemon events) the
+stream takes the ``daemon`` events too, and ``facts`` holds its version and CDI spec dirs
 (``agent.engines.facts``): read as the stream opens, before the resync, read again at each
 ``daemon reload`` event, and None whenever no stream is open or they could not be read.
 
@@ -51,7 +52,7 @@ from urllib.parse import quote
 from agent.display import shown
 from agent.edge.rate_limit import RateLimiter
 from agent.engines.containers import LIST_TIMEOUT_S, MAX_CONTAINERS, list_containers
-from agent.engines.facts import EngineFacts, is_reload, read_facts
+from agent.engines.facts import EngineFacts, dockerd_version, is_reload, read_facts
 from agent.engines.http import BadAnswer, EngineClient, EngineError, parse_answer
 from agent.leases.containers import Container
 
@@ -221,11 +222,15 @@ class EngineEvents:
         """One stream, from its opening to its end; when it was resynced (None: never)."""
         opened_at: float | None = None
         try:
-            path = EVENTS_PATH_WITH_DAEMON if self.with_facts else EVENTS_PATH
+            # dockerd's version first: its daemon events are asked for only then (Podman's
+            # service sends none); its CDI dirs after the stream opens, so that a reload
+            # meanwhile is in the stream
+            version = await self._dockerd_version() if self.with_facts else None
+            path = EVENTS_PATH_WITH_DAEMON if version is not None else EVENTS_PATH
             stream = await self.engine.stream(path, _ABOUT)
             try:
-                if self.with_facts:
-                    self.facts = await self._read_facts()
+                if version is not None:
+                    self.facts = await self._read_facts(version)
                 containers = await list_containers(
                     self.engine,
                     max_containers=self.max_containers,
@@ -240,8 +245,8 @@ class EngineEvents:
                     event = event_of(value, bad)
                     if event is not None:
                         self._call_on_event(event)
-                    elif self.with_facts and is_reload(value):
-                        self.facts = await self._read_facts()
+                    elif version is not None and is_reload(value):
+                        self.facts = await self._read_facts(version)
                 why = f"{self.engine.where} ended its event stream"
             finally:
                 self._following = False
@@ -259,16 +264,27 @@ class EngineEvents:
         self._lost(why)
         return opened_at
 
-    async def _read_facts(self) -> EngineFacts | None:
-        """The engine's facts; None (one line, at most one a ``steady_s``) when it does not
-        give them: the wrapper then asks the engine itself, as without an agent."""
+    async def _dockerd_version(self) -> str | None:
+        """dockerd's version; None for another engine, or an answer that is not dockerd's
+        (then no facts are read, and the wrapper asks the engine itself, as without an
+        agent). ``EngineError`` when the engine cannot be asked: it is down, as for the
+        stream."""
         try:
-            return await read_facts(self.engine)
-        except EngineError as err:
-            held_back = self._callback_lines.allow("facts")
-            if held_back is not None:
-                log.warning("%s; the wrapper asks the engine itself whether it reads CDI", err)
+            return await dockerd_version(self.engine)
+        except BadAnswer as err:
+            log.debug("No facts of %s: %s", self.engine.where, err)
             return None
+
+    async def _read_facts(self, version: str) -> EngineFacts | None:
+        try:
+            return await read_facts(self.engine, version)
+        except EngineError as err:
+            self._facts_failed(err)
+            return None
+
+    def _facts_failed(self, err: EngineError) -> None:
+        if self._callback_lines.allow("facts") is not None:  # at most one a steady_s
+            log.warning("%s; the wrapper asks the engine itself whether it reads CDI", err)
 
     def _resynced(self, containers: list[Container]) -> None:
         self.resyncs += 1

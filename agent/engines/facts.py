@@ -10,8 +10,11 @@ settings again: ``SIGHUP``), and forgets them when the stream ends. While it fol
 ``GET /engines/json`` says them (``agent.api.engines``), and the wrapper on the node uses
 them in place of asking (docs/nvidia-docker.md, "CDI or the volume form").
 
-``read_facts(engine)`` asks ``GET /version`` and ``GET /info``; ``EngineError`` (a
-``BadAnswer`` for an answer that is not what dockerd sends) when either cannot be read.
+``dockerd_version(engine)`` asks ``GET /version``: dockerd's version, or None for another
+engine behind the socket (Podman's service names its component ``Podman Engine``; it sends
+no daemon events, and may refuse a filter for them). ``read_facts(engine, version)`` asks
+``GET /info``. Both raise ``EngineError`` (a ``BadAnswer`` for an answer that is not what
+dockerd sends) when the answer cannot be read.
 """
 
 from __future__ import annotations
@@ -46,14 +49,24 @@ def is_reload(value: object) -> bool:
     )
 
 
-async def read_facts(
-    engine: EngineClient, *, clock: Callable[[], float] = time.time
-) -> EngineFacts:
-    """``GET /version`` and ``GET /info`` of ``engine``, as ``EngineFacts``."""
+async def dockerd_version(engine: EngineClient) -> str | None:
+    """``GET /version``'s ``Version`` when ``engine`` is dockerd; None for Podman's service."""
     version = await _object(engine, "/version")
     number = version.get("Version")
     if not isinstance(number, str) or not number or len(number) > 64:
         raise BadAnswer(f"{engine.bad_answer('to GET /version')}: it names no Version")
+    components = version.get("Components")
+    for component in components if isinstance(components, list) else ():
+        name = component.get("Name") if isinstance(component, dict) else None
+        if isinstance(name, str) and "podman" in name.lower():
+            return None
+    return number
+
+
+async def read_facts(
+    engine: EngineClient, version: str, *, clock: Callable[[], float] = time.time
+) -> EngineFacts:
+    """``GET /info`` of dockerd ``version`` at ``engine``, as ``EngineFacts``."""
     info = await _object(engine, "/info")
     dirs = info.get("CDISpecDirs")
     if dirs is None:
@@ -66,7 +79,7 @@ async def read_facts(
         raise BadAnswer(
             f"{engine.bad_answer('to GET /info')}: its CDISpecDirs is not a list of paths"
         )
-    return EngineFacts(number, tuple(dirs), clock())
+    return EngineFacts(version, tuple(dirs), clock())
 
 
 async def _object(engine: EngineClient, path: str) -> dict[str, object]:

@@ -346,11 +346,16 @@ def _followed(host: str) -> dict[str, object]:
     agent reads it when its event stream opens (``agent.engines.facts``)."""
     import asyncio  # noqa: PLC0415
 
-    from agent.engines.facts import read_facts  # noqa: PLC0415
+    from agent.engines.facts import EngineFacts, dockerd_version, read_facts  # noqa: PLC0415
     from agent.engines.http import EngineClient  # noqa: PLC0415
 
+    async def read(engine: EngineClient) -> EngineFacts:
+        version = await dockerd_version(engine)
+        assert version is not None
+        return await read_facts(engine, version)
+
     path = host.removeprefix("unix://")
-    facts = asyncio.run(read_facts(EngineClient(Path(path))))
+    facts = asyncio.run(read(EngineClient(Path(path))))
     return {
         "Socket": path,
         "Following": True,

@@ -58,7 +58,7 @@ from tests.support.prerequisites import require_root, unavailable
 from tests.support.services import wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]  # the first test starts the engine
 
 REPO = Path(__file__).resolve().parents[2]
 FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
@@ -108,7 +108,12 @@ def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
                 daemon_json={"features": {"cdi": True}},
             )
             engine_link.symlink_to(engine.host.removeprefix("unix://"))
-            try:
+            try:  # the agent follows the engine (its retries were paused meanwhile)
+                wait_until(
+                    lambda: _engines_row(agent.port, str(engine_link)) is not None,
+                    what="the agent to follow the engine's events",
+                    timeout_s=90,
+                )
                 yield Setup(engine, agent.port, spec_dir, engine_socket, proc)
             finally:
                 stop_engine(engine, proc)

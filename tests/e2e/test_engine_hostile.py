@@ -314,11 +314,20 @@ def run_case(base: Path, containers: Containers, answer: Answer) -> Seen:
     return seen
 
 
-# What the lease table's engine feed asks every engine (agent/leasing/engine_feed.py).
+# What the lease table's engine feed asks every engine (agent/leasing/engine_feed.py), and
+# the Docker socket's too: its version, its CDI dirs and daemon events where it is dockerd
+# (agent/engines/facts.py).
 FEED_PATHS = frozenset(
     {
         "/events?filters=%7B%22type%22%3A%5B%22container%22%5D%7D",
         "/containers/json?all=1",
+    }
+)
+DOCKER_FACTS_PATHS = frozenset(
+    {
+        "/version",
+        "/info",
+        "/events?filters=%7B%22type%22%3A%5B%22container%22%2C%22daemon%22%5D%7D",
     }
 )
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -354,9 +363,12 @@ def test_hostile_answer(tmp_path: Path, containers: Containers, case: Case) -> N
     assert seen.plugin == 200
     # the scrape inspected each engine's container; the lease table's feed listed and
     # followed their containers (the same hostile answer), and asked nothing else
-    for asked, container in ((seen.docker_asked, DOCKER_ID), (seen.podman_asked, PODMAN_ID)):
+    for asked, container, facts in (
+        (seen.docker_asked, DOCKER_ID, DOCKER_FACTS_PATHS),
+        (seen.podman_asked, PODMAN_ID, frozenset()),
+    ):
         assert f"/containers/{container}/json" in asked
-        assert set(asked) <= {f"/containers/{container}/json", *FEED_PATHS}, asked
+        assert set(asked) <= {f"/containers/{container}/json", *FEED_PATHS, *facts}, asked
     # the log: no traceback, at most one line per engine and reader (the scrape's lookup,
     # the feed), each one printable line
     assert "Traceback" not in seen.log

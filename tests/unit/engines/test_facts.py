@@ -14,12 +14,21 @@ from urllib.parse import unquote
 import pytest
 
 from agent.api.engines import boot_id, engines_answer
-from agent.engines.events import EVENTS_PATH_WITH_DAEMON, EngineEvents
-from agent.engines.facts import EngineFacts, is_reload, read_facts
+from agent.engines.events import EVENTS_PATH, EVENTS_PATH_WITH_DAEMON, EngineEvents
+from agent.engines.facts import EngineFacts, dockerd_version, is_reload, read_facts
 from agent.engines.http import BadAnswer, EngineClient
 from tests.support.fake_engine import FakeEngine, eventually, json_answer
 
-VERSION = json_answer({"Version": "26.1.5+dfsg1", "ApiVersion": "1.45"})
+VERSION = json_answer(
+    {
+        "Version": "26.1.5+dfsg1",
+        "ApiVersion": "1.45",
+        "Components": [{"Name": "Engine", "Version": "26.1.5+dfsg1"}],
+    }
+)
+PODMAN_VERSION = json_answer(
+    {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
+)
 
 
 def info(dirs: object = ("/etc/cdi", "/var/run/cdi")) -> bytes:
@@ -41,10 +50,22 @@ async def engine(tmp_path: Path) -> AsyncIterator[FakeEngine]:
         await fake.stop()
 
 
+async def facts_of(engine: FakeEngine) -> EngineFacts:
+    client = EngineClient(engine.socket_path)
+    version = await dockerd_version(client)
+    assert version is not None
+    return await read_facts(client, version, clock=lambda: 1234.5)
+
+
 async def test_the_version_and_the_cdi_spec_dirs(engine: FakeEngine) -> None:
-    facts = await read_facts(EngineClient(engine.socket_path), clock=lambda: 1234.5)
+    facts = await facts_of(engine)
     assert facts == EngineFacts("26.1.5+dfsg1", ("/etc/cdi", "/var/run/cdi"), 1234.5)
     assert engine.requests == ["/version", "/info"]
+
+
+async def test_podman_s_service_is_no_dockerd(engine: FakeEngine) -> None:
+    engine.answers["/version"] = PODMAN_VERSION
+    assert await dockerd_version(EngineClient(engine.socket_path)) is None
 
 
 @pytest.mark.parametrize(
@@ -54,7 +75,7 @@ async def test_the_version_and_the_cdi_spec_dirs(engine: FakeEngine) -> None:
 )
 async def test_no_cdi_is_no_dirs(engine: FakeEngine, dirs: object) -> None:
     engine.answers["/info"] = info(dirs)
-    assert (await read_facts(EngineClient(engine.socket_path))).cdi_spec_dirs == ()
+    assert (await facts_of(engine)).cdi_spec_dirs == ()
 
 
 @pytest.mark.parametrize(
@@ -72,7 +93,7 @@ async def test_an_answer_dockerd_does_not_give_is_one_line(
 ) -> None:
     engine.answers[path] = answer
     with pytest.raises(BadAnswer) as bad:
-        await read_facts(EngineClient(engine.socket_path))
+        await facts_of(engine)
     assert str(bad.value) == (
         f"the Docker engine at unix://{engine.socket_path} gave no usable answer {why}"
     )
@@ -120,7 +141,7 @@ async def test_read_as_the_stream_opens_again_at_a_reload_and_gone_when_it_ends(
         await eventually(lambda: events.following, "the stream open")
         assert events.facts is not None
         assert events.facts.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
-        assert engine.requests[:3] == [EVENTS_PATH_WITH_DAEMON, "/version", "/info"]
+        assert engine.requests[:3] == ["/version", EVENTS_PATH_WITH_DAEMON, "/info"]
         engine.answers["/info"] = info([])  # CDI turned off, then dockerd told to reload
         await engine.send(reload_line())
         await eventually(
@@ -135,6 +156,20 @@ async def test_read_as_the_stream_opens_again_at_a_reload_and_gone_when_it_ends(
         await eventually(lambda: events.following, "the stream open again")
         assert events.facts is not None
         assert events.facts.cdi_spec_dirs == ("/srv/cdi",)
+    finally:
+        await events.close()
+
+
+async def test_podman_behind_the_docker_socket_is_followed_without_facts(
+    engine: FakeEngine,
+) -> None:
+    engine.answers["/version"] = PODMAN_VERSION
+    events = await follow(engine)
+    try:
+        await eventually(lambda: events.following, "the stream open")
+        assert events.facts is None
+        assert engine.requests[:2] == ["/version", EVENTS_PATH]  # no daemon events asked
+        assert "/info" not in engine.requests
     finally:
         await events.close()
 
