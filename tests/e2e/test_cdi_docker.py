@@ -174,32 +174,35 @@ def test_python_loads_libcuda_by_soname_under_docker(
     ]
 
 
-def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> None:
+def wrapper_run(setup: Setup, image: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``nvidia-docker run`` of ``image`` listing its device nodes, on this engine, with
+    ``env`` and ``NV_DEBUG``: it gets GPU 1 and the control nodes in the CDI form (the volume
+    form would name the host's /dev, where these nodes do not exist, and the run would fail),
+    and the engine check asked the agent (on loopback, following this engine) and the docker
+    CLI's file for its version (docker info only where that file does not record it)."""
     script = Path(sys.executable).with_name("nvidia-docker")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
     environ = {k: v for k, v in setup.engine.env().items() if not k.startswith("NV_")}
-    environ.update(
-        NV_HOST=f"http://127.0.0.1:{setup.agent_port}", NV_GPU="1", NV_DEBUG="1",
-        PYTHONPATH=str(REPO),
-    )  # fmt: skip
+    environ.update(NV_DEBUG="1", PYTHONPATH=str(REPO), **env)
     done = subprocess.run(
-        [*command, "run", "--rm", "--network", "none", busybox, "sh", "-c", LIST_NODES],
+        [*command, "run", "--rm", "--network", "none", image, "sh", "-c", LIST_NODES],
         env=environ, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
-    # NV_DEBUG: what the engine check found (the volume form would name the host's /dev,
-    # where these nodes do not exist, and the run would fail), and whom it asked: the agent
-    # (on loopback, following this engine), and the docker CLI's file for its version
-    # (docker info only where that file does not record it)
     assert "nvidia-docker | engine: Docker " in done.stderr
-    assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr
+    assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr, done.stderr
     cli = shutil.which("docker", path=environ["PATH"])
     assert cli is not None
     asked = f"{AGENT_ENGINES}, the docker CLI's build information"
     if linked_value(cli, CLI_VERSION) is None:
         asked += ", docker info"
     assert f" ms: {asked})\n" in done.stderr, done.stderr
+    return done
+
+
+def test_nvidia_docker_uses_cdi_with_this_engine(setup: Setup, busybox: str) -> None:
+    wrapper_run(setup, busybox, NV_HOST=f"http://127.0.0.1:{setup.agent_port}", NV_GPU="1")
 
 
 def _docker_clis() -> list[str]:
@@ -348,26 +351,8 @@ def test_the_node_s_agent_answers_the_wrapper_s_cdi_question(
 
         wait_until(followed, what="the agent to follow the engine", timeout_s=60)
         assert found[0]["CDISpecDirs"] == [str(setup.spec_dir)]
-        script = Path(sys.executable).with_name("nvidia-docker")
-        command = (
-            [str(script)] if script.exists() else [sys.executable, "-m", "controller.wrapper.cli"]
-        )
-        environ = {k: v for k, v in setup.engine.env().items() if not k.startswith("NV_")}
-        environ.update(NV_GPU="auto:1", NV_DEBUG="1", PYTHONPATH=str(REPO))
-        done = subprocess.run(
-            [*command, "run", "--rm", "--network", "none", busybox, "sh", "-c", LIST_NODES],
-            env=environ, capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        assert nodes_seen(done.stdout) == CONTROL | {"/dev/nvidia1"}
+        done = wrapper_run(setup, busybox, NV_GPU="auto:1")  # NV_HOST unset: localhost:3476
         assert "nvidia-docker | lease: " in done.stderr, done.stderr
-        assert f"CDI: yes (CDI spec dirs {setup.spec_dir};" in done.stderr, done.stderr
-        cli = shutil.which("docker", path=environ["PATH"])
-        assert cli is not None
-        asked = f"{AGENT_ENGINES}, the docker CLI's build information"
-        if linked_value(cli, CLI_VERSION) is None:
-            asked += ", docker info"
-        assert f" ms: {asked})\n" in done.stderr, done.stderr
         setup.dockerd.send_signal(signal.SIGHUP)  # dockerd reads its settings again
         wait_until(
             lambda: (_engines_row(port, socket_path) or found[0])["ReadAt"] > found[0]["ReadAt"],
