@@ -47,6 +47,7 @@ from agent.edge.readiness import NotAnswering, check_plugin, check_rest
 from agent.engine_socket.cdi_form import CdiForm
 from agent.engine_socket.gpus import GpuCreates
 from agent.engine_socket.site import serve_engine_socket
+from agent.engines.events import EngineEvents
 from agent.errors import (
     EXIT_FORCED,
     EXIT_OK,
@@ -120,7 +121,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     table: asyncio.Future[LeaseService] = asyncio.get_running_loop().create_future()
     await _serve_plugin(config, store, parts, StartGate(engines[0], table))
     cdi = await _write_cdi_spec(config, store, state, parts)
-    leases, feed = await _leases(config, state, engines, parts)
+    leases, feed, docker_events = await _leases(config, state, engines, parts)
     table.set_result(leases)
     attributor = Attributor(engines[0], podman=engines[1])
     usage_ledger: list[UsageLedger] = []  # the ledger, once open (after the metrics)
@@ -159,7 +160,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     fast = fast_gets(app, counters.count_resource, access.token_free)
     bound = await _serve_rest(config, app, guard, fast, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
-    await _serve_engine_socket(config, state, leases, engines[0], cdi, parts)
+    await _serve_engine_socket(config, state, leases, docker_events, cdi, parts)
     await life.start()
     if usage is not None:
         usage.start()
@@ -285,10 +286,10 @@ async def _leases(
     state: NodeState,
     engines: tuple[DockerEngine, DockerEngine],
     parts: contextlib.AsyncExitStack,
-) -> tuple[LeaseService, EngineFeed]:
+) -> tuple[LeaseService, EngineFeed, EngineEvents]:
     """The lease table: restored from the state directory, following the node's health and
     driver changes and the engines' container events (docs/leases.md); the feed of those
-    events, which reads the Docker engine's facts too (``/engines/json``)."""
+    events, and the Docker engine's, which read its facts too (``/engines/json``)."""
     settings = LeaseSettings(
         pending_s=config.lease_pending_s, grace_s=config.lease_grace_s, sharing=config.gpu_sharing
     )
@@ -301,7 +302,7 @@ async def _leases(
     log.info("Leases: %s (state in %s)", leases.describe(), leases.state_file)
     feed = EngineFeed(leases)
     docker, podman = engines
-    feed.follow(docker, with_facts=True)  # its version and CDI spec dirs, for the wrapper
+    docker_events = feed.follow(docker, with_facts=True)  # its version and CDI spec dirs
     feed.follow(podman)
     seen = [facts.node]
 
@@ -316,7 +317,7 @@ async def _leases(
     state.subscribe(on_node_change)
     parts.push_async_callback(feed.close)
     feed.start()
-    return leases, feed
+    return leases, feed, docker_events
 
 
 def _ledger_path(config: Config) -> Path:
@@ -373,15 +374,18 @@ async def _serve_engine_socket(
     config: Config,
     state: NodeState,
     leases: LeaseService,
-    engine: DockerEngine,
+    docker: EngineEvents,
     cdi: CdiSpecWriter | None,
     parts: contextlib.AsyncExitStack,
 ) -> None:
     """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased (in the
-    CDI form where ``engine`` reads the spec ``cdi`` writes)."""
+    CDI form where the engine reads the spec ``cdi`` writes: as ``docker``, its followed
+    events, last read it, or as it answers)."""
     if config.engine_socket is None:
         return
-    form = CdiForm(engine, cdi) if cdi is not None else None
+    form = None
+    if cdi is not None:
+        form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts if docker.following else None)
     creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
     try:
         site = await serve_engine_socket(

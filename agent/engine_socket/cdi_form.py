@@ -8,9 +8,12 @@ engine's own ``--device nvidia.com/gpu=...`` does. Any other engine gets the dev
 The engine says where it reads specs in its ``GET /info`` answer: ``CDISpecDirs``, a list
 (Docker 25 and later; empty while CDI is off; absent in older engines). The form is CDI when
 that list holds a directory of the spec in force (``CdiSpecWriter.dirs_in_force``: this
-agent's ``--cdi-spec-dir`` once its spec is written), so that every name resolves. The answer
-is kept ``KEEP_S`` seconds (a Compose ``up`` of many replicas asks once); an engine that
-cannot be asked gets the device-node form, and its create meets the engine's own error.
+agent's ``--cdi-spec-dir`` once its spec is written), so that every name resolves. While the
+agent follows the engine's events, the list is the one it read then and at the engine's
+latest ``daemon reload`` (``facts``: ``agent.engines.facts``), and the engine is not asked;
+otherwise it is asked, and the answer kept ``KEEP_S`` seconds (a Compose ``up`` of many
+replicas asks once). An engine that cannot be asked gets the device-node form, and its
+create meets the engine's own error.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.cdi_spec.inputs import CdiNaming
+from agent.engines.facts import EngineFacts
 from agent.engines.http import EngineClient, EngineError, parse_answer
 
 log = logging.getLogger("nvidia-docker-plugin.engine-socket")
@@ -65,10 +69,12 @@ class CdiForm:
         engine: EngineClient,
         spec: SpecInForce,
         *,
+        facts: Callable[[], EngineFacts | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         self._spec = spec
+        self._facts = facts
         self._clock = clock
         self._dirs: tuple[str, ...] = ()
         self._asked_at: float | None = None
@@ -76,7 +82,10 @@ class CdiForm:
 
     async def naming(self) -> CdiNaming | None:
         now = self._clock()
-        if self._asked_at is None or now - self._asked_at >= KEEP_S:
+        known = self._facts()
+        if known is not None:  # the agent follows the engine: its answer, as of its last reload
+            self._dirs, self._asked_at = known.cdi_spec_dirs, None
+        elif self._asked_at is None or now - self._asked_at >= KEEP_S:
             self._dirs = await self._ask()
             self._asked_at = now
         cdi = reads_from(self._dirs, self._spec.dirs_in_force)

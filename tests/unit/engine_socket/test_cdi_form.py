@@ -10,6 +10,7 @@ import pytest
 
 from agent.cdi_spec.inputs import OWN_NAMING, CdiNaming
 from agent.engine_socket.cdi_form import KEEP_S, CdiForm, reads_from, spec_dirs
+from agent.engines.facts import EngineFacts
 from agent.engines.http import EngineClient, EngineError
 
 
@@ -97,3 +98,19 @@ async def test_an_engine_that_reads_elsewhere_or_cannot_be_asked_gets_device_nod
     clock.now += KEEP_S
     assert await form.naming() is OWN_NAMING
     assert engine.asked == 3
+
+
+async def test_while_the_agent_follows_the_engine_its_word_is_taken(tmp_path: Path) -> None:
+    """The dirs the events follower read (at the stream's start and each ``daemon reload``)
+    decide, at once and without a question to the engine; when it stops following, the
+    engine is asked again (not an answer kept from before)."""
+    engine, clock = Engine({"CDISpecDirs": ["/etc/cdi"]}), Clock()
+    known: list[EngineFacts | None] = [EngineFacts("26.1.5", (str(tmp_path),), 1.0)]
+    form = CdiForm(engine, Spec(tmp_path), facts=lambda: known[0], clock=clock)
+    assert await form.naming() is OWN_NAMING
+    known[0] = EngineFacts("26.1.5", (), 2.0)  # CDI turned off, dockerd reloaded
+    assert await form.naming() is None
+    assert engine.asked == 0
+    known[0] = None  # the engine's events stopped: it is asked itself
+    assert await form.naming() is None  # it reads /etc/cdi, not ours
+    assert engine.asked == 1
