@@ -484,9 +484,9 @@ def reach(endpoint: Endpoint, options: Options) -> Reach:
 
 class CdiChoice:
     """Whether the engine reads CDI, decided once, when the GPU arguments are made
-    (``engine``: the answer and how it was found, for ``NV_DEBUG``): from the local agent's
-    word on the engine when it has one (``agent_engine_cdi``: no question to dockerd), else
-    by asking the engine (``engine_cdi``)."""
+    (``engine``: the answer and how it was found, for ``NV_DEBUG``): from the word of an
+    agent on this machine's loopback when it follows that engine (``agent_engine_cdi``: no
+    question to dockerd), else by asking the engine (``engine_cdi``)."""
 
     def __init__(self, options: Options, command: DockerCommand, socket: str | None) -> None:
         self._options = options
@@ -495,8 +495,8 @@ class CdiChoice:
         self.engine: EngineCdi | None = None
 
     def __call__(self, agent: BlockingAgent | None) -> bool:
-        """``agent``: the local agent's open connection, or None (a remote node's agent,
-        or none): then the engine is asked."""
+        """``agent``: the open connection to an agent on loopback, or None (a node's agent
+        through SSH or on another host, or none): then the engine is asked."""
         if self.engine is None:
             self.engine = self._agents_word(agent) or engine_cdi(
                 self._options, self._command, self._socket
