@@ -385,7 +385,7 @@ async def _serve_engine_socket(
         return
     form = None
     if cdi is not None:
-        form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts if docker.following else None)
+        form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts)
     creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
     try:
         site = await serve_engine_socket(

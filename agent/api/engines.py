@@ -58,7 +58,7 @@ def engines_answer(engines: Sequence[EngineEvents]) -> dict[str, object]:
     """The JSON document of the route for ``engines``."""
     rows: list[dict[str, object]] = []
     for events in engines:
-        facts = events.facts if events.following else None
+        facts = events.facts
         rows.append(
             {
                 "Socket": str(events.engine.socket_path),

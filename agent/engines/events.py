@@ -174,8 +174,7 @@ class EngineEvents:
         self.list_timeout_s = list_timeout_s
         self.visible_devices_env = visible_devices_env
         self.with_facts = with_facts
-        # The engine's version and CDI spec dirs while a stream is open (with_facts only).
-        self.facts: EngineFacts | None = None
+        self._facts: EngineFacts | None = None  # as last read from the engine
         self._backoff = Backoff(first_backoff_s, most_backoff_s)
         self._clock = clock
         self._sleep = sleep
@@ -191,6 +190,11 @@ class EngineEvents:
     def following(self) -> bool:
         """Whether a stream is open and resynced now."""
         return self._following
+
+    @property
+    def facts(self) -> EngineFacts | None:
+        """The engine's version and CDI spec dirs while it is followed (``with_facts``)."""
+        return self._facts if self._following else None
 
     def start(self) -> None:
         """Follow the events in a task of the running loop (again after ``close``)."""
@@ -230,7 +234,7 @@ class EngineEvents:
             stream = await self.engine.stream(path, _ABOUT)
             try:
                 if version is not None:
-                    self.facts = await self._read_facts(version)
+                    self._facts = await self._read_facts(version)
                 containers = await list_containers(
                     self.engine,
                     max_containers=self.max_containers,
@@ -246,11 +250,11 @@ class EngineEvents:
                     if event is not None:
                         self._call_on_event(event)
                     elif version is not None and is_reload(value):
-                        self.facts = await self._read_facts(version)
+                        self._facts = await self._read_facts(version)
                 why = f"{self.engine.where} ended its event stream"
             finally:
                 self._following = False
-                self.facts = None
+                self._facts = None
                 await stream.close()
         except EngineError as err:
             why = str(err)

@@ -195,6 +195,8 @@ def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
 
 
 def _boot_id() -> str | None:
+    """This kernel's boot id, as ``agent.api.engines.boot_id`` reads it (not imported from
+    there: ``agent.api`` brings aiohttp, and even ``pathlib`` costs the run path 8 ms)."""
     try:
         with open(BOOT_ID, encoding="ascii") as file:
             return file.read().strip() or None

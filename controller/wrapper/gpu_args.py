@@ -266,7 +266,7 @@ def _facts_from_agent(
     cuda_needed: str | None,
     *,
     probe: bool,
-    cdi: CdiChoice | None = None,
+    cdi: CdiChoice,
     reach: Reach | None = None,
     lease: LeaseAsk | None = None,
     terminal: bool = False,
@@ -285,7 +285,7 @@ def _facts_from_agent(
             check_cuda(cuda, cuda_needed)
 
         def reads_cdi() -> bool:
-            return cdi(agent if _on_loopback(endpoint) else None) if cdi is not None else False
+            return cdi(agent if _on_loopback(endpoint) else None)
 
         if lease is None:
             return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
@@ -424,7 +424,7 @@ def _node_facts(
     volumes: str,
     devices: str,
     cuda_needed: str | None,
-    cdi: CdiChoice | None = None,
+    cdi: CdiChoice,
     reach: Reach | None = None,
     lease: LeaseAsk | None = None,
     terminal: bool = False,
@@ -464,7 +464,7 @@ def _node_facts(
                 "(nvidia-docker-plugin), or name a GPU node's agent in NV_HOST (e.g. "
                 "NV_HOST=ssh://user@gpu-node:)"
             ) from None
-    return _facts_from_nvml(volumes, devices, cuda_needed, cdi(None) if cdi is not None else False)
+    return _facts_from_nvml(volumes, devices, cuda_needed, cdi(None))
 
 
 # --- the whole step -------------------------------------------------------------------------
