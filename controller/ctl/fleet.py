@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -337,18 +338,22 @@ def ask_each(
 
     admit = None if window is None else window.admit
     pool = None
+    # Ctrl-C is held back until the query runs in the event loop, where asyncio.run turns it
+    # into the query's end; caught while the loop was being built, the half-built loop
+    # printed a traceback of its own.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        workers = workers_for(asked, options.parallel)
-        if workers:
-            with contextlib.suppress(OSError):  # no fork (no memory, no process left): here
-                pool = WorkerPool.start(
-                    asked, query, timeout_s=options.timeout_s, workers=workers, tls=tls, ssh=ssh
-                )
-        if pool is not None:
-            asyncio.run(pool.ask(on_result, parallel=options.parallel, admit=admit))
-        else:
-            asyncio.run(
-                ask_fleet(
+        try:
+            workers = workers_for(asked, options.parallel)
+            if workers:
+                with contextlib.suppress(OSError):  # no fork (no memory, no process left): here
+                    pool = WorkerPool.start(
+                        asked, query, timeout_s=options.timeout_s, workers=workers, tls=tls, ssh=ssh
+                    )
+            if pool is not None:
+                ask = pool.ask(on_result, parallel=options.parallel, admit=admit)
+            else:
+                ask = ask_fleet(
                     asked,
                     query,
                     on_result,
@@ -358,12 +363,20 @@ def ask_each(
                     tls=tls,
                     admit=admit,
                 )
-            )
-    finally:
-        if pool is not None:
-            pool.stop()
-        if progress is not None:
-            progress.close()
+            asyncio.run(_with_mask(ask, held))
+        finally:
+            if pool is not None:
+                pool.stop()
+            if progress is not None:
+                progress.close()
+    finally:  # last: a Ctrl-C held back until here is raised after the workers are stopped
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+async def _with_mask(query: Awaitable[None], mask: set[int | signal.Signals]) -> None:
+    """``query``, run with the signal ``mask`` (the caller's) once the event loop runs."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    await query
 
 
 def _ellipsis() -> str:
