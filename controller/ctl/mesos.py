@@ -30,7 +30,6 @@ import click
 from controller.ctl.flags import operator_options, request_options
 from controller.errors import ControllerError, UsageError
 from controller.options import Options, setting
-from controller.transport.client import AgentClient
 from controller.transport.endpoint import LOCAL, parse_endpoint
 from mesos.agent_args import MergeError, merge_agent_args
 from mesos.blob import BlobError, decode
@@ -97,6 +96,9 @@ class ExecRequest:
 def fetcher(options: Options) -> Fetch:
     """GET from a node's agent (NV_HOST grammar; None: the local agent) with the edge's TLS,
     token and SSH options."""
+    # aiohttp only here: importing it (and the SSL contexts it makes at import) costs every
+    # other ctl command about 0.1 s of start-up (docs/fleet.md, "Figures").
+    from controller.transport.client import AgentClient  # noqa: PLC0415
     from controller.transport.tls import TlsOptions  # noqa: PLC0415
 
     tls = TlsOptions.from_options(options)
