@@ -504,6 +504,23 @@ def fork():
         forked.append(pid)
     return pid
 os.fork = fork
+def interrupt_at(where):  # NVD_TEST_SIGINT_AT: a Ctrl-C that lands right there, once
+    if os.environ.get("NVD_TEST_SIGINT_AT") == where and not interrupt_at.done:
+        interrupt_at.done = True
+        os.kill(os.getpid(), signal.SIGINT)
+interrupt_at.done = False
+def fork_interrupted():
+    pid = fork()
+    if pid:
+        interrupt_at("fork")
+    return pid
+os.fork = fork_interrupted
+import asyncio.events
+real_new_loop = asyncio.events.new_event_loop
+def new_loop():
+    interrupt_at("loop")
+    return real_new_loop()
+asyncio.events.new_event_loop = new_loop
 def count():
     pid = os.getpid()
     with open(f"/proc/{pid}/task/{pid}/children") as children:
@@ -706,6 +723,29 @@ def test_ctrl_c_ends_the_workers(silent_nodes: list[str], tmp_path: Path) -> Non
     assert "Traceback" not in err.decode()
     for pid in workers:  # the ctl waited for them before it exited
         assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize("where", ["fork", "loop"])
+def test_ctrl_c_while_the_query_starts(where: str, silent_nodes: list[str], tmp_path: Path) -> None:
+    """A Ctrl-C that lands while the ctl forks its workers (after the first) or while
+    asyncio builds its event loop ends the query as one at any other moment: exit 130, no
+    traceback, every worker reaped."""
+    nodes_file = tmp_path / "nodes"
+    nodes_file.write_text("\n".join(silent_nodes) + "\n")
+    forks = tmp_path / "forks"
+    env = {**ctl_env(), "NVD_TEST_CPUS": "2", "NVD_TEST_FORKS": str(forks)}
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, "status", "--timeout", "60", "--nodes", str(nodes_file)],
+        stdin=subprocess.DEVNULL, capture_output=True, cwd=REPO, timeout=60, check=False,
+        env={**env, "NVD_TEST_SIGINT_AT": where}, start_new_session=True,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert "never awaited" not in err, err[-2000:]
+    forked, left = (int(n) for n in forks.read_text().split())
+    assert forked >= 1  # the interrupt came after a worker was forked
+    assert left == 0
 
 
 def test_workers_end_with_a_killed_ctl(silent_nodes: list[str], tmp_path: Path) -> None:
