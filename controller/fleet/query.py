@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from controller.errors import ControllerError, Failure, NodeError
-from controller.transport.agent_errors import AgentHttpError, node_label
+from controller.transport.agent_errors import AgentHttpError, node_label, os_reason
 from controller.transport.endpoint import Endpoint
 from controller.transport.fleet_http import AgentConnection, answer_error
 from controller.transport.tls import NO_TLS_OPTIONS, TlsOptions
@@ -285,7 +285,7 @@ async def ask_node(
         return NodeResult(node, answers, str(exc), Failure.ERROR.value, time.monotonic() - started)
     except OSError as exc:  # a socket error the transport did not wrap
         return NodeResult(
-            node, answers, f"{exc.strerror or exc}", "network error", time.monotonic() - started
+            node, answers, os_reason(exc), "network error", time.monotonic() - started
         )
     return NodeResult(node, answers, None, None, time.monotonic() - started)
 

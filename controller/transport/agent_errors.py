@@ -9,6 +9,7 @@ This module imports no HTTP library.
 from __future__ import annotations
 
 import _socket  # socket's C module, whose gaierror socket.gaierror is (no enum to import)
+import os
 
 from controller import json_codec
 from controller.errors import Failure, NodeError
@@ -147,9 +148,18 @@ def connect_failure(error: BaseException) -> Failure:
     return Failure.CANNOT_CONNECT
 
 
+def os_reason(error: OSError) -> str:
+    """What went wrong, in the operating system's words (``No route to host``): the same
+    whichever event loop raised it (asyncio's connect says ``Connect call failed (ADDRESS)``,
+    uvloop's says the error's name) and whichever client (aiohttp keeps the loop's words)."""
+    if error.errno and error.errno > 0 and not isinstance(error, _socket.gaierror):
+        return os.strerror(error.errno)
+    return error.strerror or str(error)
+
+
 def connect_error(node: str, agent_url: str, error: OSError, failure: Failure) -> NodeError:
     """``cannot connect to the agent at URL (why): is nvidia-docker-plugin running there...``"""
-    why = "connection refused" if failure is Failure.REFUSED else error.strerror or str(error)
+    why = "connection refused" if failure is Failure.REFUSED else os_reason(error)
     return NodeError(
         node,
         f"cannot connect to the agent at {agent_url} ({why}): is nvidia-docker-plugin running "

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import socket
+import struct
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import uvloop
 from aiohttp import web
 
 from controller.errors import Failure, NodeError
-from controller.transport.agent_errors import AgentHttpError, TokenRefusedError
+from controller.transport.agent_errors import AgentHttpError, TokenRefusedError, os_reason
 from controller.transport.endpoint import parse_endpoint
 from controller.transport.fleet_http import AgentConnection, answer_error
 from controller.transport.tls import NO_TLS_OPTIONS, TlsOptions
@@ -264,3 +270,62 @@ async def test_an_agent_that_closes_after_one_answer_gets_the_rest_again() -> No
         await server.wait_closed()
     assert [a.body for a in answers] == [b"/a", b"/b", b"/c"]
     assert connections == 3  # one per answer: each new connection carries what is left
+
+
+def test_a_failed_connect_says_why_in_the_systems_words() -> None:
+    """asyncio's connect raises ``Connect call failed (ADDRESS)``, uvloop's the error's name:
+    the message says the reason (the address is already in it), whichever loop asked."""
+    asyncio_style = OSError(errno.EHOSTUNREACH, "Connect call failed ('10.0.0.9', 3476)")
+    assert os_reason(asyncio_style) == "No route to host"
+    assert os_reason(OSError(errno.EHOSTUNREACH, "No route to host")) == "No route to host"
+    unknown = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    assert os_reason(unknown) == "Name or service not known"  # not errno's table
+    assert os_reason(OSError("no errno at all")) == "no errno at all"
+
+
+def _reset_on_accept() -> tuple[socket.socket, int]:
+    """A listening socket whose connections are reset (RST) as soon as they are accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, int(listener.getsockname()[1])
+
+
+def test_each_failure_reads_the_same_on_asyncio_and_uvloop() -> None:
+    """A fleet's worker processes run uvloop where it is installed, the ctl's own process
+    asyncio: a node's message must not depend on which one asked it."""
+    listener, reset_port = _reset_on_accept()
+    closed = free_port()
+
+    async def failures() -> list[str]:
+        said = []
+        for url in (
+            f"http://127.0.0.1:{closed}",
+            f"https://127.0.0.1:{closed}",
+            f"https://127.0.0.1:{reset_port}",  # reset at the connect or in the handshake
+        ):
+            try:
+                connection = await AgentConnection.open(parse_endpoint(url), url, tls=TlsOptions())
+                await connection.get("/gpu/info/json", last=True)
+            except NodeError as exc:
+                said.append(f"{exc.failure.value}: {exc}")
+        return said
+
+    try:
+        on_asyncio = asyncio.run(failures())
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            on_uvloop = runner.run(failures())
+    finally:
+        listener.close()
+    assert len(on_asyncio) == 3
+    assert on_uvloop == on_asyncio
+    assert "(Connection reset by peer)" in on_asyncio[2]
