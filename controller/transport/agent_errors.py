@@ -149,10 +149,13 @@ def connect_failure(error: BaseException) -> Failure:
 
 
 def os_reason(error: OSError) -> str:
-    """What went wrong, in the operating system's words (``No route to host``): the same
-    whichever event loop raised it (asyncio's connect says ``Connect call failed (ADDRESS)``,
-    uvloop's says the error's name) and whichever client (aiohttp keeps the loop's words)."""
-    if error.errno and error.errno > 0 and not isinstance(error, _socket.gaierror):
+    """What went wrong, in the operating system's words (``No route to host``) for an error
+    of the system (a built-in ``OSError`` class with its errno): the same whichever event
+    loop raised it (asyncio's connect says ``Connect call failed (ADDRESS)``, uvloop's says
+    the error's name) and whichever client (aiohttp keeps the loop's words). Others keep
+    their own text: ``socket.gaierror`` (the resolver's words), ``ssl.SSLError`` (OpenSSL's
+    codes, not errno's)."""
+    if type(error).__module__ == "builtins" and error.errno and error.errno > 0:
         return os.strerror(error.errno)
     return error.strerror or str(error)
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -281,6 +282,8 @@ def test_a_failed_connect_says_why_in_the_systems_words() -> None:
     unknown = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
     assert os_reason(unknown) == "Name or service not known"  # not errno's table
     assert os_reason(OSError("no errno at all")) == "no errno at all"
+    tls = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)")
+    assert os_reason(tls) == tls.strerror  # OpenSSL's code 1, not EPERM
 
 
 def _reset_on_accept() -> tuple[socket.socket, int]:
