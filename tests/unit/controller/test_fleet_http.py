@@ -323,12 +323,14 @@ def test_each_failure_reads_the_same_on_asyncio_and_uvloop() -> None:
                 said.append(f"{exc.failure.value}: {exc}")
         return said
 
-    try:
-        on_asyncio = asyncio.run(failures())
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            on_uvloop = runner.run(failures())
+    said = {}
+    try:  # each loop made by a factory: asyncio.run would replace the thread's current loop
+        for factory in (asyncio.SelectorEventLoop, uvloop.new_event_loop):
+            with asyncio.Runner(loop_factory=factory) as runner:
+                said[factory] = runner.run(failures())
     finally:
         listener.close()
+    on_asyncio, on_uvloop = said.values()
     assert len(on_asyncio) == 3
     assert on_uvloop == on_asyncio
     assert "(Connection reset by peer)" in on_asyncio[2]
