@@ -504,8 +504,10 @@ def fork():
         forked.append(pid)
     return pid
 os.fork = fork
-def interrupt_at(where):  # NVD_TEST_SIGINT_AT: a Ctrl-C that lands right there, once
-    if os.environ.get("NVD_TEST_SIGINT_AT") == where and not interrupt_at.done:
+ctl = os.getpid()
+def interrupt_at(where):  # NVD_TEST_SIGINT_AT: a Ctrl-C that lands right there, once, in the ctl
+    wanted = os.environ.get("NVD_TEST_SIGINT_AT") == where and os.getpid() == ctl
+    if wanted and not interrupt_at.done:
         interrupt_at.done = True
         os.kill(os.getpid(), signal.SIGINT)
 interrupt_at.done = False
