@@ -23,13 +23,13 @@ place of asking dockerd itself (``controller.wrapper.engine_cdi``).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
 
+from agent.api import render_json
 from agent.engines.events import EngineEvents
 
 
@@ -74,7 +74,7 @@ def engines_answer(engines: Sequence[EngineEvents]) -> dict[str, object]:
 async def engines_json(request: web.Request) -> web.Response:
     engines = request.app.get(ENGINES)
     answer = engines_answer(engines() if engines is not None else ())
-    body = json.dumps(answer, separators=(",", ":"))
     return web.Response(
-        body=(body + "\n").encode(), headers={"Content-Type": "application/json; charset=utf-8"}
+        body=render_json.encode(answer),
+        headers={"Content-Type": "application/json; charset=utf-8"},
     )

@@ -283,12 +283,9 @@ class EngineEvents:
         try:
             return await read_facts(self.engine, version)
         except EngineError as err:
-            self._facts_failed(err)
+            if self._callback_lines.allow("facts") is not None:  # at most one a steady_s
+                log.warning("%s; the wrapper asks the engine itself whether it reads CDI", err)
             return None
-
-    def _facts_failed(self, err: EngineError) -> None:
-        if self._callback_lines.allow("facts") is not None:  # at most one a steady_s
-            log.warning("%s; the wrapper asks the engine itself whether it reads CDI", err)
 
     def _resynced(self, containers: list[Container]) -> None:
         self.resyncs += 1
