@@ -41,7 +41,7 @@ class Answer:
         self.stderr = stderr
 
 
-def _found(command: str, environment: Mapping[str, str]) -> str:
+def found(command: str, environment: Mapping[str, str]) -> str:
     """``command``'s file, looked up on ``environment``'s ``PATH`` as ``subprocess`` looks
     (``posix_spawnp`` would use this process's own); ``FileNotFoundError`` if none."""
     if "/" in command:
@@ -61,7 +61,7 @@ def ask(
     err_read, err_write = os.pipe()
     try:
         pid = os.posix_spawn(
-            _found(argv[0], environment),
+            found(argv[0], environment),
             list(argv),
             environment,
             file_actions=[

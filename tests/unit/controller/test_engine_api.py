@@ -33,6 +33,7 @@ from controller.wrapper.engine_api import (
 )
 from controller.wrapper.engine_cdi import AGENT_ENGINES, agent_engine_cdi, ask_engine
 from controller.wrapper.gpu_args import CdiChoice
+from tests.unit.controller.cli_program import cli_program
 from tests.unit.controller.go_program import go_program, ldflags_lines
 
 DOCKER = shutil.which("docker")
@@ -539,3 +540,43 @@ def test_nv_cdi_decides_without_the_agent(tmp_path: Path) -> None:
     agent = _LocalAgent(_agent_row(socket_path))
     assert choice(agent) is False  # type: ignore[arg-type]
     assert agent.asked == []
+
+
+@pytest.mark.parametrize(
+    ("printed", "reads_cdi", "reason"),
+    [
+        ("Docker version 26.1.5+dfsg1, build a72d7cd", True, ON),
+        (
+            "Docker version 20.10.24+dfsg1, build 297e128",
+            False,
+            "the docker CLI 20.10.24+dfsg1 cannot pass CDI devices (25.0 on can)",
+        ),
+    ],
+)
+def test_a_cli_that_does_not_record_its_version_is_asked_it_once(
+    tmp_path: Path, printed: str, reads_cdi: bool, reason: str
+) -> None:
+    """Debian's and Ubuntu's docker CLI (``-trimpath``): ``docker --version`` once, then
+    remembered, where ``docker info`` ran at every run."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cli_program(bin_dir / "docker", printed, calls)
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    found = []
+    for _ in range(2):
+        server = _Engine(tmp_path / "engine.sock", DOCKER_26)
+        try:
+            found.append(ask_engine(["docker"], scan(RUN), environment, server.path))
+        finally:
+            assert server.stop() == ["/_ping", "/info"]
+        (tmp_path / "engine.sock").unlink()
+    for each in found:
+        assert (each.engine, each.reads_cdi, each.reason) == (
+            "Docker 26.1.5+dfsg1",
+            reads_cdi,
+            reason,
+        )
+    assert found[0].asked[2:] == (CLI_INFO, "docker --version")
+    assert found[1].asked[2:] == (CLI_INFO, "docker --version, remembered")
+    assert calls.read_text().splitlines() == ["--version"]
