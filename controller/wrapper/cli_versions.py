@@ -10,7 +10,9 @@ Podman, whose ``version`` costs 20 to 100 ms at every run.
 
 A program's answer is remembered in a small JSON file, ``$XDG_CACHE_HOME/nvidia-docker/
 cli-versions.json`` (``~/.cache/...`` where ``XDG_CACHE_HOME`` is not set: the user's own,
-as the wrapper runs as them), keyed by the program's real path and the identity of its file
+as the wrapper runs as them; read only when the file is this user's, written only where the
+directory is, so ``sudo`` with the caller's ``HOME`` neither trusts nor leaves a file there),
+keyed by the program's real path and the identity of its file
 (device, inode, size, modification and change times): an upgrade writes a new file or
 changes those, and the next run asks again. Only ELF programs are asked and remembered
 (None for a script: its answer is whatever it runs now, and the caller asks as it did
@@ -121,18 +123,35 @@ def _identity(path: str) -> list[int] | None:
 
 
 def _read(store: str) -> dict[str, object]:
+    """The remembered answers: only from a file of this user's (another's is not believed)."""
     try:
         with open(store, "rb") as file:
+            if os.fstat(file.fileno()).st_uid != os.geteuid():
+                return {}
             entries = json_codec.loads(file.read(256 * 1024))
     except (OSError, ValueError):
         return {}
     return entries if isinstance(entries, dict) else {}
 
 
+def _owned(directory: str) -> bool:
+    """Whether the nearest existing of ``directory`` and its parents is this user's: not
+    so under ``sudo`` that keeps the caller's ``HOME``, where root would otherwise leave a
+    directory of its own in the caller's home."""
+    while not os.path.lexists(directory):
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return False
+        directory = parent
+    return os.stat(directory).st_uid == os.geteuid()
+
+
 def _write(store: str, entries: dict[str, object]) -> None:
     """Replace ``store`` with ``entries`` in one step (a new file renamed over it), so a
     reader sees the old answers or the new ones, never half a file."""
     directory = os.path.dirname(store)
+    if not _owned(directory):
+        return
     os.makedirs(directory, mode=0o700, exist_ok=True)
     temporary = os.path.join(directory, f".cli-versions.{os.getpid()}.tmp")
     try:

@@ -259,3 +259,35 @@ def test_a_cli_program_named_in_full_is_remembered_by_its_file(
     found = ask_engine((str(podman),), scan(RUN), home)
     assert (found.engine, found.asked) == ("Podman 5.4.2", ("podman --version",))
     assert os.path.basename(str(podman)) == "podman"
+
+
+def test_another_user_s_cache_is_neither_believed_nor_written(
+    tmp_path: Path, home: dict[str, str]
+) -> None:
+    """``sudo nvidia-docker`` that keeps the caller's ``HOME``: root does not trust the
+    caller's file, and leaves no directory of its own in the caller's home."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to own files as another user")
+    calls = tmp_path / "calls"
+    docker = cli_program(tmp_path / "docker", "Docker version 26.1.5+dfsg1, build x", calls)
+    caller = Path(home["XDG_CACHE_HOME"])
+    caller.mkdir()
+    os.chown(caller, 4321, 4321)
+    assert cli_version(str(docker), home) == ("Docker", "26.1.5+dfsg1")
+    assert list(caller.iterdir()) == []  # nothing written there
+    store = caller / "nvidia-docker" / "cli-versions.json"
+    store.parent.mkdir()
+    real = str(docker.resolve())
+    identity = [*_file_identity(docker)]
+    store.write_text(json.dumps({real: {"file": identity, "name": "Docker", "version": "99.0"}}))
+    for path in (store.parent, store):
+        os.chown(path, 4321, 4321)
+    assert cli_version(str(docker), home) == ("Docker", "26.1.5+dfsg1")  # not 99.0
+    assert runs(calls) == ["--version", "--version"]
+    assert json.loads(store.read_text())[real]["version"] == "99.0"  # not replaced either
+    assert store.stat().st_uid == 4321
+
+
+def _file_identity(path: Path) -> tuple[int, ...]:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
