@@ -256,9 +256,11 @@ def test_a_cli_program_named_in_full_is_remembered_by_its_file(
 ) -> None:
     calls = tmp_path / "calls"
     podman = cli_program(tmp_path / "podman", "podman version 5.4.2", calls)
-    found = ask_engine((str(podman),), scan(RUN), home)
-    assert (found.engine, found.asked) == ("Podman 5.4.2", ("podman --version",))
-    assert os.path.basename(str(podman)) == "podman"
+    first = ask_engine((str(podman),), scan(RUN), home)
+    again = ask_engine((str(podman),), scan(RUN), home)
+    assert (first.engine, first.asked) == ("Podman 5.4.2", ("podman --version",))
+    assert (again.engine, again.asked) == ("Podman 5.4.2", ("podman --version, remembered",))
+    assert runs(calls) == ["--version"]
 
 
 def test_another_user_s_cache_is_neither_believed_nor_written(
