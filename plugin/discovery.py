@@ -5,6 +5,12 @@ to the running driver (``<name>.so.<driver version>``, for the components that c
 driver's version), its ELF word size matches the cache entry, and it passes the component's
 vendor check (see ``components``). The first entry of the cache wins, as for the dynamic
 linker; the same real file reached through several cache names is taken once.
+
+The daemon does not call ``find_driver_files`` itself: ``plugin.driver_scan`` runs it in a
+child process, ``python -m plugin.discovery --driver-version V --ldcache FILE [--search-path
+P]``, which prints the ``DriverFiles`` as JSON (``to_json``; ``from_json`` reads it back) or,
+when the linker cache cannot be read, one line on stderr and exit code 2. pyelftools (which
+``plugin.elf`` reads the libraries with) is imported only when libraries are read.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from plugin.components import (
     Library,
     library_of,
 )
-from plugin.elf import ElfInfo, ElfReadError, read_elf
 from plugin.ldcache import CacheEntry, WordSize, read_ldcache
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from plugin.elf import ElfInfo
 
 log = logging.getLogger("nvidia-docker-plugin.discovery")
 
@@ -109,6 +118,8 @@ def _binaries(search_path: str | None, skipped: list[Skipped]) -> list[DriverFil
 def _libraries(
     entries: list[CacheEntry], driver_version: str, skipped: list[Skipped]
 ) -> dict[WordSize, list[DriverFile]]:
+    from plugin.elf import ElfReadError, read_elf  # noqa: PLC0415 (pyelftools: here only)
+
     found: dict[WordSize, list[DriverFile]] = {WordSize.BITS_64: [], WordSize.BITS_32: []}
     seen: dict[WordSize, set[str]] = {WordSize.BITS_64: set(), WordSize.BITS_32: set()}
     for entry in entries:
@@ -170,3 +181,92 @@ def _reject_elf(info: ElfInfo, library: Library, word_size: WordSize) -> str | N
         tag = ".".join(map(str, info.abi_tag)) if info.abi_tag else "none"
         return f"TLS library for ABI {tag}, not 2.3.99"
     return None
+
+
+def to_json(files: DriverFiles) -> dict[str, object]:
+    """``files`` as JSON values (``from_json`` reads them back)."""
+
+    def one(f: DriverFile) -> dict[str, object]:
+        return {
+            "source": str(f.source),
+            "name": f.name,
+            "component": f.component,
+            "soname": f.soname,
+            "size_bytes": f.size_bytes,
+        }
+
+    return {
+        "driver_version": files.driver_version,
+        "binaries": [one(f) for f in files.binaries],
+        "libraries_64": [one(f) for f in files.libraries_64],
+        "libraries_32": [one(f) for f in files.libraries_32],
+        "skipped": [{"path": s.path, "reason": s.reason} for s in files.skipped],
+    }
+
+
+def from_json(data: object) -> DriverFiles:
+    """The ``DriverFiles`` of ``to_json``'s document; ``ValueError`` for anything else."""
+    try:
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+
+        def files(key: str) -> tuple[DriverFile, ...]:
+            return tuple(
+                DriverFile(
+                    source=Path(_text(f["source"])),
+                    name=_text(f["name"]),
+                    component=_text(f["component"]),
+                    soname=None if f["soname"] is None else _text(f["soname"]),
+                    size_bytes=_count(f["size_bytes"]),
+                )
+                for f in data[key]
+            )
+
+        return DriverFiles(
+            driver_version=_text(data["driver_version"]),
+            binaries=files("binaries"),
+            libraries_64=files("libraries_64"),
+            libraries_32=files("libraries_32"),
+            skipped=tuple(Skipped(_text(s["path"]), _text(s["reason"])) for s in data["skipped"]),
+        )
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"not a list of driver files ({type(err).__name__}: {err})") from None
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"{value!r} is not a size")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m plugin.discovery``: print the driver's files as JSON (see the module
+    docstring)."""
+    import argparse  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(prog="python -m plugin.discovery")
+    parser.add_argument("--driver-version", required=True)
+    parser.add_argument("--ldcache", type=Path, default=DEFAULT_LDCACHE)
+    parser.add_argument("--search-path", default=None)
+    args = parser.parse_args(argv)
+    try:
+        files = find_driver_files(
+            args.driver_version, ldcache=args.ldcache, search_path=args.search_path
+        )
+    except (OSError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    json.dump(to_json(files), sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,8 +16,10 @@ be read means "not known" (``None``).
 
 And the driver's files, which make up its volume: ``prepare_volumes`` finds them at start and
 opens the volume directory, ``refresh_volumes`` finds a new driver's after an upgrade (the
-plugin serves them from then on). Without a linker cache (``ldcache`` None: a simulated node
-with none given) there are no files, and the volume is empty.
+plugin serves them from then on); both find them in a child process
+(``plugin.driver_scan``: the daemon never loads pyelftools nor parses a library itself).
+Without a linker cache (``ldcache`` None: a simulated node with none given) there are no
+files, and the volume is empty.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import re
 from pathlib import Path
 
 from agent.gpu import nodefile
-from plugin.discovery import DriverFiles, find_driver_files
+from plugin.discovery import DriverFiles
+from plugin.driver_scan import scan_driver_files
 from plugin.ldcache import LdCacheError, WordSize, read_ldcache
 from plugin.volumes import VolumeStore
 
@@ -172,7 +175,9 @@ def _driver_files(
             "cache to build it from)"
         )
         return DriverFiles(driver_version=driver_version)
-    files = find_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
+    files = scan_driver_files(driver_version, ldcache=ldcache, search_path=search_path)
+    for skipped in files.skipped:  # NV_DEBUG: what the scan left out, and why
+        log.debug("skipping %s: %s", skipped.path, skipped.reason)
     log.info("Driver files found: %s", files.summary())
     if not any(f.component == "libcuda" for f in files.libraries_64):
         log.warning(

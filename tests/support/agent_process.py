@@ -16,7 +16,7 @@ import resource
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,16 +153,21 @@ def launch_agent(
     driver: FakeDriver | None = None,
     simulate: str = "h200",
     preexec: Callable[[], None] | None = None,
+    python_flags: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
 ) -> AgentProcess:
     """Start the daemon without waiting for it (``wait_ready`` waits). ``preexec`` runs in
-    the child before exec, after the descriptor limit is set (a memory cgroup's ``enter``)."""
+    the child before exec, after the descriptor limit is set (a memory cgroup's ``enter``);
+    ``python_flags`` go to its interpreter (``-X importtime``), ``environment`` adds to
+    this process's (``NV_DEBUG`` is dropped from it)."""
     base.mkdir(parents=True, exist_ok=True)
     port = free_port() if port is None else port
     socket_dir = base / "plugins" if socket_dir is None else socket_dir
     env = dict(os.environ)
     env.pop("NV_DEBUG", None)
+    env.update(environment or {})
     command = [
-        sys.executable, "-m", "agent.daemon",
+        sys.executable, *python_flags, "-m", "agent.daemon",
         "-l", f"127.0.0.1:{port}",
         "-s", str(socket_dir),
         "-d", str(base / "volumes"),
