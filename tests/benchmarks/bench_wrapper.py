@@ -48,6 +48,12 @@ docker``, ``cdi: python exec``, ``NV_GPU=auto`` with ``NV_CDI=no`` (the volume f
 the engine reads CDI: the CDI form; what the question costs is this minus ``NV_CDI=yes``;
 with ``--compare`` of a checkout before ``/engines/json``, the engine itself is asked).
 
+``--debian-cli`` (with ``--cdi-docker``) adds the CDI engine's variants again through
+Debian's docker CLI (``/usr/bin/docker``, first on ``PATH``): built with ``-trimpath``, its
+file does not record its version, so the CDI question needs the CLI to say it (``docker
+info`` at every run before ``cli_versions``; ``docker --version`` once since, remembered
+under a temporary ``XDG_CACHE_HOME``): ``debian cli: docker`` is its refusal alone.
+
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
 and after in one run, under the same load (``x before``: the median over the other's).
@@ -55,7 +61,7 @@ Each line also has the CPU time (user and system) of the command and its childre
 other load on a shared machine moves less than the wall time.
 
     python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
-        [--lease [--real-docker] [--cdi-docker] [--compare DIR]]
+        [--lease [--real-docker] [--cdi-docker [--debian-cli]] [--compare DIR]]
 """
 
 from __future__ import annotations
@@ -154,6 +160,8 @@ REAL_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
     ("NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
 )
 REAL, CDI = "real: ", "cdi: "  # the private engines: dockerd 20.10, dockerd 25+ with CDI on
+DEBIAN = "debian cli: "  # --debian-cli: the CDI engine through Debian's docker CLI
+DEBIAN_CLI = Path("/usr/bin/docker")  # Debian's docker.io: built with -trimpath
 # --cdi-docker: the CDI form without asking too, so that what the question costs is apart
 CDI_VARIANTS = (
     *REAL_VARIANTS,
@@ -225,15 +233,26 @@ def lease_path(opts: argparse.Namespace) -> int:
                     {**scripted, **extra_env},
                     leases=name != "NV_GPU=0",
                 )
+        if opts.debian_cli:
+            if CDI not in engine_hosts or not DEBIAN_CLI.exists():
+                raise SystemExit(f"bench_wrapper | --debian-cli needs --cdi-docker, {DEBIAN_CLI}")
+            engine_hosts[DEBIAN] = engine_hosts[CDI]
+            debian_bin = Path(tmp, "debian-bin")
+            debian_bin.mkdir()
+            (debian_bin / "docker").symlink_to(DEBIAN_CLI)
         for engine, engine_host in engine_hosts.items():
             real_env = {**env, **agent, "DOCKER_HOST": engine_host}
+            if engine == DEBIAN:  # its CLI first on PATH, its version remembered under tmp
+                real_env["PATH"] = f"{debian_bin}:{env.get('PATH', os.defpath)}"
+                real_env["XDG_CACHE_HOME"] = str(Path(tmp, "cache"))
             real_run = ["run", "--rm", f"--runtime={REFUSED_RUNTIME}", REAL_IMAGE, "true"]
-            variants[f"{engine}docker"] = Variant(["docker", *real_run], real_env, real=True)
+            cli = str(DEBIAN_CLI) if engine == DEBIAN else "docker"  # spawnp: our own PATH
+            variants[f"{engine}docker"] = Variant([cli, *real_run], real_env, real=True)
             variants[f"{engine}python exec"] = Variant(
-                [str(python), "-c", exec_only, "docker", *real_run], real_env, real=True
+                [str(python), "-c", exec_only, cli, *real_run], real_env, real=True
             )
             for prefix, launcher in launchers.items():
-                for name, extra_env in CDI_VARIANTS if engine == CDI else REAL_VARIANTS:
+                for name, extra_env in CDI_VARIANTS if engine != REAL else REAL_VARIANTS:
                     variants[f"{prefix}{engine}{name}"] = Variant(
                         [*launcher, *real_run], {**real_env, **extra_env}, leases=True, real=True
                     )
@@ -246,7 +265,8 @@ def lease_path(opts: argparse.Namespace) -> int:
         print(f"bench_wrapper | run path: a plain venv ({python}), the fake agent on "
               f"127.0.0.1:{port}, a shell-script docker, NV_CDI=no")  # fmt: skip
         for engine, engine_host in engine_hosts.items():
-            print(f"bench_wrapper | {engine}...: the docker CLI ({shutil.which('docker')}) and a "
+            shown = DEBIAN_CLI if engine == DEBIAN else shutil.which("docker")
+            print(f"bench_wrapper | {engine}...: the docker CLI ({shown}) and a "
                   f"private dockerd ({_server_version(engine_host)}, {engine_host}), which "
                   f"refuses the run (--runtime={REFUSED_RUNTIME}); NV_DOCKER unset")  # fmt: skip
         if opts.compare is not None:
@@ -283,7 +303,9 @@ def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
     print(f"{'variant':<42} {'median ms':>9} {'p90 ms':>7} {'+ms vs docker':>13} "
           f"{'cpu ms':>7} {'+cpu vs docker':>14} {'x before':>8}")  # fmt: skip
     for name, values in samples.items():
-        base = next((f"{engine}docker" for engine in (REAL, CDI) if engine in name), "docker")
+        base = next(
+            (f"{engine}docker" for engine in (DEBIAN, REAL, CDI) if engine in name), "docker"
+        )
         wall, cpu = median(name), median(name, 1)
         p90 = statistics.quantiles([v[0] for v in values], n=10)[-1]
         before = f"{COMPARED}{name}"
@@ -425,6 +447,11 @@ def main() -> int:
         "--cdi-docker",
         action="store_true",
         help="with --lease: also time it against a private dockerd 25+ with CDI on (root)",
+    )
+    parser.add_argument(
+        "--debian-cli",
+        action="store_true",
+        help="with --cdi-docker: also through Debian's docker CLI (-trimpath: no version in it)",
     )
     parser.add_argument(
         "--compare",
