@@ -11,14 +11,13 @@ Podman, whose ``version`` costs 20 to 100 ms at every run.
 A program's answer is remembered in a small JSON file, ``$XDG_CACHE_HOME/nvidia-docker/
 cli-versions.json`` (``~/.cache/...`` where ``XDG_CACHE_HOME`` is not set: the user's own,
 as the wrapper runs as them; read only when the file is this user's, written only where the
-directory is, so ``sudo`` with the caller's ``HOME`` neither trusts nor leaves a file there),
-keyed by the program's real path and the identity of its file
-(device, inode, size, modification and change times): an upgrade writes a new file or
-changes those, and the next run asks again. Only ELF programs are asked and remembered
-(None for a script: its answer is whatever it runs now, and the caller asks as it did
-before). Reading costs about 0.1 ms. Nothing here fails a run: a
-file that cannot be read, written or parsed, or a program that does not answer, means "ask"
-(None where the program does not say).
+directory is, so ``sudo`` with the caller's ``HOME`` neither trusts nor leaves a file
+there), keyed by the program's real path and the identity of its file (device, inode, size,
+modification and change times): an upgrade writes a new file or changes those, and the next
+run asks again. Only ELF programs are asked and remembered (None for a script: its answer
+is whatever it runs now, and the caller asks as it did before). Reading costs about 0.1 ms.
+Nothing here fails a run: a file that cannot be read, written or parsed, or a program that
+does not answer, means "ask" (None where the program does not say).
 """
 
 from __future__ import annotations
