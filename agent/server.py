@@ -124,7 +124,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     leases, feed, docker_events = await _leases(config, state, engines, parts)
     table.set_result(leases)
     attributor = Attributor(engines[0], podman=engines[1])
-    usage_ledger: list[UsageLedger] = []  # the ledger, once open (after the metrics)
+    usage, usage_off = await _usage(config, status, leases, attributor, parts)
     metrics = MetricsService(
         state,
         status,
@@ -132,12 +132,9 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         agent=counters,
         health=life.health,
         leases=leases.view,
-        usage=lambda: usage_families(usage_ledger[0], metrics.hostname) if usage_ledger else [],
+        usage=lambda: usage_families(usage, metrics.hostname) if usage is not None else [],
     )
     parts.push_async_callback(metrics.close)
-    usage, usage_off = await _usage(config, status, leases, attributor, parts)
-    if usage is not None:
-        usage_ledger.append(usage)
     guard = ConnectionGuard(
         "REST API",
         ConnectionLimits(config.header_timeout_s, config.idle_timeout_s, budget.max_connections),
