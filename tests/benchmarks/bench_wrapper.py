@@ -52,7 +52,9 @@ with ``--compare`` of a checkout before ``/engines/json``, the engine itself is 
 Debian's docker CLI (``/usr/bin/docker``, first on ``PATH``): built with ``-trimpath``, its
 file does not record its version, so the CDI question needs the CLI to say it (``docker
 info`` at every run before ``cli_versions``; ``docker --version`` once since, remembered
-under a temporary ``XDG_CACHE_HOME``): ``debian cli: docker`` is its refusal alone.
+under a temporary ``XDG_CACHE_HOME``): ``debian cli: docker`` is its refusal alone, and
+``NV_GPU=auto`` with ``NV_CDI=no`` and unset (not ``yes``: Debian 12's CLI, 20.10, cannot
+pass a CDI device on, which the question finds).
 
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
@@ -252,7 +254,7 @@ def lease_path(opts: argparse.Namespace) -> int:
                 [str(python), "-c", exec_only, cli, *real_run], real_env, real=True
             )
             for prefix, launcher in launchers.items():
-                for name, extra_env in CDI_VARIANTS if engine != REAL else REAL_VARIANTS:
+                for name, extra_env in CDI_VARIANTS if engine == CDI else REAL_VARIANTS:
                     variants[f"{prefix}{engine}{name}"] = Variant(
                         [*launcher, *real_run], {**real_env, **extra_env}, leases=True, real=True
                     )
