@@ -56,6 +56,14 @@ under a temporary ``XDG_CACHE_HOME``): ``debian cli: docker`` is its refusal alo
 ``NV_GPU=auto`` with ``NV_CDI=no`` and unset (not ``yes``: Debian 12's CLI, 20.10, cannot
 pass a CDI device on, which the question finds).
 
+``--podman`` (with ``--lease``, as root) adds the run as Podman's users have it:
+``NV_DOCKER=podman`` (one word: its version is remembered, ``cli_versions``), a store of its
+own under the temporary directory through Podman's own settings files
+(``CONTAINERS_STORAGE_CONF``, ``CONTAINERS_CONF``) holding the GPU image, the run refused by
+Podman for the same unknown runtime: ``podman: podman`` is that refusal alone, then
+``NV_GPU=auto`` with ``NV_CDI`` unset (Podman reads CDI: asked, or remembered) and ``yes``.
+Podman has no volume driver, so there is no ``NV_CDI=no`` line.
+
 ``--compare DIR`` (with ``--lease``) adds the same variants run from another checkout of the
 repository (``git worktree add /tmp/before HEAD``), interleaved with this one's: a before
 and after in one run, under the same load (``x before``: the median over the other's).
@@ -63,7 +71,7 @@ Each line also has the CPU time (user and system) of the command and its childre
 other load on a shared machine moves less than the wall time.
 
     python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
-        [--lease [--real-docker] [--cdi-docker [--debian-cli]] [--compare DIR]]
+        [--lease [--real-docker] [--cdi-docker [--debian-cli]] [--podman] [--compare DIR]]
 """
 
 from __future__ import annotations
@@ -164,6 +172,11 @@ REAL_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
 REAL, CDI = "real: ", "cdi: "  # the private engines: dockerd 20.10, dockerd 25+ with CDI on
 DEBIAN = "debian cli: "  # --debian-cli: the CDI engine through Debian's docker CLI
 DEBIAN_CLI = Path("/usr/bin/docker")  # Debian's docker.io: built with -trimpath
+PODMAN = "podman: "  # --podman: NV_DOCKER=podman, a private store through its own settings
+PODMAN_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (  # Podman has no volume driver
+    ("NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
+    ("NV_GPU=auto, NV_CDI=yes", {"NV_GPU": "auto", "NV_CDI": "yes", "NV_CPUSET": "no"}),
+)
 # --cdi-docker: the CDI form without asking too, so that what the question costs is apart
 CDI_VARIANTS = (
     *REAL_VARIANTS,
@@ -258,6 +271,23 @@ def lease_path(opts: argparse.Namespace) -> int:
                     variants[f"{prefix}{engine}{name}"] = Variant(
                         [*launcher, *real_run], {**real_env, **extra_env}, leases=True, real=True
                     )
+        if opts.podman:
+            podman_env = {
+                **env, **agent, **_private_podman(Path(tmp)), "NV_DOCKER": "podman",
+                "XDG_CACHE_HOME": str(Path(tmp, "podman-cache")),
+            }  # fmt: skip
+            podman_run = ["run", "--rm", "--network", "none", f"--runtime={REFUSED_RUNTIME}"]
+            podman_run += [REAL_IMAGE, "true"]
+            variants[f"{PODMAN}podman"] = Variant(["podman", *podman_run], podman_env, real=True)
+            variants[f"{PODMAN}python exec"] = Variant(
+                [str(python), "-c", exec_only, "podman", *podman_run], podman_env, real=True
+            )
+            for prefix, launcher in launchers.items():
+                for name, extra_env in PODMAN_VARIANTS:
+                    variants[f"{prefix}{PODMAN}{name}"] = Variant(
+                        [*launcher, *podman_run], {**podman_env, **extra_env}, leases=True,
+                        real=True,
+                    )  # fmt: skip
         engine_lines: dict[str, str] = {}  # the CDI question's NV_DEBUG line, where asked
         for name, variant in variants.items():  # each works, leases or not
             problem, engine_lines[name] = _check(variant)
@@ -271,6 +301,10 @@ def lease_path(opts: argparse.Namespace) -> int:
             print(f"bench_wrapper | {engine}...: the docker CLI ({shown}) and a "
                   f"private dockerd ({_server_version(engine_host)}, {engine_host}), which "
                   f"refuses the run (--runtime={REFUSED_RUNTIME}); NV_DOCKER unset")  # fmt: skip
+        if opts.podman:
+            print(f"bench_wrapper | {PODMAN}...: NV_DOCKER=podman ({shutil.which('podman')}), "
+                  "a private store through CONTAINERS_STORAGE_CONF and CONTAINERS_CONF, "
+                  f"which refuses the run (--runtime={REFUSED_RUNTIME})")  # fmt: skip
         if opts.compare is not None:
             print(f"bench_wrapper | {COMPARED}...: the same, from {opts.compare}")
         for name, line in engine_lines.items():
@@ -308,6 +342,8 @@ def _lease_table(samples: dict[str, list[tuple[float, float]]]) -> None:
         base = next(
             (f"{engine}docker" for engine in (DEBIAN, REAL, CDI) if engine in name), "docker"
         )
+        if PODMAN in name:
+            base = f"{PODMAN}podman"
         wall, cpu = median(name), median(name, 1)
         p90 = statistics.quantiles([v[0] for v in values], n=10)[-1]
         before = f"{COMPARED}{name}"
@@ -363,6 +399,39 @@ def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str
     stack.callback(stop_engine, engine, proc)
     engine.import_busybox(REAL_IMAGE, GPU_LABELS)
     return engine.host
+
+
+def _private_podman(tmp: Path) -> dict[str, str]:
+    """``--podman``: a Podman store under ``tmp`` that a one-word ``podman`` uses through its
+    own settings files (``CONTAINERS_STORAGE_CONF``, ``CONTAINERS_CONF``), holding the GPU
+    image; the environment that points there."""
+    from tests.support.dockerd import BUSYBOX  # noqa: PLC0415
+    from tests.support.podman import cgroup_layout, runtime_for  # noqa: PLC0415
+
+    root = tmp / "podman"
+    (root / "rootfs" / "bin").mkdir(parents=True)
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/root"\nrunroot = "{root}/run"\n'
+    )
+    runtime = runtime_for(cgroup_layout())
+    (root / "containers.conf").write_text(
+        '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
+        f'tmp_dir = "{root}/tmp"\n' + (f'runtime = "{runtime}"\n' if runtime else "")
+        + f'[network]\nnetwork_config_dir = "{root}/networks"\n'
+    )  # fmt: skip
+    environment = {
+        "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
+        "CONTAINERS_CONF": str(root / "containers.conf"),
+    }
+    shutil.copy2(BUSYBOX, root / "rootfs" / "bin" / "busybox")
+    subprocess.run(["tar", "-C", str(root / "rootfs"), "-cf", str(root / "rootfs.tar"), "."],
+                   check=True)  # fmt: skip
+    changes = [arg for k, v in GPU_LABELS.items() for arg in ("--change", f"LABEL {k}={v}")]
+    subprocess.run(
+        ["podman", "import", "--quiet", *changes, str(root / "rootfs.tar"), REAL_IMAGE],
+        env={**os.environ, **environment}, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return environment
 
 
 def _followed(host: str) -> dict[str, object]:
@@ -454,6 +523,11 @@ def main() -> int:
         "--debian-cli",
         action="store_true",
         help="with --cdi-docker: also through Debian's docker CLI (-trimpath: no version in it)",
+    )
+    parser.add_argument(
+        "--podman",
+        action="store_true",
+        help="with --lease: also NV_DOCKER=podman, a private store (root, podman)",
     )
     parser.add_argument(
         "--compare",
