@@ -65,8 +65,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     runs = parser.parse_args().runs
+    cache = tempfile.mkdtemp(prefix="nvd-bench-cache-")  # the remembered versions
+    try:
+        rows = _rows(runs, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    print(f"{'engine':<8} {'what':<60} {'median':>9} {'p90':>9}")
+    for name, what, median, p90 in rows:
+        print(f"{name:<8} {what:<60} {median:>7.2f}ms {p90:>7.2f}ms")
+
+
+def _rows(runs: int, cache: str) -> list[tuple[str, str, float, float]]:
     rows: list[tuple[str, str, float, float]] = []
-    cache = tempfile.mkdtemp(prefix="nvd-bench-cache-")
     engine, proc = start_engine()
     try:
         docker = ["docker", "-H", engine.host]
@@ -130,10 +140,7 @@ def main() -> None:
                 *_median_ms(runs, _call([*podman.command, "info", "--format", "{{json .}}"])),
             )
         )
-    shutil.rmtree(cache, ignore_errors=True)
-    print(f"{'engine':<8} {'what':<60} {'median':>9} {'p90':>9}")
-    for name, what, median, p90 in rows:
-        print(f"{name:<8} {what:<60} {median:>7.2f}ms {p90:>7.2f}ms")
+    return rows
 
 
 if __name__ == "__main__":
