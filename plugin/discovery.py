@@ -15,7 +15,6 @@ when the linker cache cannot be read, one line on stderr and exit code 2. pyelft
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -34,8 +33,6 @@ from plugin.ldcache import CacheEntry, WordSize, read_ldcache
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from plugin.elf import ElfInfo
-
-log = logging.getLogger("nvidia-docker-plugin.discovery")
 
 DEFAULT_LDCACHE = Path("/etc/ld.so.cache")
 
@@ -141,8 +138,7 @@ def _libraries(
         if info is not None:
             reason = _reject_elf(info, library, word_size)
         if reason is not None:
-            skipped.append(Skipped(entry.path, reason))
-            log.debug("skipping %s: %s", entry.path, reason)
+            skipped.append(Skipped(entry.path, reason))  # the daemon logs them (NV_DEBUG)
             continue
         assert info is not None
         if info.soname is not None and info.soname in seen[word_size]:

@@ -405,11 +405,15 @@ def _private_podman(tmp: Path) -> dict[str, str]:
     """``--podman``: a Podman store under ``tmp`` that a one-word ``podman`` uses through its
     own settings files (``CONTAINERS_STORAGE_CONF``, ``CONTAINERS_CONF``), holding the GPU
     image; the environment that points there."""
-    from tests.support.dockerd import BUSYBOX  # noqa: PLC0415
-    from tests.support.podman import cgroup_layout, runtime_for  # noqa: PLC0415
+    from tests.support.podman import (  # noqa: PLC0415
+        busybox_tarball,
+        cgroup_layout,
+        label_changes,
+        runtime_for,
+    )
 
     root = tmp / "podman"
-    (root / "rootfs" / "bin").mkdir(parents=True)
+    root.mkdir()
     (root / "storage.conf").write_text(
         f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/root"\nrunroot = "{root}/run"\n'
     )
@@ -423,12 +427,9 @@ def _private_podman(tmp: Path) -> dict[str, str]:
         "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
         "CONTAINERS_CONF": str(root / "containers.conf"),
     }
-    shutil.copy2(BUSYBOX, root / "rootfs" / "bin" / "busybox")
-    subprocess.run(["tar", "-C", str(root / "rootfs"), "-cf", str(root / "rootfs.tar"), "."],
-                   check=True)  # fmt: skip
-    changes = [arg for k, v in GPU_LABELS.items() for arg in ("--change", f"LABEL {k}={v}")]
+    tarball = busybox_tarball(root)
     subprocess.run(
-        ["podman", "import", "--quiet", *changes, str(root / "rootfs.tar"), REAL_IMAGE],
+        ["podman", "import", "--quiet", *label_changes(GPU_LABELS), str(tarball), REAL_IMAGE],
         env={**os.environ, **environment}, check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return environment

@@ -117,21 +117,30 @@ class Podman:
         return self("run", "--rm", *RUN_LIMITS, *device_args, image, *command, check=False)
 
     def import_tarball(self, tarball: Path, tag: str, labels: Mapping[str, str]) -> str:
-        changes = [arg for k, v in labels.items() for arg in ("--change", f"LABEL {k}={v}")]
-        self("import", "--quiet", *changes, str(tarball), tag, timeout_s=600)
+        self("import", "--quiet", *label_changes(labels), str(tarball), tag, timeout_s=600)
         return tag
 
     def import_busybox(self, tag: str, labels: Mapping[str, str]) -> str:
         with tempfile.TemporaryDirectory(prefix="nvd-podman-rootfs-") as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            for name in ("bin", "tmp", "etc", "proc", "sys", "dev", "usr/local"):
-                (rootfs / name).mkdir(parents=True)
-            shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
-            for applet in APPLETS:
-                (rootfs / "bin" / applet).symlink_to("busybox")
-            tarball = Path(tmp) / "rootfs.tar"
-            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
-            return self.import_tarball(tarball, tag, labels)
+            return self.import_tarball(busybox_tarball(Path(tmp)), tag, labels)
+
+
+def busybox_tarball(directory: Path) -> Path:
+    """A busybox root filesystem (``APPLETS`` linked) as ``directory/rootfs.tar``."""
+    rootfs = directory / "rootfs"
+    for name in ("bin", "tmp", "etc", "proc", "sys", "dev", "usr/local"):
+        (rootfs / name).mkdir(parents=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    for applet in APPLETS:
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    tarball = directory / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+    return tarball
+
+
+def label_changes(labels: Mapping[str, str]) -> list[str]:
+    """``podman import``'s ``--change`` arguments that give the image ``labels``."""
+    return [arg for k, v in labels.items() for arg in ("--change", f"LABEL {k}={v}")]
 
 
 def _runtime_args() -> list[str]:
