@@ -2,9 +2,11 @@
 
 NVML has no call for the L2 cache size, the shared memory per multiprocessor, the constant
 memory or the multiprocessor count, and no "can this GPU access that one's memory" as CUDA
-sees it. This module reads them once at start. Devices are matched by PCI bus id, never by
-index: CUDA orders devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML
-orders them by PCI bus id.
+sees it; and the GPU worker keeps libcuda away from NVML (``agent.gpu.hidden_libcuda``), so
+the CUDA version NVML would ask libcuda for is read here too (``cuDriverGetVersion``, which
+needs no ``cuInit``). This module reads them once at start. Devices are matched by PCI bus
+id, never by index: CUDA orders devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
+NVML orders them by PCI bus id.
 
 No CUDA context is created (``cuDeviceGetAttribute`` and ``cuDeviceCanAccessPeer`` need
 none), so reading these facts costs no GPU memory. Any failure (no libcuda, ``cuInit``
@@ -47,7 +49,11 @@ UNKNOWN_FACTS = CudaDeviceFacts(None, None, None, None)
 
 
 class CudaFacts(Protocol):
-    """What the NVML backend asks of CUDA (``LibCuda``, or a fake in tests)."""
+    """What the NVML backend asks of CUDA (``cuda_probe.ProbedCuda``, or a fake in tests):
+    ``driver_version`` is ``cuDriverGetVersion``'s answer (``None``: unknown)."""
+
+    @property
+    def driver_version(self) -> int | None: ...
 
     def device_facts(self, bus_id: str) -> CudaDeviceFacts: ...
 
@@ -66,7 +72,8 @@ def cuda_bus_id(nvml_bus_id: str) -> str:
 
 
 class LibCuda:
-    """The CUDA driver library, initialised; ``open()`` returns ``None`` when unusable."""
+    """The CUDA driver library: ``load()`` opens it, ``init()`` runs ``cuInit`` (the device
+    facts need it, the driver version does not); ``open()`` does both."""
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
@@ -74,10 +81,10 @@ class LibCuda:
         self._failed: set[int] = set()
 
     @classmethod
-    def open(cls, loader: Callable[[str], Any] = ctypes.CDLL) -> LibCuda | None:
-        """Load ``libcuda.so.1`` and run ``cuInit(0)``; ``None`` (one log line) on failure."""
+    def load(cls, loader: Callable[[str], Any] = ctypes.CDLL) -> LibCuda | None:
+        """Load ``libcuda.so.1``; ``None`` (one log line) when it cannot be loaded."""
         try:
-            lib = loader(LIBRARY)
+            return cls(loader(LIBRARY))
         except OSError as err:
             log.warning(
                 "CUDA driver library not usable (%s): L2 cache, shared and constant memory "
@@ -85,15 +92,31 @@ class LibCuda:
                 err,
             )
             return None
-        cuda = cls(lib)
-        rc = cuda._rc("cuInit", 0)
+
+    def init(self) -> bool:
+        """Run ``cuInit(0)``; ``False`` (one log line) when it fails."""
+        rc = self._rc("cuInit", 0)
         if rc != CUDA_SUCCESS:
             log.warning(
                 "cuInit failed (%s): L2 cache, shared and constant memory are reported as null",
-                cuda._error_text(rc),
+                self._error_text(rc),
             )
+            return False
+        return True
+
+    @classmethod
+    def open(cls, loader: Callable[[str], Any] = ctypes.CDLL) -> LibCuda | None:
+        """Load ``libcuda.so.1`` and run ``cuInit(0)``; ``None`` (one log line) on failure."""
+        cuda = cls.load(loader)
+        return cuda if cuda is not None and cuda.init() else None
+
+    def read_driver_version(self) -> int | None:
+        """``cuDriverGetVersion``: the newest CUDA the driver supports (``13000`` for 13.0);
+        ``None`` when it does not answer. Needs no ``cuInit``."""
+        version = ctypes.c_int()
+        if self._rc("cuDriverGetVersion", ctypes.byref(version)) != CUDA_SUCCESS:
             return None
-        return cuda
+        return version.value if version.value > 0 else None
 
     def _rc(self, name: str, *args: Any) -> int:
         fn = getattr(self._lib, name, None)

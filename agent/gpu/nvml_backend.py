@@ -79,6 +79,22 @@ _COMPUTE_PROCESSES = (
 _CUDA_VERSION = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
 
 
+def _cuda_version(driver: str, cuda: CudaFacts | None) -> int:
+    """The newest CUDA version the driver supports: NVML's answer where it has libcuda (the
+    wrapper, ``--dump-node``), else the CUDA child's (the GPU worker, whose NVML runs
+    without libcuda: ``agent.gpu.hidden_libcuda``); both ask the same ``libcuda.so.1``."""
+    version = nvml.attempt_first(_CUDA_VERSION).value
+    if isinstance(version, int) and version > 0:
+        return version
+    if cuda is not None and cuda.driver_version is not None:
+        return cuda.driver_version
+    raise GpuBackendError(
+        f"NVIDIA driver {driver} does not say which CUDA version it supports (neither NVML "
+        "nor libcuda.so.1 answered: is libcuda.so.1 installed and in the linker cache?): "
+        "update the driver, " + _SIMULATE_HINT
+    )
+
+
 def format_cuda_version(version: int) -> str:
     """NVML's integer CUDA version as ``major.minor``: 13000 -> ``13.0``, 12080 -> ``12.8``."""
     return f"{version // 1000}.{version % 1000 // 10}"
@@ -170,12 +186,6 @@ class NvmlBackend:
                 "check the driver with nvidia-smi, " + _SIMULATE_HINT
             ) from None
         nvml_version = _text(nvml.query("nvmlSystemGetNVMLVersion")) or "unknown"
-        cuda_version = nvml.attempt_first(_CUDA_VERSION).value
-        if not isinstance(cuda_version, int) or cuda_version <= 0:
-            raise GpuBackendError(
-                f"NVIDIA driver {driver} does not say which CUDA version it supports: "
-                "update the driver, " + _SIMULATE_HINT
-            )
         handles: list[Any | None] = []
         for index in range(count):
             outcome = nvml.attempt("nvmlDeviceGetHandleByIndex", index)
@@ -188,6 +198,7 @@ class NvmlBackend:
             handles.append(outcome.value)
         bus_ids = [_bus_id(handle) for handle in handles]
         cuda = open_cuda([bus for bus in bus_ids if bus])
+        cuda_version = _cuda_version(driver, cuda)
         topology = node_topology(handles, bus_ids, cuda)
         mig_minors = nvml_mig.read_mig_minors(proc)
         devices = tuple(

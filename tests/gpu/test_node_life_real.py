@@ -6,6 +6,8 @@ loaded. What it checks:
 
 - the daemon itself never maps libnvidia-ml nor holds a ``/dev/nvidia*`` file: its GPU
   worker does; killing the worker gives a short 503 and a new worker;
+- the worker's NVML runs without libcuda (``agent.gpu.hidden_libcuda``), and the CUDA
+  version the agent says is still the one nvidia-smi says, its CUDA facts still known;
 - the worker's NVML event watch registers on the real GPUs (the log says for which events),
   and what the driver delivers in ``NVD_EVENT_WAIT_S`` seconds (default 5) is printed: a
   healthy machine delivers nothing, which is printed too;
@@ -136,6 +138,32 @@ def test_the_daemon_holds_no_nvidia_file_its_worker_does(daemon: Daemon) -> None
     print(f"\nthe GPU worker (pid {worker}) holds {held}; the daemon holds none")
     assert _maps_nvml(worker)
     assert "/dev/nvidiactl" in held
+
+
+def test_the_worker_maps_no_libcuda_and_the_cuda_version_is_right(daemon: Daemon) -> None:
+    worker = daemon.worker_pid()
+    maps = Path(f"/proc/{worker}/maps").read_text()
+    assert "libnvidia-ml" in maps
+    assert "libcuda" not in maps, "NVML loaded libcuda into the GPU worker"
+    smi = subprocess.run(
+        ["nvidia-smi", "-q", "-x"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    match = re.search(r"<cuda_version>([0-9.]+)</cuda_version>", smi)
+    assert match is not None, "nvidia-smi shows no CUDA version"
+    info = json.loads(daemon.get("/gpu/info/json")[1])
+    print(f"\nthe worker maps no libcuda; CUDA {info['Version']['CUDA']} (nvidia-smi: "
+          f"{match.group(1)}); resident {_rss_mb(worker):.1f} MB")  # fmt: skip
+    assert info["Version"]["CUDA"] == match.group(1)
+    for device in info["Devices"]:  # the CUDA child still read the facts NVML has not
+        assert device["Memory"]["L2Cache"], device
+        assert device["Memory"]["Shared"], device
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def test_the_driver_versions_the_agent_watches(daemon: Daemon) -> None:

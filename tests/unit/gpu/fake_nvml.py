@@ -580,6 +580,7 @@ class FakeCuda:
     """The CUDA facts of a capture (``cuda_devices``, ``cuda_peers``), by PCI bus id."""
 
     capture: dict[str, Any]
+    driver_version: int | None = None  # cuDriverGetVersion's answer (None: unknown)
 
     def _device(self, bus_id: str) -> tuple[int, dict[str, Any]] | None:
         short = bus_id.lower()[4:]  # "00000000:00:06.0" -> "0000:00:06.0"

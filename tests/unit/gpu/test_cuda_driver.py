@@ -40,9 +40,15 @@ class FakeLibCuda:
         self.init_rc = init_rc
         self.bus_ids_asked: list[bytes] = []
         self.contexts_created = 0
+        self.initialised = False
 
     def cuInit(self, flags: int) -> int:
+        self.initialised = True
         return self.init_rc
+
+    def cuDriverGetVersion(self, version: Any) -> int:
+        _store(version, 13000)
+        return 0
 
     def cuGetErrorString(self, rc: int, text: Any) -> int:
         _store(text, f"error {rc}".encode())
@@ -123,6 +129,24 @@ def test_cuinit_failure_is_none(caplog: pytest.LogCaptureFixture) -> None:
     (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "cuInit failed" in record.getMessage()
     assert "error 100" in record.getMessage()
+
+
+def test_the_driver_version_needs_no_cuinit() -> None:
+    """What the GPU worker's NVML cannot say without libcuda: read even where cuInit fails."""
+    lib = FakeLibCuda(CUDA_ERROR_NO_DEVICE)
+    cuda = LibCuda.load(loader=lambda _name: lib)
+    assert cuda is not None
+    assert cuda.read_driver_version() == 13000
+    assert not lib.initialised
+    assert cuda.init() is False
+
+
+def test_a_driver_without_the_version_call_says_none() -> None:
+    lib = FakeLibCuda()
+    lib.cuDriverGetVersion = lambda version: CUDA_ERROR_NOT_INITIALIZED  # type: ignore[method-assign]
+    cuda = LibCuda.load(loader=lambda _name: lib)
+    assert cuda is not None
+    assert cuda.read_driver_version() is None
 
 
 def test_attribute_failure_is_none() -> None:

@@ -26,7 +26,9 @@ from tests.unit.gpu.fake_nvml import (
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NEWER_THAN_THE_FLOOR,
+    NOT_FOUND,
     NOT_SUPPORTED,
+    FakeCuda,
     FakeNvml,
     Struct,
 )
@@ -413,6 +415,41 @@ def test_cuda_version_from_old_function(make_fake: MakeFake, start_backend: Star
     fake.remove_from_driver("nvmlSystemGetCudaDriverVersion_v2")
     fake.capture["cuda_driver"] = 12040
     assert start_backend(fake).node_info().cuda_version == "12.4"
+
+
+def test_cuda_version_from_the_cuda_child_when_nvml_has_no_libcuda(
+    make_fake: MakeFake, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The GPU worker's NVML runs without libcuda (agent.gpu.hidden_libcuda): its CUDA version
+    call answers "not found", and the CUDA child's cuDriverGetVersion gives the version."""
+    fake = make_fake("h200")
+    fake.fail("nvmlSystemGetCudaDriverVersion_v2", NOT_FOUND)
+    cuda = FakeCuda(fake.capture, driver_version=12080)
+    with caplog.at_level(logging.WARNING):
+        backend = NvmlBackend.start(cuda=lambda _bus_ids: cuda)
+    assert backend.node_info().cuda_version == "12.8"
+    assert warnings_of(caplog) == []
+    backend.close()
+
+
+def test_nvml_says_the_cuda_version_where_it_can(make_fake: MakeFake) -> None:
+    fake = make_fake("h200")
+    cuda = FakeCuda(fake.capture, driver_version=12080)
+    backend = NvmlBackend.start(cuda=lambda _bus_ids: cuda)
+    assert backend.node_info().cuda_version == "13.0"  # NVML's, as before
+    backend.close()
+
+
+def test_no_cuda_version_from_either_is_one_clear_line(make_fake: MakeFake) -> None:
+    fake = make_fake("h200")
+    fake.fail("nvmlSystemGetCudaDriverVersion_v2", NOT_FOUND)
+    with pytest.raises(GpuBackendError) as caught:
+        NvmlBackend.start(cuda=lambda _bus_ids: None)
+    message = str(caught.value)
+    assert "does not say which CUDA version it supports" in message
+    assert "libcuda.so.1" in message
+    assert "\n" not in message
+    assert (fake.initialised, fake.shutdowns) == (1, 1)
 
 
 def test_function_not_found_constant_matches_pynvml() -> None:
