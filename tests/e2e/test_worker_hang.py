@@ -26,9 +26,22 @@ RESTARTING = b"GPU worker restarting\n"
 RELEASED = b'nvidia_docker_gpus_released{reason="GPU worker restarting"} 1.0'
 
 
-def worker_pid(agent: Agent) -> int:
+def worker_pid(agent: Agent) -> int | None:
+    """The daemon's GPU worker; ``None`` between a killed worker and the next one (a zombie
+    has no command line) or when the daemon has no such child."""
     children = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/children").read_text().split()
-    (pid,) = map(int, children)
+    for child in children:
+        try:
+            if b"agent.gpu.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        except OSError:
+            continue
+    return None
+
+
+def the_worker(agent: Agent) -> int:
+    pid = worker_pid(agent)
+    assert pid is not None, agent.log()
     return pid
 
 
@@ -61,7 +74,7 @@ def stopped(pid: int) -> Iterator[None]:
 def test_requests_waiting_on_a_hung_worker_get_the_503_within_the_deadline(
     agent: Agent, route: str
 ) -> None:
-    old = worker_pid(agent)
+    old = the_worker(agent)
     assert agent.get(route)[0] == 200
     with stopped(old):
         started = time.monotonic()
@@ -92,34 +105,44 @@ def test_requests_waiting_on_a_hung_worker_get_the_503_within_the_deadline(
 def test_with_no_request_the_ping_finds_a_hung_worker_and_health_is_not_stale(
     agent: Agent,
 ) -> None:
-    old = worker_pid(agent)
+    old = the_worker(agent)
     answers: list[tuple[float, int, bytes]] = []
-    done = threading.Event()
+    done, ended = threading.Event(), threading.Event()
 
     def poll_health() -> None:
         # until the new worker serves, then until health answers 200 again (a request sent
-        # while the worker restarted may still answer 503 after status is back)
+        # while the worker restarted may still answer 503 after status is back); never
+        # past the test (``ended``), and a failed request is an answer the asserts see
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            status, body = agent.get("/gpu/health/json", timeout_s=60)
+        while time.monotonic() < deadline and not ended.is_set():
+            try:
+                status, body = agent.get("/gpu/health/json", timeout_s=60)
+            except OSError as err:
+                answers.append((time.monotonic(), -1, repr(err).encode()))
+                return
             answers.append((time.monotonic(), status, body))
             if done.is_set() and status == 200:
                 return
             time.sleep(0.02)
 
+    def new_worker_serving() -> bool:
+        pid = worker_pid(agent)
+        return pid is not None and alive(pid) and agent.get("/gpu/status/json")[0] == 200
+
     poller = threading.Thread(target=poll_health, daemon=True)
-    with stopped(old):
-        started = time.monotonic()
-        poller.start()
-        wait_until(lambda: not alive(old), what="the hung worker killed", timeout_s=20)
-        killed_after = time.monotonic() - started
-        wait_until(
-            lambda: alive(worker_pid(agent)) and agent.get("/gpu/status/json")[0] == 200,
-            what="a new worker serving",
-            timeout_s=30,
-        )
-    done.set()
-    poller.join(timeout=120)
+    try:
+        with stopped(old):
+            started = time.monotonic()
+            poller.start()
+            wait_until(lambda: not alive(old), what="the hung worker killed", timeout_s=20)
+            killed_after = time.monotonic() - started
+            wait_until(new_worker_serving, what="a new worker serving", timeout_s=30)
+        done.set()
+        poller.join(timeout=120)
+    finally:
+        ended.set()
+        if poller.is_alive():
+            poller.join(timeout=70)
     # the ping of the next look (each second) misses its deadline: it was 41 s
     assert killed_after < 1 + CALL_DEADLINE_S + 3, f"{killed_after:.1f} s"
     assert (503, RESTARTING) in {(status, body) for _, status, body in answers}
