@@ -93,6 +93,10 @@ def _version(data: Any) -> int | None:
     return version if type(version) is int and version > 0 else None
 
 
+def _no_facts(version: int | None) -> ProbedCuda | None:
+    return ProbedCuda({}, {}, version) if version is not None else None
+
+
 def parse_answer(text: str) -> ProbedCuda | None:
     """The child's two JSON lines as ``ProbedCuda``; ``None`` when it said nothing usable.
     Facts missing or ``null`` (libcuda not initialised, the child cut off after the first
@@ -101,7 +105,7 @@ def parse_answer(text: str) -> ProbedCuda | None:
     version = _version(json.loads(lines[0])) if lines else None
     data = json.loads(lines[1]) if len(lines) > 1 else None
     if data is None:
-        return ProbedCuda({}, {}, version) if version is not None else None
+        return _no_facts(version)
     facts = {
         bus: codec.from_json(CudaDeviceFacts, entry, f"devices[{bus}]", lenient=True)
         for bus, entry in data["devices"].items()
@@ -120,7 +124,7 @@ def version_only(said: str) -> ProbedCuda | None:
         version = _version(json.loads(first)) if newline else None
     except ValueError:
         return None
-    return ProbedCuda({}, {}, version) if version is not None else None
+    return _no_facts(version)
 
 
 def probe(bus_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S) -> ProbedCuda | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.gpu.worker_client import CALL_DEADLINE_S
-from tests.support.node_life import Agent, NodeFile, start_agent
+from tests.support.node_life import Agent, NodeFile, gpu_worker_pids, start_agent
 from tests.support.services import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -27,16 +27,9 @@ RELEASED = b'nvidia_docker_gpus_released{reason="GPU worker restarting"} 1.0'
 
 
 def worker_pid(agent: Agent) -> int | None:
-    """The daemon's GPU worker; ``None`` between a killed worker and the next one (a zombie
-    has no command line) or when the daemon has no such child."""
-    children = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/children").read_text().split()
-    for child in children:
-        try:
-            if b"agent.gpu.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return int(child)
-        except OSError:
-            continue
-    return None
+    """The daemon's GPU worker; ``None`` between a killed worker and the next one."""
+    found = gpu_worker_pids(agent.proc.pid)
+    return found[0] if len(found) == 1 else None
 
 
 def the_worker(agent: Agent) -> int:

@@ -36,7 +36,8 @@ from agent.gpu.backend import GpuBackendError
 from agent.gpu.nvml_backend import NvmlBackend
 from agent.gpu.nvml_health import EVENT_DOUBLE_BIT_ECC, EVENT_XID_CRITICAL
 from agent.node.drivers import InstalledDriver, LoadedModule
-from tests.support.node_life import StatusLoad
+from tests.benchmarks.proc_usage import resident_memory
+from tests.support.node_life import StatusLoad, gpu_worker_pids
 from tests.support.services import free_port, stop_process, wait_until
 
 pytestmark = pytest.mark.gpu
@@ -72,24 +73,12 @@ class Daemon:
         pids = WORKER_PID.findall(self.log())
         restarted = re.findall(r"GPU worker restarted .*", self.log())
         assert pids, self.log()
-        return int(pids[-1]) if not restarted else _child_pid(self.proc.pid)
+        return int(pids[-1]) if not restarted else _only_worker(self.proc.pid)
 
 
-def _child_pid(pid: int) -> int:
-    children = [
-        int(child)
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for child in (task / "children").read_text().split()
-    ]
-    (worker,) = [c for c in children if b"agent.gpu.worker" in _cmdline(c)]
+def _only_worker(pid: int) -> int:
+    (worker,) = gpu_worker_pids(pid)
     return worker
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def _nvidia_files(pid: int) -> list[str]:
@@ -152,18 +141,11 @@ def test_the_worker_maps_no_libcuda_and_the_cuda_version_is_right(daemon: Daemon
     assert match is not None, "nvidia-smi shows no CUDA version"
     info = json.loads(daemon.get("/gpu/info/json")[1])
     print(f"\nthe worker maps no libcuda; CUDA {info['Version']['CUDA']} (nvidia-smi: "
-          f"{match.group(1)}); resident {_rss_mb(worker):.1f} MB")  # fmt: skip
+          f"{match.group(1)}); resident {resident_memory(worker).rss_mb:.1f} MB")  # fmt: skip
     assert info["Version"]["CUDA"] == match.group(1)
     for device in info["Devices"]:  # the CUDA child still read the facts NVML has not
         assert device["Memory"]["L2Cache"], device
         assert device["Memory"]["Shared"], device
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def test_the_driver_versions_the_agent_watches(daemon: Daemon) -> None:

@@ -3,7 +3,8 @@
 - ``NodeFile``: a node file the agent serves with ``--simulate``, changed the way the
   simulation contract says (a new version renamed into place): another driver version
   (a new kernel module), health events, health flags.
-- ``start_agent``: the daemon process on a free loopback port, its log in a file.
+- ``start_agent``: the daemon process on a free loopback port, its log in a file;
+  ``gpu_worker_pids``: its GPU worker (or none, between a killed worker and the next).
 - ``StatusLoad``: N client threads asking one route over and over, each request on a new
   connection (so that a refused connection would show), every outcome kept with its time.
 - ``ContainerLoop``: ``docker run`` again and again with the volume ``/docker/cli`` names
@@ -142,6 +143,20 @@ def start_agent(
         yield agent
     finally:
         stop_process(agent.proc)
+
+
+def gpu_worker_pids(daemon_pid: int) -> list[int]:
+    """The daemon's children that run ``agent.gpu.worker`` (a killed worker not yet reaped has
+    no command line, so it is not one)."""
+    children = Path(f"/proc/{daemon_pid}/task/{daemon_pid}/children").read_text().split()
+    found = []
+    for child in children:
+        try:
+            if b"agent.gpu.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except OSError:
+            continue
+    return found
 
 
 def _ready(agent: Agent) -> bool:
