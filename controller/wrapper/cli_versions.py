@@ -9,13 +9,12 @@ version for ``go_build_info`` to read: Debian's and Ubuntu's docker CLI (built w
 Podman, whose ``version`` costs 20 to 100 ms at every run.
 
 A program's answer is remembered in a small JSON file, ``$XDG_CACHE_HOME/nvidia-docker/
-cli-versions.json`` (``~/.cache/...`` where ``XDG_CACHE_HOME`` is not set: the user's own,
-as the wrapper runs as them; read only when the file is this user's, written only where the
-directory is, so ``sudo`` with the caller's ``HOME`` neither trusts nor leaves a file
-there), keyed by the program's real path and the identity of its file (device, inode, size,
-modification and change times): an upgrade writes a new file or changes those, and the next
-run asks again. Only ELF programs are asked and remembered (None for a script: its answer
-is whatever it runs now, and the caller asks as it did before). Reading costs about 0.1 ms.
+cli-versions.json`` (``controller.wrapper.user_cache``: the user's own, believed and written
+only where it is theirs), keyed by the program's real path and the identity of its file
+(device, inode, size, modification and change times): an upgrade writes a new file or
+changes those, and the next run asks again. Only ELF programs are asked and remembered
+(None for a script: its answer is whatever it runs now, and the caller asks as it did
+before). Reading costs about 0.1 ms.
 Nothing here fails a run: a file that cannot be read, written or parsed, or a program that
 does not answer, means "ask" (None where the program does not say).
 """
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from controller import json_codec
+from controller.wrapper import user_cache
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 
 ASK_TIMEOUT_S = 10.0
 MAX_PROGRAMS = 16  # entries kept (a machine has a docker or two, a podman)
-CACHE_NAME = os.path.join("nvidia-docker", "cli-versions.json")
+CACHE_NAME = "cli-versions.json"
 _ELF = b"\x7fELF"
 _NAMES = frozenset(("Docker", "podman", "podman-remote"))
 _VERSION_CHARACTERS = frozenset(
@@ -42,13 +41,7 @@ _VERSION_CHARACTERS = frozenset(
 
 def cache_file(environment: Mapping[str, str]) -> str | None:
     """Where the answers are kept for the user of ``environment`` (None: no home)."""
-    base = environment.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        home = environment.get("HOME", "")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, CACHE_NAME)
+    return user_cache.cache_file(environment, CACHE_NAME)
 
 
 def parse(printed: str) -> tuple[str, str] | None:
@@ -76,13 +69,13 @@ def cli_version(
     --version, remembered"`` where the answer was known."""
     try:
         real = os.path.realpath(program)
-        identity = _identity(real)
+        identity = program_identity(real)
     except OSError:
         return None
     if identity is None:  # a script: its answer is whatever it runs now
         return None
     store = cache_file(environment)
-    entries = _read(store) if store is not None else {}
+    entries = user_cache.read(store) if store is not None else {}
     known = entries.get(real)
     name = os.path.basename(program)
     if isinstance(known, dict) and known.get("file") == identity:
@@ -103,63 +96,19 @@ def cli_version(
     if said is None or store is None:
         return said
     try:
-        if _identity(real) == identity:  # not replaced while it answered
+        if program_identity(real) == identity:  # not replaced while it answered
             entries.pop(real, None)
             entries[real] = {"file": identity, "name": said[0], "version": said[1]}
-            _write(store, dict(list(entries.items())[-MAX_PROGRAMS:]))
+            user_cache.write(store, dict(list(entries.items())[-MAX_PROGRAMS:]))
     except OSError:
         pass
     return said
 
 
-def _identity(path: str) -> list[int] | None:
+def program_identity(path: str) -> list[int] | None:
     """The file's identity, or None where ``path`` is not an ELF program."""
     with open(path, "rb") as file:
         if file.read(4) != _ELF:
             return None
         stat = os.fstat(file.fileno())
     return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
-
-
-def _read(store: str) -> dict[str, object]:
-    """The remembered answers: only from a file of this user's (another's is not believed)."""
-    try:
-        with open(store, "rb") as file:
-            if os.fstat(file.fileno()).st_uid != os.geteuid():
-                return {}
-            entries = json_codec.loads(file.read(256 * 1024))
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
-def _owned(directory: str) -> bool:
-    """Whether the nearest existing of ``directory`` and its parents is this user's: not
-    so under ``sudo`` that keeps the caller's ``HOME``, where root would otherwise leave a
-    directory of its own in the caller's home."""
-    while not os.path.lexists(directory):
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return False
-        directory = parent
-    return os.stat(directory).st_uid == os.geteuid()
-
-
-def _write(store: str, entries: dict[str, object]) -> None:
-    """Replace ``store`` with ``entries`` in one step (a new file renamed over it), so a
-    reader sees the old answers or the new ones, never half a file."""
-    directory = os.path.dirname(store)
-    if not _owned(directory):
-        return
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    temporary = os.path.join(directory, f".cli-versions.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(json_codec.dumps(entries))
-        os.replace(temporary, store)
-    except BaseException:
-        try:  # noqa: SIM105 - contextlib is not imported on the run path
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise

@@ -60,7 +60,7 @@ from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
-from controller.wrapper import docker_cli, engine_api
+from controller.wrapper import docker_cli, engine_api, podman_labels
 from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
@@ -158,10 +158,15 @@ def image_labels(
         if isinstance(seen, dict):
             return seen, by_engine
         missing = seen == engine_api.NO_SUCH_IMAGE
+    memory = _podman_memory(options, command)
     if not missing:
-        done = _inspect(options, command, image)
+        if memory is not None:
+            known = memory.recall(image)
+            if known is not None:
+                return known, podman_labels.REMEMBERED
+        done = _inspect(options, command, image, memory)
         if done.returncode == 0:
-            return _labels(done.stdout), _BY_CLI
+            return _read_labels(done.stdout, image, memory), _BY_CLI
         message = done.stderr.lower()
         if "no such image" not in message and "image not known" not in message:  # docker, podman
             raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
@@ -172,18 +177,31 @@ def image_labels(
         seen = engine_api.image_labels(engine, image)
         if isinstance(seen, dict):
             return seen, by_engine
-    done = _inspect(options, command, image)
+    done = _inspect(options, command, image, memory)
     if done.returncode != 0:
         raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
-    return _labels(done.stdout), _BY_CLI
+    return _read_labels(done.stdout, image, memory), _BY_CLI
 
 
 _BY_CLI = "docker image inspect"
 
 
-def _inspect(options: Options, command: DockerCommand, image: str) -> docker_cli.Answer:
-    labels = "{{json .Config.Labels}}"
+def _podman_memory(options: Options, command: DockerCommand) -> podman_labels.Memory | None:
+    """Podman's remembered labels (``podman_labels``); None for docker or a remote Podman."""
+    if not is_podman(options.docker):
+        return None
+    return podman_labels.Memory.open(options.docker, command.global_args, options.environment)
+
+
+def _inspect(
+    options: Options, command: DockerCommand, image: str, memory: podman_labels.Memory | None
+) -> docker_cli.Answer:
+    labels = "{{json .Config.Labels}}" if memory is None else podman_labels.FORMAT
     return _docker(options, command, "image", "inspect", "--format", labels, image)
+
+
+def _read_labels(printed: str, image: str, memory: podman_labels.Memory | None) -> dict[str, str]:
+    return _labels(printed) if memory is None else memory.learn(image, printed)
 
 
 def _labels(printed: str) -> dict[str, str]:

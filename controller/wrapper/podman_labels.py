@@ -1,0 +1,201 @@
+"""A Podman image's labels, remembered while Podman's image store is unchanged.
+
+Why: Podman has no daemon the wrapper could ask, so the labels of a ``nvidia-docker run``'s
+image (``gpu_args.image_labels``) cost one ``podman image inspect`` at every run, a Podman
+start of about 27 ms on the 2-core development machine: more than the wrapper's own work
+(docs/nvidia-docker.md, "Speed"). Podman (containers/storage) keeps the names and IDs of a
+store's images in one file, ``<store>/<driver>-images/images.json``, and replaces it (a
+new file renamed over the old) whenever an image is pulled, built, loaded, imported,
+tagged, untagged or removed; an image's labels never change once it is built. So while that
+file is the same file, the image a name means, and its labels, are the same.
+
+``Memory.open(docker, global_args, environment)`` is the memory of one Podman setting: the
+program (its real path and the identity of its file), its options (``NV_DOCKER``'s words
+and the command's global options, ``--root`` and ``--storage-driver`` among them), the
+user, the environment that moves Podman's files (``CONTAINERS_*``, ``XDG_*``, ``HOME``)
+and the identity of Podman's settings files (``storage.conf``, ``containers.conf``,
+``registries.conf`` and their ``.d`` directories, in the places Podman reads them). None
+where nothing may be remembered: the command is not a local ``podman`` (``podman-remote``,
+``--remote``, ``--connection``, ``--url``, ``CONTAINER_HOST``, ``sudo podman``), or the
+user has no cache directory. ``recall(image)``: the labels remembered for that name with
+the store file's identity as it is now, else None. ``learn(image, printed)`` reads
+``podman image inspect --format FORMAT``'s answer (the labels, then ``GraphDriver``, whose
+``UpperDir`` is ``<store>/<driver>/<layer>/diff``: the store) and remembers the labels only
+when the store file was the same before that inspect and after it (a first run learns where
+the store is; the next one remembers; the ones after skip the inspect). The memory is a
+small JSON file of the user's (``user_cache``: ``podman-labels.json``).
+
+What is not seen: a change made only in a read-only additional image store
+(``additionalimagestores`` in ``storage.conf``) to an image the main store does not hold, and
+an edit inside a settings drop-in file that leaves its directory's list as it was. A
+``podman rmi`` of the image, or any change in the main store, is seen. ``NV_DEBUG=1`` says
+where each run's labels came from.
+"""
+
+from __future__ import annotations
+
+import os
+
+from controller import json_codec
+from controller.wrapper import cli_versions, user_cache
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+FILE_NAME = "podman-labels.json"
+FORMAT = "{{json .Config.Labels}}\n{{json .GraphDriver}}"
+MAX_SETTINGS = 8  # Podman settings remembered (a user has one or two)
+MAX_IMAGES = 64  # images remembered per setting
+REMEMBERED = "podman image inspect, remembered"
+# Options and variables that send Podman to a service (possibly on another machine):
+# what it prints then describes a store that is not this machine's.
+_REMOTE_OPTIONS = ("--remote", "-r", "--connection", "-c", "--url", "--identity")
+_REMOTE_VARIABLES = ("CONTAINER_HOST", "CONTAINER_CONNECTION")
+# Variables that name one of Podman's settings files, and all that move its files or state.
+_FILE_VARIABLES = (
+    "CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE",
+    "CONTAINERS_REGISTRIES_CONF", "REGISTRIES_CONFIG_PATH",
+)  # fmt: skip
+_VARIABLES = (*_FILE_VARIABLES, "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "HOME")
+_SYSTEM_SETTINGS = ("/usr/share/containers", "/etc/containers")
+_SETTINGS_FILES = (
+    "storage.conf", "containers.conf", "containers.conf.d", "registries.conf",
+    "registries.conf.d",
+)  # fmt: skip
+
+
+class Memory:
+    """The remembered labels of one Podman setting (see the module docstring)."""
+
+    def __init__(self, path: str, key: str, entries: dict[str, object]) -> None:
+        self._path = path
+        self._key = key
+        self._entries = entries
+        entry = entries.get(key)
+        self._entry: dict[str, object] = entry if isinstance(entry, dict) else {}
+        store = self._entry.get("store")
+        self._store = store if isinstance(store, str) else None
+        self._before = _stamp(self._store) if self._store is not None else None
+
+    @classmethod
+    def open(
+        cls, docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+    ) -> Memory | None:
+        """The memory of this Podman setting; None where nothing may be remembered."""
+        words = [*docker[1:], *global_args]
+        if not docker or os.path.basename(docker[0]) != "podman":
+            return None
+        if any(word.split("=", 1)[0] in _REMOTE_OPTIONS for word in words):
+            return None
+        if any(environment.get(name) for name in _REMOTE_VARIABLES):
+            return None
+        path = user_cache.cache_file(environment, FILE_NAME)
+        if path is None:
+            return None
+        from controller.wrapper import docker_cli  # noqa: PLC0415 (a small module, loaded)
+
+        try:
+            program = os.path.realpath(docker_cli.found(docker[0], environment))
+            identity = cli_versions.program_identity(program)
+        except OSError:
+            return None
+        if identity is None:  # a script named podman: whatever it runs now
+            return None
+        variables = [environment.get(name) for name in _VARIABLES]
+        settings = [_stamp(path) for path in _settings_paths(environment)]
+        key = json_codec.dumps([os.geteuid(), program, identity, words, variables, settings])
+        return cls(path, key, user_cache.read(path))
+
+    def recall(self, image: str) -> dict[str, str] | None:
+        """The labels remembered for ``image`` with the store as it is now; else None."""
+        if self._before is None:
+            return None
+        images = self._entry.get("images")
+        known = images.get(image) if isinstance(images, dict) else None
+        if not isinstance(known, dict) or known.get("stamp") != self._before:
+            return None
+        labels = known.get("labels")
+        if not isinstance(labels, dict):
+            return None
+        return {str(name): str(value) for name, value in labels.items()}
+
+    def learn(self, image: str, printed: str) -> dict[str, str]:
+        """The labels in ``podman image inspect --format FORMAT``'s answer (``ValueError``
+        where it is not that), remembered where the store stood still around it."""
+        lines = printed.strip().split("\n")
+        labels = json_codec.loads(lines[0] or "null") or {}
+        if not isinstance(labels, dict):
+            raise ValueError(f"labels that are not a mapping: {lines[0][:80]!r}")
+        labels = {str(name): str(value) for name, value in labels.items()}
+        # a store not found, or a memory that cannot be written: the next run asks
+        try:  # noqa: SIM105 - contextlib is not imported on the run path
+            self._remember(image, labels, _store_file(json_codec.loads(lines[1])))
+        except (OSError, ValueError, IndexError):
+            pass
+        return labels
+
+    def _remember(self, image: str, labels: dict[str, str], store: str | None) -> None:
+        if store is None:
+            return
+        if store != self._store:  # where the store is, learnt: labels from the next run on
+            self._save({"store": store, "images": {}})
+            return
+        if self._before is None or _stamp(store) != self._before:
+            return
+        images = self._entry.get("images")
+        kept = dict(images) if isinstance(images, dict) else {}
+        kept.pop(image, None)
+        kept[image] = {"stamp": self._before, "labels": labels}
+        self._save({"store": store, "images": dict(list(kept.items())[-MAX_IMAGES:])})
+
+    def _save(self, entry: dict[str, object]) -> None:
+        entries = self._entries
+        entries.pop(self._key, None)
+        entries[self._key] = entry
+        user_cache.write(self._path, dict(list(entries.items())[-MAX_SETTINGS:]))
+
+
+def _stamp(path: str) -> list[int] | None:
+    """The identity of the file or directory at ``path`` (None: not there)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+
+def _settings_paths(environment: Mapping[str, str]) -> list[str]:
+    """Podman's settings files and drop-in directories, where this user's Podman reads them."""
+    config = environment.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(config):
+        home = environment.get("HOME") or ""
+        config = os.path.join(home, ".config") if os.path.isabs(home) else ""
+    directories = [*_SYSTEM_SETTINGS, *([os.path.join(config, "containers")] if config else [])]
+    paths = [os.path.join(d, name) for d in directories for name in _SETTINGS_FILES]
+    return [*paths, *(environment[name] for name in _FILE_VARIABLES if environment.get(name))]
+
+
+def _store_file(graph_driver: object) -> str | None:
+    """``<store>/<driver>-images/images.json`` from ``GraphDriver``'s ``UpperDir``
+    (``<store>/<driver>/<layer>/diff``), where that file is there and the store is this
+    user's; else None (a driver without ``UpperDir``, such as vfs, is not remembered)."""
+    if not isinstance(graph_driver, dict):
+        return None
+    name, data = graph_driver.get("Name"), graph_driver.get("Data")
+    upper = data.get("UpperDir") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name or "/" in name or not isinstance(upper, str):
+        return None
+    layers = os.path.dirname(os.path.dirname(upper))
+    if not os.path.isabs(upper) or os.path.basename(upper) != "diff":
+        return None
+    if os.path.basename(layers) != name:
+        return None
+    store = os.path.dirname(layers)
+    images = os.path.join(store, f"{name}-images", "images.json")
+    try:
+        if os.stat(store).st_uid != os.geteuid() or not os.path.isfile(images):
+            return None
+    except OSError:
+        return None
+    return images
