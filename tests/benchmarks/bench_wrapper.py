@@ -58,7 +58,8 @@ pass a CDI device on, which the question finds).
 
 ``--podman`` (with ``--lease``, as root) adds the run as Podman's users have it:
 ``NV_DOCKER=podman`` (one word: its version is remembered, ``cli_versions``), a store of its
-own under the temporary directory through Podman's own settings files
+own (overlay, Podman's default driver: the image's labels are remembered, ``podman_labels``)
+under the temporary directory through Podman's own settings files
 (``CONTAINERS_STORAGE_CONF``, ``CONTAINERS_CONF``) holding the GPU image, the run refused by
 Podman for the same unknown runtime: ``podman: podman`` is that refusal alone, then
 ``NV_GPU=auto`` with ``NV_CDI`` unset (Podman reads CDI: asked, or remembered) and ``yes``.
@@ -273,7 +274,7 @@ def lease_path(opts: argparse.Namespace) -> int:
                     )
         if opts.podman:
             podman_env = {
-                **env, **agent, **_private_podman(Path(tmp)), "NV_DOCKER": "podman",
+                **env, **agent, **_private_podman(stack, Path(tmp)), "NV_DOCKER": "podman",
                 "XDG_CACHE_HOME": str(Path(tmp, "podman-cache")),
             }  # fmt: skip
             podman_run = ["run", "--rm", "--network", "none", f"--runtime={REFUSED_RUNTIME}"]
@@ -401,10 +402,11 @@ def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str
     return engine.host
 
 
-def _private_podman(tmp: Path) -> dict[str, str]:
+def _private_podman(stack: contextlib.ExitStack, tmp: Path) -> dict[str, str]:
     """``--podman``: a Podman store under ``tmp`` that a one-word ``podman`` uses through its
     own settings files (``CONTAINERS_STORAGE_CONF``, ``CONTAINERS_CONF``), holding the GPU
-    image; the environment that points there."""
+    image; the environment that points there. The store uses Podman's default driver,
+    overlay, which keeps its directory mounted: emptied and unmounted when ``stack`` ends."""
     from tests.support.podman import (  # noqa: PLC0415
         busybox_tarball,
         cgroup_layout,
@@ -415,7 +417,7 @@ def _private_podman(tmp: Path) -> dict[str, str]:
     root = tmp / "podman"
     root.mkdir()
     (root / "storage.conf").write_text(
-        f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/root"\nrunroot = "{root}/run"\n'
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/root"\nrunroot = "{root}/run"\n'
     )
     runtime = runtime_for(cgroup_layout())
     (root / "containers.conf").write_text(
@@ -428,11 +430,23 @@ def _private_podman(tmp: Path) -> dict[str, str]:
         "CONTAINERS_CONF": str(root / "containers.conf"),
     }
     tarball = busybox_tarball(root)
+    stack.callback(_remove_podman_store, root / "root", {**os.environ, **environment})
     subprocess.run(
         ["podman", "import", "--quiet", *label_changes(GPU_LABELS), str(tarball), REAL_IMAGE],
         env={**os.environ, **environment}, check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return environment
+
+
+def _remove_podman_store(graphroot: Path, environment: dict[str, str]) -> None:
+    subprocess.run(
+        ["podman", "rmi", "--all", "--force"], env=environment, capture_output=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    overlay = f" {graphroot / 'overlay'} "
+    with open("/proc/mounts", encoding="utf-8") as mounts:
+        if any(overlay in line for line in mounts):
+            subprocess.run(["umount", str(graphroot / "overlay")], check=False)
 
 
 def _followed(host: str) -> dict[str, object]:
