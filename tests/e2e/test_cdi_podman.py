@@ -219,6 +219,7 @@ def nvidia_docker(
         NV_DOCKER=" ".join(podman.command),
         NV_HOST=f"http://127.0.0.1:{agent.port}",
         PYTHONPATH=str(REPO),
+        XDG_CACHE_HOME=str(podman.base / "wrapper-cache"),  # what it remembers: gone with it
         **env,
     )
     return subprocess.run(

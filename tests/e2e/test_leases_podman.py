@@ -116,6 +116,7 @@ class Node(LeaseNode):
             NV_HOST=self.url,
             NV_GPU="auto:1",
             PYTHONPATH=str(REPO),
+            XDG_CACHE_HOME=str(self.base / "wrapper-cache"),  # what it remembers: gone with it
             **env,
         )
         return environ
