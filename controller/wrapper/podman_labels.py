@@ -12,9 +12,11 @@ file is the same file, the image a name means, and its labels, are the same.
 ``Memory.open(docker, global_args, environment)`` is the memory of one Podman setting: the
 program (its real path and the identity of its file), its options (``NV_DOCKER``'s words
 and the command's global options, ``--root`` and ``--storage-driver`` among them), the
-user, the environment that moves Podman's files (``CONTAINERS_*``, ``XDG_*``, ``HOME``)
-and the identity of Podman's settings files (``storage.conf``, ``containers.conf``,
-``registries.conf`` and their ``.d`` directories, in the places Podman reads them). None
+user, the environment that moves Podman's files (``CONTAINERS_*``, ``XDG_*``, ``HOME``),
+the identity of Podman's settings files (``storage.conf``, ``containers.conf``,
+``registries.conf`` and their ``.d`` directories, in the places Podman reads them), and
+the working directory where an option or one of those variables may name a relative path
+(any option at all, or a relative value). None
 where nothing may be remembered: the command is not a local ``podman`` (``podman-remote``,
 ``--remote``, ``--connection``, ``--url``, ``CONTAINER_HOST``, ``sudo podman``), or the
 user has no cache directory. ``recall(image)``: the labels remembered for that name with
@@ -104,7 +106,10 @@ class Memory:
             return None
         variables = [environment.get(name) for name in _VARIABLES]
         settings = [_stamp(path) for path in _settings_paths(environment)]
-        key = json_codec.dumps([os.geteuid(), program, identity, words, variables, settings])
+        # options or files that may name a path relative to here: a memory per directory
+        relative = words or any(not os.path.isabs(environment.get(v) or "/") for v in _VARIABLES)
+        here = os.getcwd() if relative else None
+        key = json_codec.dumps([os.geteuid(), program, identity, words, variables, settings, here])
         return cls(path, key, user_cache.read(path))
 
     def recall(self, image: str) -> dict[str, str] | None:
@@ -144,8 +149,11 @@ class Memory:
         if self._before is None or _stamp(store) != self._before:
             return
         images = self._entry.get("images")
-        kept = dict(images) if isinstance(images, dict) else {}
-        kept.pop(image, None)
+        kept = {  # what was remembered of the store as it was before is no use
+            name: known
+            for name, known in (images.items() if isinstance(images, dict) else ())
+            if name != image and isinstance(known, dict) and known.get("stamp") == self._before
+        }
         kept[image] = {"stamp": self._before, "labels": labels}
         self._save({"store": store, "images": dict(list(kept.items())[-MAX_IMAGES:])})
 

@@ -28,18 +28,21 @@ class Node:
 
     def __init__(self, tmp: Path) -> None:
         self.bin = tmp / "bin"
-        self.bin.mkdir()
+        self.bin.mkdir(parents=True)
         cli_program(self.bin / "podman", "podman version 4.3.1", tmp / "calls")
         self.store = tmp / "storage"
-        (self.store / "overlay" / LAYER / "diff").mkdir(parents=True)
-        (self.store / "overlay-images").mkdir()
-        self.replace_images('{"images": []}')
+        self.make_store()
         self.environment = {
             "PATH": f"{self.bin}:/usr/bin:/bin",
             "XDG_CACHE_HOME": str(tmp / "cache"),
             "XDG_CONFIG_HOME": str(tmp / "config"),
         }
         self.docker = ("podman", "--root", str(self.store))
+
+    def make_store(self) -> None:
+        (self.store / "overlay" / LAYER / "diff").mkdir(parents=True)
+        (self.store / "overlay-images").mkdir()
+        self.replace_images('{"images": []}')
 
     def replace_images(self, text: str) -> None:
         """What Podman does to ``images.json`` at a pull, tag or removal."""
@@ -186,3 +189,33 @@ def test_an_answer_without_the_store_line_still_gives_the_labels(node: Node) -> 
     assert memory.learn("cuda:12.4", "null\n{broken") == {}
     with pytest.raises(ValueError, match="not a mapping"):
         memory.learn("cuda:12.4", '["a"]\n{}')
+
+
+def test_a_relative_store_option_is_remembered_per_directory(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``podman --root storage``: two directories, two stores, never the other's labels."""
+    first, second = node.store, tmp_path / "elsewhere" / "storage"
+    node.docker = ("podman", "--root", "storage")
+    for store, labels in ((first, GPU_LABELS), (second, {"plain": "yes"})):
+        node.store = store
+        if not store.exists():
+            node.make_store()
+        monkeypatch.chdir(store.parent)
+        assert [node.run("cuda:12.4", labels)[0] for _ in range(3)] == [
+            "inspected", "inspected", "remembered",
+        ]  # fmt: skip
+    monkeypatch.chdir(first.parent)
+    assert node.memory().recall("cuda:12.4") == GPU_LABELS
+    monkeypatch.chdir(second.parent)
+    assert node.memory().recall("cuda:12.4") == {"plain": "yes"}
+
+
+def test_a_one_word_podman_is_one_memory_wherever_it_runs(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.docker = ("podman",)
+    for _ in range(3):
+        node.run("cuda:12.4", GPU_LABELS)
+    monkeypatch.chdir(tmp_path)
+    assert node.memory().recall("cuda:12.4") == GPU_LABELS
