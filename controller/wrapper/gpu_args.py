@@ -10,7 +10,8 @@ imports it only for run/create; ``options`` are the ones its edge built: ``NV_GP
 2. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
    output goes to stderr so that stdout stays the container's); when the docker CLI would
    ask a local unix socket, the wrapper asks that socket itself (``engine_api``: the same
-   ``GET``, without starting the CLI), and the CLI answers whatever that cannot;
+   ``GET``, without starting the CLI), and the CLI answers whatever that cannot; with Podman
+   the labels are remembered while its image store is unchanged (``podman_labels``);
 3. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
 4. the node's facts: remote nodes answer ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
