@@ -37,7 +37,7 @@ class Node:
             "XDG_CACHE_HOME": str(tmp / "cache"),
             "XDG_CONFIG_HOME": str(tmp / "config"),
         }
-        self.docker = ("podman", "--root", str(self.store))
+        self.docker: tuple[str, ...] = ("podman", "--root", str(self.store))
 
     def make_store(self) -> None:
         (self.store / "overlay" / LAYER / "diff").mkdir(parents=True)
