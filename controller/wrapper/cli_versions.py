@@ -110,5 +110,4 @@ def program_identity(path: str) -> list[int] | None:
     with open(path, "rb") as file:
         if file.read(4) != _ELF:
             return None
-        stat = os.fstat(file.fileno())
-    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+        return user_cache.identity(os.fstat(file.fileno()))

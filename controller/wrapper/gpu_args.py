@@ -159,7 +159,7 @@ def image_labels(
         if isinstance(seen, dict):
             return seen, by_engine
         missing = seen == engine_api.NO_SUCH_IMAGE
-    memory = _podman_memory(options, command)
+    memory = podman_labels.Memory.open(options.docker, command.global_args, options.environment)
     if not missing:
         if memory is not None:
             known = memory.recall(image)
@@ -185,13 +185,6 @@ def image_labels(
 
 
 _BY_CLI = "docker image inspect"
-
-
-def _podman_memory(options: Options, command: DockerCommand) -> podman_labels.Memory | None:
-    """Podman's remembered labels (``podman_labels``); None for docker or a remote Podman."""
-    if not is_podman(options.docker):
-        return None
-    return podman_labels.Memory.open(options.docker, command.global_args, options.environment)
 
 
 def _inspect(

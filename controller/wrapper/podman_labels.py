@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 
 from controller import json_codec
-from controller.wrapper import cli_versions, user_cache
+from controller.wrapper import cli_versions, docker_cli, user_cache
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,10 +84,11 @@ class Memory:
     def open(
         cls, docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
     ) -> Memory | None:
-        """The memory of this Podman setting; None where nothing may be remembered."""
-        words = [*docker[1:], *global_args]
+        """The memory of this Podman setting; None where nothing may be remembered (docker
+        too)."""
         if not docker or os.path.basename(docker[0]) != "podman":
             return None
+        words = [*docker[1:], *global_args]
         if any(word.split("=", 1)[0] in _REMOTE_OPTIONS for word in words):
             return None
         if any(environment.get(name) for name in _REMOTE_VARIABLES):
@@ -95,8 +96,6 @@ class Memory:
         path = user_cache.cache_file(environment, FILE_NAME)
         if path is None:
             return None
-        from controller.wrapper import docker_cli  # noqa: PLC0415 (a small module, loaded)
-
         try:
             program = os.path.realpath(docker_cli.found(docker[0], environment))
             identity = cli_versions.program_identity(program)
@@ -167,10 +166,9 @@ class Memory:
 def _stamp(path: str) -> list[int] | None:
     """The identity of the file or directory at ``path`` (None: not there)."""
     try:
-        found = os.stat(path)
+        return user_cache.identity(os.stat(path))
     except OSError:
         return None
-    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
 
 
 def _settings_paths(environment: Mapping[str, str]) -> list[str]:

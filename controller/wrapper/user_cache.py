@@ -9,8 +9,9 @@ directory is this user's, so that ``sudo`` with the caller's ``HOME`` neither tr
 leaves a file there. Nothing here fails a run: a file that cannot be read or parsed reads as
 no entries; ``write`` raises ``OSError`` for its caller to ignore.
 
-Used by ``cli_versions`` (what a CLI's ``--version`` says) and ``podman_labels`` (a Podman
-image's labels while its store is unchanged).
+``identity(stat)`` is how both tell that a file is still the one they saw. Used by
+``cli_versions`` (what a CLI's ``--version`` says) and ``podman_labels`` (a Podman image's
+labels while its store is unchanged).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def cache_file(environment: Mapping[str, str], name: str) -> str | None:
             return None
         base = os.path.join(home, ".cache")
     return os.path.join(base, "nvidia-docker", name)
+
+
+def identity(found: os.stat_result) -> list[int]:
+    """A file's identity as the memories keep it: device, inode, size, modification and
+    change times (a file replaced, rewritten or touched has another)."""
+    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
 
 
 def read(path: str) -> dict[str, object]:
