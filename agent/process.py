@@ -3,6 +3,9 @@ used, and what it tells systemd.
 
 - ``loop_factory(choice)`` (``--event-loop``): uvloop when asked for or, with ``auto``,
   when installed; asyncio's own loop otherwise.
+- ``import_aiohttp_to_serve()``: the daemon's first import of aiohttp, without the system's
+  CA certificates that aiohttp's client would load (about 2 MB; the daemon is never its
+  client).
 - ``release_startup_memory()``: give back to the kernel the heap that start-up used (ELF
   parsing, NVML discovery): glibc keeps freed memory in its arenas, and the agent then runs
   for months with that resident; ``malloc_trim`` returns it.
@@ -24,6 +27,7 @@ import gc
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 
 from agent.errors import StartupError
@@ -42,6 +46,35 @@ def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] |
         else:
             return uvloop.new_event_loop, "uvloop"
     return None, "asyncio"
+
+
+def import_aiohttp_to_serve() -> None:
+    """Import aiohttp for a process that serves HTTP and is never aiohttp's client.
+
+    When it is first imported, aiohttp (3.10 and later, ``aiohttp.connector``) builds the
+    two TLS contexts its client uses by default, so that no event loop waits on the disk for
+    them later; the verifying one loads the system's CA file (OpenSSL's default, or
+    ``$SSL_CERT_FILE``), about 2 MB of memory for as long as the process lives (measured:
+    docs/performance.md, "Memory"). The daemon serves HTTP; the sockets of Docker and Podman
+    it asks are unix sockets spoken by its own clients. So its first import of aiohttp runs
+    with ``SSL_CERT_FILE`` naming an empty file, and the variable is put back as it was at
+    once: a TLS context made later in the process (and every child process) sees the
+    environment as it was given. Had the daemon ever used aiohttp's default verifying
+    context, it would trust no certificate authority and refuse the connection: a failure,
+    never a connection left unchecked. Nothing happens when aiohttp is already imported (the
+    tests' processes).
+    """
+    if "aiohttp" in sys.modules:
+        return
+    given = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = os.devnull
+    try:
+        import aiohttp  # noqa: F401, PLC0415 - the point: imported here, first
+    finally:
+        if given is None:
+            del os.environ["SSL_CERT_FILE"]
+        else:
+            os.environ["SSL_CERT_FILE"] = given
 
 
 def release_startup_memory() -> None:
