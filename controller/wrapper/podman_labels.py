@@ -13,12 +13,13 @@ file is the same file, the image a name means, and its labels, are the same.
 program (its real path and the identity of its file), its options (``NV_DOCKER``'s words
 and the command's global options, ``--root`` and ``--storage-driver`` among them), the
 user, the environment that moves Podman's files (``CONTAINERS_*``, ``XDG_*``, ``HOME``),
-the identity of Podman's settings files (``storage.conf``, ``containers.conf``,
-``registries.conf`` and their ``.d`` directories, in the places Podman reads them), and
+the identity of Podman's settings files (``containers.conf``, ``storage.conf``,
+``registries.conf``, their ``.d`` directories and every file in those, the system's
+``rootful``/``rootless`` drop-ins: where containers-config(5) says Podman reads them), and
 the working directory where an option or one of those variables may name a relative path
-(any option at all, or a relative value). None
-where nothing may be remembered: the command is not a local ``podman`` (``podman-remote``,
-``--remote``, ``--connection``, ``--url``, ``CONTAINER_HOST``, ``sudo podman``), or the
+(any option at all, or a relative value). None where nothing may be remembered: the command
+is not a local ``podman`` (``podman-remote``, ``--remote``, ``--connection``, ``--url``,
+``CONTAINER_HOST``, ``sudo podman``, a containers.conf with ``remote = true``), or the
 user has no cache directory. ``recall(image)``: the labels remembered for that name with
 the store file's identity as it is now, else None. ``learn(image, printed)`` reads
 ``podman image inspect --format FORMAT``'s answer (the labels, then ``GraphDriver``, whose
@@ -28,15 +29,16 @@ the store is; the next one remembers; the ones after skip the inspect). The memo
 small JSON file of the user's (``user_cache``: ``podman-labels.json``).
 
 What is not seen: a change made only in a read-only additional image store
-(``additionalimagestores`` in ``storage.conf``) to an image the main store does not hold, and
-an edit inside a settings drop-in file that leaves its directory's list as it was. A
-``podman rmi`` of the image, or any change in the main store, is seen. ``NV_DEBUG=1`` says
+(``additionalimagestores`` in ``storage.conf``) to an image the main store does not hold.
+A ``podman rmi`` of the image, any change in the main store, and any settings file or
+drop-in written, added or removed, are seen. ``NV_DEBUG=1`` says
 where each run's labels came from.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 from controller import json_codec
 from controller.wrapper import cli_versions, docker_cli, user_cache
@@ -56,15 +58,19 @@ _REMOTE_OPTIONS = ("--remote", "-r", "--connection", "-c", "--url", "--identity"
 _REMOTE_VARIABLES = ("CONTAINER_HOST", "CONTAINER_CONNECTION")
 # Variables that name one of Podman's settings files, and all that move its files or state.
 _FILE_VARIABLES = (
-    "CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE",
-    "CONTAINERS_REGISTRIES_CONF", "REGISTRIES_CONFIG_PATH",
+    ("CONTAINERS_STORAGE_CONF", "storage"), ("CONTAINERS_CONF", "containers"),
+    ("CONTAINERS_CONF_OVERRIDE", "containers"), ("CONTAINERS_REGISTRIES_CONF", "registries"),
+    ("REGISTRIES_CONFIG_PATH", "registries"),
 )  # fmt: skip
-_VARIABLES = (*_FILE_VARIABLES, "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "HOME")
+_VARIABLES = (
+    *(name for name, _ in _FILE_VARIABLES),
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_RUNTIME_DIR",
+    "HOME",
+)
 _SYSTEM_SETTINGS = ("/usr/share/containers", "/etc/containers")
-_SETTINGS_FILES = (
-    "storage.conf", "containers.conf", "containers.conf.d", "registries.conf",
-    "registries.conf.d",
-)  # fmt: skip
+_SETTINGS_KINDS = ("containers", "storage", "registries")
 
 
 class Memory:
@@ -104,12 +110,17 @@ class Memory:
         if identity is None:  # a script named podman: whatever it runs now
             return None
         variables = [environment.get(name) for name in _VARIABLES]
-        settings = [_stamp(path) for path in _settings_paths(environment)]
+        settings, containers_conf = _settings_stamps(_settings_paths(environment, os.geteuid()))
         # options or files that may name a path relative to here: a memory per directory
         relative = words or any(not os.path.isabs(environment.get(v) or "/") for v in _VARIABLES)
         here = os.getcwd() if relative else None
         key = json_codec.dumps([os.geteuid(), program, identity, words, variables, settings, here])
-        return cls(path, key, user_cache.read(path))
+        entries = user_cache.read(path)
+        # containers.conf may make podman a client of a service (its store is the service's):
+        # read once per setting, when it is learnt (a remembered one was read as it is now)
+        if key not in entries and any(_says_remote(file) for file in containers_conf):
+            return None
+        return cls(path, key, entries)
 
     def recall(self, image: str) -> dict[str, str] | None:
         """The labels remembered for ``image`` with the store as it is now; else None."""
@@ -171,15 +182,76 @@ def _stamp(path: str) -> list[int] | None:
         return None
 
 
-def _settings_paths(environment: Mapping[str, str]) -> list[str]:
-    """Podman's settings files and drop-in directories, where this user's Podman reads them."""
+def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str, str]]:
+    """Podman's settings files and drop-in directories where this user's Podman reads them,
+    each with its kind (``containers``, ``storage``, ``registries``): containers-config(5)'s
+    ``<kind>.conf`` and ``<kind>.conf.d`` in the system's places (with the ``rootful`` or
+    ``rootless`` drop-ins, by the user), then the user's own, then the files the variables
+    name."""
     config = environment.get("XDG_CONFIG_HOME") or ""
     if not os.path.isabs(config):
         home = environment.get("HOME") or ""
         config = os.path.join(home, ".config") if os.path.isabs(home) else ""
-    directories = [*_SYSTEM_SETTINGS, *([os.path.join(config, "containers")] if config else [])]
-    paths = [os.path.join(d, name) for d in directories for name in _SETTINGS_FILES]
-    return [*paths, *(environment[name] for name in _FILE_VARIABLES if environment.get(name))]
+    drop_ins = (
+        (".rootful.conf.d",) if euid == 0 else (".rootless.conf.d", f".rootless.conf.d/{euid}")
+    )
+    paths = [
+        (os.path.join(directory, kind) + ending, kind)
+        for directory in _SYSTEM_SETTINGS
+        for kind in _SETTINGS_KINDS
+        for ending in (".conf", ".conf.d", *drop_ins)
+    ]
+    if config:
+        user = os.path.join(config, "containers")
+        paths += [
+            (os.path.join(user, kind) + e, kind)
+            for kind in _SETTINGS_KINDS
+            for e in (".conf", ".conf.d")
+        ]
+    return [*paths, *((environment[v], kind) for v, kind in _FILE_VARIABLES if environment.get(v))]
+
+
+def _settings_stamps(paths: Sequence[tuple[str, str]]) -> tuple[list[object], list[str]]:
+    """The identity of each settings path and, for a drop-in directory, of each entry in it
+    (a drop-in edited in place leaves its directory as it was); and the containers.conf
+    files among them, which Podman reads (of a drop-in directory, its ``*.conf`` files)."""
+    stamps: list[object] = []
+    containers_conf: list[str] = []
+    for path, kind in paths:
+        try:
+            found = os.stat(path)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append(user_cache.identity(found))
+        read = [path]
+        if stat.S_ISDIR(found.st_mode):
+            try:
+                with os.scandir(path) as entries:
+                    files = sorted(entry.path for entry in entries)
+            except OSError:
+                files = []
+            stamps.append([[os.path.basename(f), _stamp(f)] for f in files])
+            read = [f for f in files if f.endswith(".conf")]
+        if kind == "containers":
+            containers_conf += read
+    return stamps, containers_conf
+
+
+def _says_remote(path: str) -> bool:
+    """Whether the containers.conf file at ``path`` sets ``remote = true`` (its ``[engine]``
+    table's key, which makes ``podman`` a client of a service). A line like that anywhere in
+    the file counts: the cautious reading, where a mistake costs an inspect."""
+    try:
+        with open(path, "rb") as file:
+            text = file.read(1 << 20)
+    except OSError:
+        return False
+    for line in text.split(b"\n") if b"remote" in text else ():
+        key, equals, value = line.partition(b"=")
+        if equals and key.strip() == b"remote" and value.partition(b"#")[0].strip() == b"true":
+            return True
+    return False
 
 
 def _store_file(graph_driver: object) -> str | None:

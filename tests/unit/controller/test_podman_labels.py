@@ -130,6 +130,44 @@ def test_the_memory_file_is_kept_for_the_user_and_bounded(
     assert node.run("c", {"name": "c"}) == ("inspected", {"name": "c"})
 
 
+def test_a_drop_in_edited_in_place_is_another_memory(node: Node) -> None:
+    drop_ins = Path(node.environment["XDG_CONFIG_HOME"]) / "containers" / "storage.conf.d"
+    drop_ins.mkdir(parents=True)
+    settings = drop_ins / "10-store.conf"
+    settings.write_text('[storage]\ndriver = "overlay"\n')
+    for _ in range(3):
+        node.run("cuda:12.4", GPU_LABELS)
+    assert node.memory().recall("cuda:12.4") == GPU_LABELS
+    with settings.open("a") as edit:  # the same file, the directory's list as it was
+        edit.write('graphroot = "/srv/containers/storage"\n')
+    assert node.memory().recall("cuda:12.4") is None
+
+
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        ("containers.conf", "[engine]\nremote = true\n"),
+        ("containers.conf.d/50-remote.conf", "[engine]\n  remote=true # the service\n"),
+    ],
+)
+def test_a_podman_made_remote_by_its_settings_is_never_remembered(
+    node: Node, where: str, text: str
+) -> None:
+    settings = Path(node.environment["XDG_CONFIG_HOME"]) / "containers" / where
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(text.replace("true", "false"))
+    for _ in range(3):
+        node.run("cuda:12.4", GPU_LABELS)
+    assert node.memory().recall("cuda:12.4") == GPU_LABELS  # remote = false: a local Podman
+    settings.write_text(text)
+    assert Memory.open(node.docker, (), node.environment) is None
+    named = Path(node.environment["XDG_CONFIG_HOME"]).parent / "named.conf"  # by a variable
+    named.write_text(text)
+    settings.unlink()
+    assert Memory.open(node.docker, (), node.environment) is not None
+    assert Memory.open(node.docker, (), {**node.environment, "CONTAINERS_CONF": str(named)}) is None
+
+
 @pytest.mark.parametrize(
     ("docker", "environment"),
     [
