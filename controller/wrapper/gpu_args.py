@@ -138,7 +138,9 @@ def _docker(options: Options, command: DockerCommand, *args: str) -> docker_cli.
         ) from None
 
 
-def _first_line(text: str) -> str:
+def _error_line(text: str) -> str:
+    """A CLI's error: the last line it wrote (warnings come first, such as Podman 5's about
+    cgroups v1 at every command)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no message"
 
@@ -170,7 +172,7 @@ def image_labels(
             return _read_labels(done.stdout, image, memory), _BY_CLI
         message = done.stderr.lower()
         if "no such image" not in message and "image not known" not in message:  # docker, podman
-            raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
+            raise DockerError(f"docker image inspect {image} failed: {_error_line(done.stderr)}")
     if command.options.get("pull") == "never":
         return None, by_engine if missing else _BY_CLI
     _pull(options, command, image)
@@ -180,7 +182,7 @@ def image_labels(
             return seen, by_engine
     done = _inspect(options, command, image, memory)
     if done.returncode != 0:
-        raise DockerError(f"docker image inspect {image} failed: {_first_line(done.stderr)}")
+        raise DockerError(f"docker image inspect {image} failed: {_error_line(done.stderr)}")
     return _read_labels(done.stdout, image, memory), _BY_CLI
 
 

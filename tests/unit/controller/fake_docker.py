@@ -5,7 +5,9 @@ State lives in ``$FAKE_DOCKER_DIR``: ``calls`` (one JSON argv per line), ``image
 (labels of present images), ``registry/<name>.json`` (what ``pull`` can fetch),
 ``volumes/<name>`` (volumes that exist), ``engine.json`` (what ``version --format`` and
 ``info --format`` answer: ``{"version": {...}, "cdi_spec_dirs": [...]}``; default a Docker
-20.10 engine, which has no CDI). Any other command prints ``EXEC <argv as JSON>``:
+20.10 engine, which has no CDI), ``warning`` (written to stderr first by every command, as
+Podman 5 warns about cgroups v1 at each), ``inspect-error`` (``image inspect`` fails with it).
+Any other command prints ``EXEC <argv as JSON>``:
 that is the command the wrapper finally executed; then ``ENV <its CUDA_* variables>``.
 """
 
@@ -29,8 +31,13 @@ def key(name: str) -> str:
     return name.replace("/", "_").replace(":", "_")
 
 
+if (state / "warning").exists():
+    sys.stderr.write((state / "warning").read_text())
 if args[:2] == ["image", "inspect"]:
     image = args[-1]
+    if (state / "inspect-error").exists():
+        sys.stderr.write((state / "inspect-error").read_text())
+        sys.exit(125)
     path = state / "images" / f"{key(image)}.json"
     if not path.exists():
         sys.stderr.write(f"Error response from daemon: No such image: {image}\n")

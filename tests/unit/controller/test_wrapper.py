@@ -482,6 +482,31 @@ async def test_agent_down(docker: Docker) -> None:
     assert "(connection refused): is nvidia-docker-plugin running there" in result.error()
 
 
+PODMAN5_WARNING = (
+    'time="2026-12-06T05:23:36Z" level=warning msg="Using cgroups-v1 which is deprecated in '
+    'favor of cgroups-v2 with Podman v5 and will be removed in a future version."\n'
+)
+
+
+async def test_a_cli_s_warnings_neither_hide_its_error_nor_break_a_run(
+    docker: Docker, agent: Agent
+) -> None:
+    docker.image("cuda", GPU_LABELS)
+    (docker.root / "warning").write_text(PODMAN5_WARNING)
+    ran = await nvidia_docker(docker, "run", "cuda", NV_HOST=f"127.0.0.1:{agent.port}")
+    assert ran.code == 0, ran.stderr
+    assert ran.executed is not None
+    assert "--device=/dev/nvidia0" in ran.executed
+    (docker.root / "inspect-error").write_text(
+        "Error: reading the image store: permission denied\n"
+    )
+    failed = await nvidia_docker(docker, "run", "cuda", NV_HOST=f"127.0.0.1:{agent.port}")
+    assert failed.code == 1
+    assert failed.error().endswith(
+        "docker image inspect cuda failed: Error: reading the image store: permission denied"
+    )
+
+
 async def test_nv_debug_shows_the_traceback(docker: Docker) -> None:
     docker.image("cuda", GPU_LABELS)
     result = await nvidia_docker(docker, "run", "cuda", NV_HOST="ftp://x", NV_DEBUG="1")
