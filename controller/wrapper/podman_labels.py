@@ -109,12 +109,13 @@ class Memory:
             return None
         if identity is None:  # a script named podman: whatever it runs now
             return None
+        euid = os.geteuid()
         variables = [environment.get(name) for name in _VARIABLES]
-        settings, containers_conf = _settings_stamps(_settings_paths(environment, os.geteuid()))
+        settings, containers_conf = _settings_stamps(_settings_paths(environment, euid))
         # options or files that may name a path relative to here: a memory per directory
         relative = words or any(not os.path.isabs(environment.get(v) or "/") for v in _VARIABLES)
         here = os.getcwd() if relative else None
-        key = json_codec.dumps([os.geteuid(), program, identity, words, variables, settings, here])
+        key = json_codec.dumps([euid, program, identity, words, variables, settings, here])
         entries = user_cache.read(path)
         # containers.conf may make podman a client of a service (its store is the service's):
         # read once per setting, when it is learnt (a remembered one was read as it is now)
@@ -192,22 +193,18 @@ def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str
     if not os.path.isabs(config):
         home = environment.get("HOME") or ""
         config = os.path.join(home, ".config") if os.path.isabs(home) else ""
-    drop_ins = (
+    by_user = (
         (".rootful.conf.d",) if euid == 0 else (".rootless.conf.d", f".rootless.conf.d/{euid}")
     )
+    places = [(directory, (".conf", ".conf.d", *by_user)) for directory in _SYSTEM_SETTINGS]
+    if config:
+        places.append((os.path.join(config, "containers"), (".conf", ".conf.d")))
     paths = [
         (os.path.join(directory, kind) + ending, kind)
-        for directory in _SYSTEM_SETTINGS
+        for directory, endings in places
         for kind in _SETTINGS_KINDS
-        for ending in (".conf", ".conf.d", *drop_ins)
+        for ending in endings
     ]
-    if config:
-        user = os.path.join(config, "containers")
-        paths += [
-            (os.path.join(user, kind) + e, kind)
-            for kind in _SETTINGS_KINDS
-            for e in (".conf", ".conf.d")
-        ]
     return [*paths, *((environment[v], kind) for v, kind in _FILE_VARIABLES if environment.get(v))]
 
 
