@@ -160,13 +160,15 @@ def _no_load(_: Unit) -> tuple[int, int]:
     return (0, 0)  # free units: no leases on them; utilization is not asked for
 
 
-Picks = dict[tuple[Hashable, tuple[Unit, ...], int], tuple[tuple[Unit, ...], tuple[PairScore, ...]]]
+# (topology signature, the free GPUs' indices, count) -> (the picked GPUs' indices, pair scores)
+Picks = dict[tuple[Hashable, tuple[int, ...], int], tuple[tuple[int, ...], tuple[PairScore, ...]]]
 
 
 def _signature(info: Any) -> Hashable:
     """What of ``/gpu/info/json`` the picker reads, as a key (None: not usable as one): the
-    nodes of one model answer the same, so a fleet's picks are made once per shape and free
-    set (0.4 ms each on an 8-GPU node, measured)."""
+    nodes of one model answer the same (their UUIDs differ, and are not part of it), so a
+    fleet's picks are made once per shape and set of free GPU indices: a pick costs 0.24 ms
+    on an 8-GPU node, a reused one nothing (``python -m tests.benchmarks.bench_free_picks``)."""
     devices = info.get("Devices") if isinstance(info, Mapping) else None
     if not isinstance(devices, list):
         return None
@@ -214,8 +216,11 @@ def candidate(
         chosen = _pick_migs(wanted, ask.count, _no_load)
     else:
         info = result.answers.get("info")
-        key = (_signature(info), tuple(wanted), ask.count)
-        cached = picks is not None and key[0] is not None
+        # the picker reads the topology and the GPUs' indices, never a UUID: the key holds
+        # no more, so that the nodes of one model share their picks
+        by_gpu = {u.gpu: u for u in wanted}
+        key = (_signature(info), tuple(sorted(by_gpu)), ask.count)
+        cached = picks is not None and key[0] is not None and len(by_gpu) == len(wanted)
         known = picks.get(key) if picks is not None and cached else None
         if known is None:
             topology = node_topology(info)
@@ -224,12 +229,14 @@ def candidate(
             conn = Connectivity(topology)
             picked = pick_gpus(wanted, ask.count, conn, _no_load)
             pairs = itertools.combinations(picked, 2)
-            known = (picked, tuple(sorted(conn.score(a.gpu, b.gpu) for a, b in pairs)))
+            scores = tuple(sorted(conn.score(a.gpu, b.gpu) for a, b in pairs))
+            known = (tuple(u.gpu for u in picked), scores)
             if picks is not None and cached:
                 if len(picks) >= MAX_PICKS:
                     picks.clear()
                 picks[key] = known
-        chosen, rank = known
+        indices, rank = known
+        chosen = tuple(by_gpu[gpu] for gpu in indices)
         link = link_words(rank[0]) if rank else "-"
     numa = tuple(sorted({u.numa_node for u in chosen if u.numa_node is not None}))
     return Candidate(

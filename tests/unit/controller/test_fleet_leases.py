@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,3 +262,42 @@ def test_free_sorts_nodes_by_their_best_sets_connectivity() -> None:
     lines = tally.lines(None)
     assert lines[1].split() == ["nvlink", "3/4", "2,3", "NVLink", "1"]
     assert lines[4].split() == ["sockets", "2/4", "0,2", "across", "sockets", "0,1"]
+
+
+def test_free_picks_once_for_a_fleet_of_one_model_whose_gpus_have_their_own_uuids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real fleet: the nodes of one model answer the same topology, each with its own GPU
+    # UUIDs. The pick (a quarter of a millisecond on 8 GPUs) is made once per topology and
+    # set of free GPUs, not once per node: 10,000 nodes would otherwise take seconds here.
+    import controller.fleet.free_view as free_view  # noqa: PLC0415
+    from agent.leases.picking import Connectivity, LoadOf, pick_gpus  # noqa: PLC0415
+    from agent.leases.units import Unit  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+
+    picked = []
+
+    def counted(
+        candidates: Sequence[Unit], count: int, conn: Connectivity, load_of: LoadOf
+    ) -> tuple[Unit, ...]:
+        picked.append(count)
+        return pick_gpus(candidates, count, conn, load_of)
+
+    monkeypatch.setattr(free_view, "pick_gpus", counted)
+    numa = [0, 0, 0, 0, 1, 1, 1, 1]
+    links = {(a, b): (1, 18) for a in range(8) for b in range(a + 1, 8) if a // 2 == b // 2}
+    info = _info(links, numa)
+    tally = free_view.FreeTally(free_view.FreeAsk(2))
+    for order in range(50):
+        free = {1, 2, 3, 6, 7} if order % 10 else {0, 2, 5}  # every tenth node: other GPUs free
+        leases = _leases(free, numa)
+        for unit in leases["Units"]:  # type: ignore[index]
+            unit["UUID"] = f"GPU-{order:08x}-0000-0000-0000-{unit['GPU']:012x}"
+        node = FleetNode(f"node{order}", parse_endpoint(f"node{order}:"))
+        tally.add(NodeResult(node, {"info": info, "leases": leases}), order)
+    assert len(picked) == 2  # one pick per set of free GPUs, whatever the UUIDs
+    found = {c.node: (c.names, c.link, c.numa) for c in tally.found}
+    assert len(found) == 50
+    assert found["node1"] == found["node49"] == (("2", "3"), "NVLink", (0,))
+    assert found["node0"] == found["node40"] == (("0", "2"), "across sockets", (0,))
