@@ -300,6 +300,7 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
         tls=tls,
         processes=args.farm_processes,
         event_loop=args.farm_loop,
+        own_uuids=True,  # as a real fleet's nodes: `free` keys its picks on no UUID
     )
     try:
         scheme = "https" if pki is not None else "http"

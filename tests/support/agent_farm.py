@@ -18,6 +18,11 @@ share one application per process (one lease table per process: a lease asked of
 (``auto``: uvloop when installed, as ``nvidia-docker-plugin`` runs; the default here is
 ``asyncio``).
 
+``--own-uuids`` gives each node GPUs of its own, as in a real fleet: every GPU UUID in its
+answers ends in the node's port (``GPU-825bd660-d5ca-57d3-b40a-8a8f9900d35b`` on port
+54107), where otherwise the nodes of one kind name the same GPUs (a fleet client that keys
+anything on a UUID would then look faster here than on real nodes).
+
 ``--leases`` gives the nodes the lease routes (``/leases/json``...: one lease table per kind,
 shared by its nodes as the status service is); without it they answer 404 there, as agents
 older than leases do. ``--tls-cert F --tls-key K`` serves every node over TLS.
@@ -59,7 +64,7 @@ from pathlib import Path
 from aiohttp import web
 
 from agent.api.docker_cli import control_devices
-from agent.api.routes import create_app
+from agent.api.routes import Handler, Wrapper, create_app
 from agent.gpu.simulated import SimulatedBackend
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
@@ -100,6 +105,27 @@ def _write_ports(ports_file: Path, ports: list[int], kinds: list[str]) -> None:
     tmp.replace(ports_file)
 
 
+def _own_uuids(uuids: list[str]) -> Wrapper:
+    """A route wrapper: the answer's ``uuids`` end in the port the request came to."""
+    given = [uuid.encode() for uuid in uuids]
+
+    def wrap(handler: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            response = await handler(request)
+            if isinstance(response, web.Response) and isinstance(response.body, bytes):
+                body = response.body
+                port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+                tail = f"{port:06x}".encode()
+                for uuid in given:
+                    body = body.replace(uuid, uuid[:-6] + tail)
+                response.body = body
+            return response
+
+        return handle
+
+    return wrap
+
+
 async def _serve(
     socks: list[socket.socket],
     kinds: list[str],
@@ -107,6 +133,7 @@ async def _serve(
     *,
     leases: bool = False,
     tls: ssl.SSLContext | None = None,
+    own_uuids: bool = False,
 ) -> None:
     """Serve ``socks`` (node ``i`` of kind ``kinds[i % len(kinds)]``); control on stdin."""
     raise_fd_limit(len(socks) * 4 + 256)
@@ -126,8 +153,10 @@ async def _serve(
         if leases:  # pending grants last an hour: a test's or benchmark's leases stay
             table = LeaseService.open(node, facts.health, LeaseSettings(pending_s=3600.0), None)
             tables.append(table)
+        uuids = [d.uuid for d in node.devices if d.uuid] if own_uuids else []
+        around = (_own_uuids(uuids),) if uuids else ()
         runner = web.AppRunner(
-            create_app(NodeState(facts), status, leases=table),
+            create_app(NodeState(facts), status, around=around, leases=table),
             access_log=None,
             handle_signals=False,
             shutdown_timeout=1.0,
@@ -186,6 +215,7 @@ def main() -> None:
     parser.add_argument("--simulate", action="append", required=True)
     parser.add_argument("--ports-file", type=Path, required=True)
     parser.add_argument("--leases", action="store_true")
+    parser.add_argument("--own-uuids", action="store_true")
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--processes", type=int, default=1)
@@ -201,7 +231,11 @@ def main() -> None:
 
     def serve(mine: list[socket.socket], kinds: list[str], ports_file: Path | None) -> None:
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(_serve(mine, kinds, ports_file, leases=args.leases, tls=tls))
+            runner.run(
+                _serve(
+                    mine, kinds, ports_file, leases=args.leases, tls=tls, own_uuids=args.own_uuids
+                )
+            )
 
     if args.processes <= 1:
         serve(socks, args.simulate, args.ports_file)
@@ -327,10 +361,12 @@ def start_farm(
     tls: tuple[Path, Path] | None = None,
     processes: int = 1,
     event_loop: str = "asyncio",
+    own_uuids: bool = False,
 ) -> AgentFarm:
     """Start ``count`` agents and wait until every one listens; ``leases``: with the lease
     routes; ``tls``: (certificate, key) to serve TLS with; ``processes``: spread over that
-    many processes; ``event_loop``: ``asyncio``, ``uvloop`` or ``auto`` (as the agent's)."""
+    many processes; ``event_loop``: ``asyncio``, ``uvloop`` or ``auto`` (as the agent's);
+    ``own_uuids``: each node's GPUs named by UUIDs of its own."""
     root = Path(tempfile.mkdtemp(prefix="nvd-farm-"))
     ports_file = root / "ports"
     command = [sys.executable, "-m", "tests.support.agent_farm", "--count", str(count)]
@@ -339,6 +375,8 @@ def start_farm(
     command += ["--ports-file", str(ports_file)]
     if leases:
         command.append("--leases")
+    if own_uuids:
+        command.append("--own-uuids")
     if tls is not None:
         command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     command += ["--processes", str(processes), "--event-loop", event_loop]
