@@ -68,7 +68,7 @@ def leases(node: tuple[str, ...], nodes: FleetNodes, options: Options) -> None:
 @request_options(FreeRequest, "request")
 def free(node: tuple[str, ...], nodes: FleetNodes, options: Options, request: FreeRequest) -> None:
     """Nodes with N free healthy GPUs now, each with its best-connected set, best first."""
-    from controller.fleet.free_view import FREE, FreeAsk  # noqa: PLC0415
+    from controller.fleet.free_view import FreeAsk, free_query  # noqa: PLC0415
 
     ask = FreeAsk(request.gpus, request.mig.strip() if request.mig else None)
-    sys.exit(run_fleet_command(FREE, node, nodes, options, free=ask))
+    sys.exit(run_fleet_command(free_query(ask), node, nodes, options, free=ask))

@@ -1,15 +1,17 @@
 """Which nodes have N free healthy GPUs now, and their best-connected set: ``free``.
 
 A query, not a scheduler: nothing is asked for, so another client may take the GPUs a moment
-later. For each node that answered, from its ``/gpu/info/json`` (the topology) and
-``/leases/json`` (who holds what):
+later. For each node that answered, from its ``/leases/json`` (who holds what) and, when a
+set of two or more whole GPUs is picked, its ``/gpu/info/json`` (the topology; ``free_query``
+says which a node is asked):
 
 - free units: no holder, healthy (``lease_view.is_free``); whole GPUs, or with ``mig`` the
   MIG devices of that profile;
 - a node qualifies when it has at least ``count`` of them; its set is the one the agent's
   own picker would choose now (``agent.leases.picking.pick_gpus`` on the same connectivity:
   NVLink, then the same PCIe switch, then the same NUMA node, then across CPU sockets, a set
-  as good as its worst pair), MIG devices in index order (``pick_migs``);
+  as good as its worst pair; for one GPU the picker's choice among equals, the lowest index,
+  which needs no topology), MIG devices in index order (``pick_migs``);
 - qualifying nodes are sorted best-connected first (worst pair, then the next worst...),
   the nodes' order among equals.
 
@@ -32,6 +34,7 @@ from controller.fleet.query import INFO_REQUEST, NodeResult, Query
 from controller.fleet.table import Column, Row, render
 
 FREE = Query("free", (INFO_REQUEST, LEASES_REQUEST))
+FREE_UNLINKED = Query("free", (LEASES_REQUEST,))  # one GPU, or MIG devices: no topology read
 MAX_NOTES = 1000  # agents too old for leases named on stderr; the rest are counted
 MAX_PICKS = 4096  # picks remembered for nodes of the same shape (then forgotten, all at once)
 
@@ -85,6 +88,13 @@ class Candidate:
             "link": self.link,
             "numa_nodes": list(self.numa),
         }
+
+
+def free_query(ask: FreeAsk) -> Query:
+    """What ``free`` asks each node for ``ask``: the topology too only where it picks a set
+    of two or more whole GPUs (one request a node instead of two for ``--gpus 1``, the
+    default, and for MIG devices)."""
+    return FREE if ask.mig is None and ask.count > 1 else FREE_UNLINKED
 
 
 def link_words(score: PairScore) -> str:
@@ -214,6 +224,8 @@ def candidate(
     chosen: tuple[Unit, ...]
     if ask.mig is not None:
         chosen = _pick_migs(wanted, ask.count, _no_load)
+    elif ask.count == 1:  # no pair to score: the picker takes the lowest index of equals
+        chosen = (min(wanted, key=lambda u: u.gpu),)
     else:
         info = result.answers.get("info")
         # the picker reads the topology and the GPUs' indices, never a UUID: the key holds

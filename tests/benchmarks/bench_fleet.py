@@ -326,6 +326,7 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
             "status": (["status", *flags], 0),
             "leases": (["leases", *flags], 0),
             "leases --json": (["leases", "--json", *flags], 0),
+            "free --gpus 1": (["free", *flags], 0),
             "free --gpus 2": (["free", "--gpus", "2", *flags], 0),
             "free --gpus 6 (none)": (["free", "--gpus", "6", *flags], 1),
         }

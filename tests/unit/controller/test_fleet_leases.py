@@ -181,7 +181,12 @@ def test_free_json_has_the_qualifying_nodes_best_first(fleet: Fleet) -> None:
     document = json.loads(result.stdout)
     assert [c["node"] for c in document["free"]] == ["busy", "mig"]
     assert document["free"][0]["free"] == 5
-    assert set(document["nodes"]["busy"]) >= {"info", "leases", "error"}
+    # one GPU: each node's leases alone (no topology asked); two: its topology too
+    assert set(document["nodes"]["busy"]) >= {"leases", "error"}
+    assert "info" not in document["nodes"]["busy"]
+    result = ctl("free", "--json", "--gpus", "2", "-i", str(fleet.inventory), "-l", "busy")
+    assert result.exit_code == 0
+    assert set(json.loads(result.stdout)["nodes"]["busy"]) >= {"info", "leases", "error"}
 
 
 def test_unreachable_nodes_exit_3_and_a_qualifying_node_wins_over_a_dead_one(
@@ -301,3 +306,37 @@ def test_free_picks_once_for_a_fleet_of_one_model_whose_gpus_have_their_own_uuid
     assert len(found) == 50
     assert found["node1"] == found["node49"] == (("2", "3"), "NVLink", (0,))
     assert found["node0"] == found["node40"] == (("0", "2"), "across sockets", (0,))
+
+
+def test_free_for_one_gpu_asks_no_topology_and_takes_the_pickers_gpu() -> None:
+    # One GPU (the default) or MIG devices: no pair to score, so `free` asks each node for
+    # its leases alone, and takes the GPU the picker would take on any topology.
+    import itertools  # noqa: PLC0415
+
+    import controller.fleet.free_view as free_view  # noqa: PLC0415
+    from agent.leases.picking import Connectivity, pick_gpus  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+
+    paths = {ask: [r.path for r in free_view.free_query(ask).requests] for ask in (
+        free_view.FreeAsk(1), free_view.FreeAsk(3, "1g.18gb"), free_view.FreeAsk(2))}  # fmt: skip
+    assert paths == {
+        free_view.FreeAsk(1): ["/leases/json"],
+        free_view.FreeAsk(3, "1g.18gb"): ["/leases/json"],
+        free_view.FreeAsk(2): ["/gpu/info/json", "/leases/json"],
+    }
+    numa = [0, 0, 1, 1]
+    topologies = [{}, {(2, 3): (1, 18)}, {(0, 1): (5, 0), (1, 3): (1, 18)}]
+    for links, size in itertools.product(topologies, (1, 2, 3)):
+        for free in itertools.combinations(range(4), size):
+            node = FleetNode("n", parse_endpoint("n:"))
+            leases = _leases(set(free), numa)
+            alone = free_view.candidate(NodeResult(node, {"leases": leases}), free_view.FreeAsk(1))
+            info = free_view.node_topology(_info(links, numa))
+            units = [free_view._unit(u) for u in leases["Units"] if u["State"] == "free"]  # type: ignore[index]
+            picked = pick_gpus(
+                [u for u in units if u is not None], 1, Connectivity(info), free_view._no_load
+            )
+            assert alone is not None
+            assert alone.names == tuple(u.name for u in picked)
+            assert (alone.link, alone.rank, alone.free, alone.total) == ("-", (), size, 4)
