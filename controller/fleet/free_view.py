@@ -177,7 +177,7 @@ Picks = dict[tuple[Hashable, tuple[int, ...], int], tuple[tuple[int, ...], tuple
 def _signature(info: Any) -> Hashable:
     """What of ``/gpu/info/json`` the picker reads, as a key (None: not usable as one): the
     nodes of one model answer the same (their UUIDs differ, and are not part of it), so a
-    fleet's picks are made once per shape and set of free GPU indices: a pick costs 0.24 ms
+    fleet's picks are made once per shape and set of free GPU indices: a pick costs 0.2 ms
     on an 8-GPU node, a reused one only its key
     (``python -m tests.benchmarks.bench_free_picks``)."""
     devices = info.get("Devices") if isinstance(info, Mapping) else None
