@@ -38,20 +38,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from tests.benchmarks.bench_fleet_tls import make_certificates
 from tests.benchmarks.proc_usage import machine_busy_seconds, usable_cpus
-from tests.support.agent_farm import AgentFarm, raise_fd_limit, start_farm
+from tests.support.agent_farm import AgentFarm, ask_lease, raise_fd_limit, start_farm
 from tests.support.certs import Pki, make_pki
 from tests.support.services import python_path
 from tests.support.ssh_fleet import SshFleet, start_ssh_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 HTTP_TARGET_S = 5.0
+BENCH_LEASE = {"count": 3, "owner": {"user": "bench"}}  # every lease run's nodes: 5 of 8 free
 SSH_TARGET_S = 30.0
 
 
@@ -305,15 +305,10 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
     try:
         scheme = "https" if pki is not None else "http"
         context = ssl.create_default_context(cafile=pki.pem(ca)) if pki is not None else None
+        # the nodes of one kind in one farm process share one lease table: node k is in
+        # process k, and every node of that process has this lease
         for port in farm.ports[: args.farm_processes]:
-            ask = urllib.request.Request(
-                f"{scheme}://127.0.0.1:{port}/leases",
-                data=b'{"count": 3, "owner": {"user": "bench"}}',
-                method="POST",
-            )  # the nodes of one kind in one farm process share one lease table: node k
-            # is in process k, and every node of that process has this lease
-            with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
-                assert answer.status == 201
+            ask_lease(f"{scheme}://127.0.0.1:{port}", BENCH_LEASE, context)
         nodes = work / "lease-nodes"
         nodes.write_text("".join(f"{scheme}://127.0.0.1:{p}\n" for p in farm.ports))
         flags = ["--nodes", str(nodes)]

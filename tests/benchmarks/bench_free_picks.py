@@ -29,7 +29,8 @@ from agent.leases.picking import Connectivity, LoadOf, pick_gpus
 from agent.leases.units import Unit
 from controller.fleet.query import FleetNode, NodeResult
 from controller.transport.endpoint import parse_endpoint
-from tests.support.agent_farm import start_farm
+from tests.benchmarks.bench_fleet import BENCH_LEASE
+from tests.support.agent_farm import ask_lease, start_farm
 
 NODE = "hgx-h200-8"
 
@@ -38,11 +39,7 @@ def _answers() -> tuple[Any, Any]:
     farm = start_farm(1, (NODE,), leases=True)
     try:
         base = f"http://127.0.0.1:{farm.ports[0]}"
-        ask = urllib.request.Request(
-            f"{base}/leases", data=b'{"count": 3, "owner": {"user": "bench"}}', method="POST"
-        )
-        with urllib.request.urlopen(ask, timeout=30) as answer:
-            assert answer.status == 201
+        ask_lease(base, BENCH_LEASE)
         with urllib.request.urlopen(f"{base}/gpu/info/json", timeout=30) as answer:
             info = json.load(answer)
         with urllib.request.urlopen(f"{base}/leases/json", timeout=30) as answer:

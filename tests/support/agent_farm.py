@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -57,7 +58,8 @@ import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -350,6 +352,18 @@ class AgentFarm:
         for path in self.root.iterdir():
             path.unlink()
         self.root.rmdir()
+
+
+def ask_lease(
+    url: str, body: Mapping[str, object], context: ssl.SSLContext | None = None
+) -> dict[str, object]:
+    """``POST body`` to ``url`` + ``/leases`` (a farm node's, or an agent's): the grant; the
+    answer must be 201. The nodes of one kind in one farm process share one lease table."""
+    ask = urllib.request.Request(f"{url}/leases", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(ask, timeout=30, context=context) as answer:
+        assert answer.status == 201
+        granted: dict[str, object] = json.loads(answer.read())
+        return granted
 
 
 def start_farm(

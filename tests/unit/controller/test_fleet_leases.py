@@ -11,7 +11,6 @@ The ctl runs through click's runner, its two streams read as a person reads them
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 from click.testing import Result
 
 from controller.ctl.main import main
-from tests.support.agent_farm import start_farm
+from tests.support.agent_farm import ask_lease, start_farm
 from tests.support.agent_process import running_agent
 from tests.support.cli import cli_runner
 from tests.support.services import free_port
@@ -39,13 +38,7 @@ class Fleet:
 
 
 def _ask(port: int, body: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/leases", data=json.dumps(body).encode(), method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 201
-        granted: dict[str, object] = json.loads(answer.read())
-        return granted
+    return ask_lease(f"http://127.0.0.1:{port}", body)
 
 
 def _agent(base: Path, simulate: str) -> Generator[int, None, None]:
