@@ -1,6 +1,7 @@
 """The lease routes of the REST API: ask (``POST /leases``), list (``GET /leases``,
-``/leases/json``), release (``DELETE /leases/{id}``). docs/leases.md, "The REST API", is
-the contract: JSON bodies and answers, one-line errors, the refusal's kind for programs.
+``/leases/json``), what an ask would get now (``GET /leases/free?count=N``), release
+(``DELETE /leases/{id}``). docs/leases.md, "The REST API", is the contract: JSON bodies
+and answers, one-line errors, the refusal's kind for programs.
 
 An ask's body is bounded (``MAX_ASK_BYTES``, 32 levels: ``plugin.json_body``), every field
 checked here before the table sees it; an ask that waits holds its request open until the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +32,8 @@ from agent.leases.answers import Granted, Refusal, Refused, Released, Taken
 from agent.leases.asks import Ask, InvalidAsk
 from agent.leases.holders import Lease
 from agent.leases.labels import labels_for
+from agent.leases.picking import link_words
+from agent.leases.plans import FreeSet
 from agent.leases.view import TableView
 from agent.leasing.service import LeaseService
 from plugin.json_body import BodyError, parse_json
@@ -39,6 +42,8 @@ MAX_ASK_BYTES = 64 * 1024
 MAX_WAIT_S = 600.0
 MAX_OWNER_LABELS = 32
 MAX_LABEL_CHARS = 256
+MAX_FREE_COUNT = 1024  # GET /leases/free?count=N: more than any node has
+MAX_PROFILE_CHARS = 64
 SYSFS = Path("/sys")
 DISCONNECT_POLL_S = 0.25  # how soon a waiting ask notices that its client hung up
 
@@ -121,6 +126,39 @@ def _owner(raw: object) -> tuple[tuple[str, str], ...]:
             raise _BadAsk("owner", f"owner labels are printable strings of 1 to {MAX_LABEL_CHARS}")
         labels.append((key, str(value)))
     return tuple(sorted(labels))
+
+
+def _free_params(query: Mapping[str, str]) -> tuple[int, str | None]:
+    """``count`` and ``mig_profile`` of ``GET /leases/free``; ``_BadAsk`` naming the one that
+    is wrong."""
+    text = query.get("count", "1")
+    if not (text.isascii() and text.isdigit() and len(text) <= 4) or not (
+        1 <= int(text) <= MAX_FREE_COUNT
+    ):
+        raise _BadAsk("count", f"count must be a whole number from 1 to {MAX_FREE_COUNT}")
+    profile = query.get("mig_profile")
+    if profile is not None and not (
+        0 < len(profile) <= MAX_PROFILE_CHARS and profile.isprintable()
+    ):
+        raise _BadAsk("mig_profile", 'mig_profile must be a MIG profile name, e.g. "1g.18gb"')
+    return int(text), profile
+
+
+def free_json(free: FreeSet, count: int, profile: str | None) -> dict[str, Any]:
+    """``GET /leases/free``: what an exclusive ask for ``count`` would get now."""
+    return {
+        "Count": count,
+        "MigProfile": profile,
+        "GPUs": free.gpus,
+        "Units": free.units,
+        "Free": free.free,
+        "Set": [
+            {"Name": u.name, "UUID": u.uuid, "GPU": u.gpu, "MIG": u.mig, "NumaNode": u.numa_node}
+            for u in free.chosen
+        ],
+        "Link": link_words(free.pairs[0]) if free.pairs else "-",
+        "Pairs": [list(score) for score in free.pairs],
+    }
 
 
 def _taken(taken: Taken) -> dict[str, Any]:
@@ -307,6 +345,14 @@ def make_routes(
                 unit["Idle"] = by_unit.get(unit["Name"], [])
         return _json(200, body)
 
+    async def free(request: web.Request) -> web.StreamResponse:
+        try:
+            count, profile = _free_params(request.query)
+        except _BadAsk as err:
+            return _error(400, str(err), Field=err.field)
+        free_set = request.app[LEASES].free_set(count, profile)
+        return _json(200, free_json(free_set, count, profile))
+
     async def list_text(request: web.Request) -> web.StreamResponse:
         return web.Response(text=view_text(request.app[LEASES].view()), content_type="text/plain")
 
@@ -322,6 +368,7 @@ def make_routes(
         ("POST", "/leases", ask),
         ("GET", "/leases", list_text),
         ("GET", "/leases/json", list_json),
+        ("GET", "/leases/free", free),
         ("DELETE", "/leases/{lease}", release),
     ]
 

@@ -49,6 +49,16 @@ def _tier(link: PciLink, a: DeviceInfo, b: DeviceInfo) -> int:
     return TIER_NUMA if a.cpu_affinity == b.cpu_affinity else TIER_SOCKETS
 
 
+LINK_WORDS = {TIER_SWITCH: "PCIe switch", TIER_NUMA: "NUMA node", TIER_SOCKETS: "across sockets"}
+
+
+def link_words(score: PairScore) -> str:
+    """A pair's score in a few words: ``NVLink``, ``PCIe switch``, ``NUMA node``, ``across
+    sockets`` or ``unknown`` (what ``GET /leases/free`` and ``nvidia-docker-ctl free`` show)."""
+    nvlink, tier, _ = score
+    return "NVLink" if nvlink else LINK_WORDS.get(tier, "unknown")
+
+
 class Connectivity:
     """The pair scores of a node's GPUs, read once from their topology."""
 

@@ -4,13 +4,14 @@ computed from the units, who holds them and how they are joined, and changing no
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, replace
 
 from agent.leases.answers import Refusal, Refused
 from agent.leases.asks import Ask, ask_text
 from agent.leases.labels import LeaseLabel
 from agent.leases.occupancy import Occupancy
-from agent.leases.picking import Connectivity, LoadOf, pick_gpus, pick_migs
+from agent.leases.picking import Connectivity, LoadOf, PairScore, pick_gpus, pick_migs
 from agent.leases.texts import plural, taken_list, taken_text, unit_label, units_text
 from agent.leases.units import NodeUnits, Unit
 
@@ -86,6 +87,20 @@ def wanted_of_label(label: LeaseLabel, units: NodeUnits) -> Wanted:
     return Wanted(Kind.DEVICES, label.exclusive, len(label.units), keys=label.units, names=names)
 
 
+@dataclass(frozen=True, slots=True)
+class FreeSet:
+    """What an exclusive ask for ``count`` whole GPUs (or MIG devices of one profile) would
+    get now: ``chosen``, empty when fewer than ``count`` are free; how many units of that
+    kind are free (healthy, no holder) and how many the node has; for two or more whole GPUs
+    the chosen set's pair scores, worst first; ``gpus``: the node's GPUs."""
+
+    gpus: int
+    free: int
+    units: int
+    chosen: tuple[Unit, ...]
+    pairs: tuple[PairScore, ...]
+
+
 class Planner:
     """Plans asks against one state of the table (its units, holders, links and loads)."""
 
@@ -104,6 +119,21 @@ class Planner:
         if wanted.kind is Kind.MIG:
             return self._count(wanted, self._units.mig_units(wanted.profile or ""))
         return self._count(wanted, self._units.whole_gpus())
+
+    def free_set(self, count: int, profile: str | None) -> FreeSet:
+        """The set an exclusive ask for ``count`` units would get now (whole GPUs, or MIG
+        devices of ``profile``), the queue aside: what ``GET /leases/free`` answers."""
+        pool = self._units.whole_gpus() if profile is None else self._units.mig_units(profile)
+        free = [u for u in pool if self._occ.fits(u, True)]
+        made = FreeSet(len(self._units.node.devices), len(free), len(pool), (), ())
+        if count < 1 or len(free) < count:
+            return made
+        if profile is not None:
+            return replace(made, chosen=pick_migs(free, count, self._load_of))
+        chosen = pick_gpus(free, count, self._conn, self._load_of)
+        pairs = itertools.combinations(chosen, 2)
+        scores = tuple(sorted(self._conn.score(a.gpu, b.gpu) for a, b in pairs))
+        return replace(made, chosen=chosen, pairs=scores)
 
     def _count(self, wanted: Wanted, pool: tuple[Unit, ...]) -> tuple[Unit, ...] | Refused:
         if len(pool) < wanted.count:

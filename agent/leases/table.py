@@ -44,7 +44,7 @@ from agent.leases.asks import Ask, InvalidAsk, check_ask
 from agent.leases.containers import Container, GpuUser, check_engine
 from agent.leases.holders import ForeignSource, Lease, LeaseState, lease_number
 from agent.leases.loads import GpuLoad
-from agent.leases.plans import FINAL, Wanted, advised, wanted_of
+from agent.leases.plans import FINAL, FreeSet, Wanted, advised, wanted_of
 from agent.leases.snapshot import Snapshot
 from agent.leases.state import TableState
 from agent.leases.texts import plural, short_id, when
@@ -315,6 +315,11 @@ class LeaseTable(TableState):
             tuple(self._foreign.values()),
             tuple(self._waiting),
         )
+
+    def free_set(self, count: int, profile: str | None = None) -> FreeSet:
+        """What an exclusive ask for ``count`` whole GPUs (MIG devices of ``profile``) would
+        get now, the queue aside; changes nothing."""
+        return self._planner().free_set(count, profile)
 
     def lease(self, lease_id: str) -> Lease | None:
         return self._leases.get(lease_id)

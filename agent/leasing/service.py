@@ -46,6 +46,7 @@ from agent.leases.asks import Ask
 from agent.leases.containers import Container, GpuUser
 from agent.leases.holders import Lease
 from agent.leases.loads import GpuLoad
+from agent.leases.plans import FreeSet
 from agent.leases.settings import LeaseSettings
 from agent.leases.snapshot import Snapshot, SnapshotError, snapshot_from_json, snapshot_to_json
 from agent.leases.table import LeaseTable
@@ -151,6 +152,10 @@ class LeaseService:
 
     def view(self) -> TableView:
         return self._table.view()
+
+    def free_set(self, count: int, profile: str | None = None) -> FreeSet:
+        """What an exclusive ask for ``count`` would get now (``LeaseTable.free_set``)."""
+        return self._table.free_set(count, profile)
 
     def lease(self, lease_id: str) -> Lease | None:
         return self._table.lease(lease_id)

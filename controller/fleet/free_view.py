@@ -1,21 +1,23 @@
 """Which nodes have N free healthy GPUs now, and their best-connected set: ``free``.
 
 A query, not a scheduler: nothing is asked for, so another client may take the GPUs a moment
-later. For each node that answered, from its ``/leases/json`` (who holds what) and, when a
-set of two or more whole GPUs is picked, its ``/gpu/info/json`` (the topology; ``free_query``
-says which a node is asked):
+later. Each node is asked ``GET /leases/free?count=N`` (``&mig_profile=P``): what an
+exclusive ask would get there now, picked by the agent itself with its GPUs' loads, in one
+small answer (``free_query``). An agent older than that route (HTTP 404 or 405) is asked on
+a second connection for its ``/leases/json`` (who holds what) and, when a set of two or more
+whole GPUs is picked, its ``/gpu/info/json`` (the topology), and the set is picked here:
 
 - free units: no holder, healthy (``lease_view.is_free``); whole GPUs, or with ``mig`` the
   MIG devices of that profile;
 - a node qualifies when it has at least ``count`` of them; its set is the one the agent's
-  own picker would choose now (``agent.leases.picking.pick_gpus`` on the same connectivity:
-  NVLink, then the same PCIe switch, then the same NUMA node, then across CPU sockets, a set
-  as good as its worst pair; for one GPU the picker's choice among equals, the lowest index,
-  which needs no topology), MIG devices in index order (``pick_migs``);
-- qualifying nodes are sorted best-connected first (worst pair, then the next worst...),
-  the nodes' order among equals.
+  own picker would choose for idle GPUs (``agent.leases.picking.pick_gpus`` on the same
+  connectivity: NVLink, then the same PCIe switch, then the same NUMA node, then across CPU
+  sockets, a set as good as its worst pair; for one GPU the picker's choice among equals,
+  the lowest index, which needs no topology), MIG devices in index order (``pick_migs``).
 
-Only the qualifying nodes' few facts are kept (``Candidate``), never the answers.
+Either way, qualifying nodes are sorted best-connected first (worst pair, then the next
+worst...), the nodes' order among equals. Only the qualifying nodes' few facts are kept
+(``Candidate``), never the answers.
 """
 
 from __future__ import annotations
@@ -26,15 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.gpu.model import Clocks, DeviceInfo, DeviceMemory, NodeInfo, PciInfo, PciLink, PeerLink
-from agent.leases.picking import TIER_NUMA, TIER_SOCKETS, TIER_SWITCH, Connectivity, pick_gpus
+from agent.leases.picking import Connectivity, link_words, pick_gpus
 from agent.leases.picking import pick_migs as _pick_migs
 from agent.leases.units import Unit
 from controller.fleet.lease_view import LEASES_REQUEST, TOO_OLD, is_free, units
-from controller.fleet.query import INFO_REQUEST, NodeResult, Query
+from controller.fleet.query import INFO_REQUEST, NodeResult, Query, Request
 from controller.fleet.table import Column, Row, render
 
-FREE = Query("free", (INFO_REQUEST, LEASES_REQUEST))
-FREE_UNLINKED = Query("free", (LEASES_REQUEST,))  # one GPU, or MIG devices: no topology read
+FREE_PATH = "/leases/free"
 MAX_NOTES = 1000  # agents too old for leases named on stderr; the rest are counted
 MAX_PICKS = 4096  # picks remembered for nodes of the same shape (then forgotten, all at once)
 
@@ -91,20 +92,15 @@ class Candidate:
 
 
 def free_query(ask: FreeAsk) -> Query:
-    """What ``free`` asks each node for ``ask``: the topology too only where it picks a set
-    of two or more whole GPUs (one request a node instead of two for ``--gpus 1``, the
-    default, and for MIG devices)."""
-    return FREE if ask.mig is None and ask.count > 1 else FREE_UNLINKED
-
-
-def link_words(score: PairScore) -> str:
-    """A pair's score (``Connectivity.score``) in a few words."""
-    nvlink, tier, _ = score
-    if nvlink:
-        return "NVLink"
-    return {TIER_SWITCH: "PCIe switch", TIER_NUMA: "NUMA node", TIER_SOCKETS: "across sockets"}.get(
-        tier, "unknown"
-    )
+    """What ``free`` asks each node for ``ask``: ``/leases/free``; an agent older than that
+    route, its leases, and its topology too only where a set of two or more whole GPUs is
+    picked here (one request instead of two for ``--gpus 1``, the default, and for MIG)."""
+    params = {"count": str(ask.count)}
+    if ask.mig is not None:
+        params["mig_profile"] = ask.mig
+    unlinked = ask.mig is not None or ask.count == 1  # no pair to score: no topology read
+    older = (LEASES_REQUEST,) if unlinked else (INFO_REQUEST, LEASES_REQUEST)
+    return Query("free", (Request("free", FREE_PATH, params, must_have="Set", instead=older),))
 
 
 def _int(value: Any) -> int | None:
@@ -198,12 +194,46 @@ def _signature(info: Any) -> Hashable:
     return shape
 
 
+def _score(value: Any) -> PairScore | None:
+    if isinstance(value, list) and len(value) == 3 and all(_int(v) is not None for v in value):
+        return (value[0], value[1], value[2])
+    return None
+
+
+def agents_pick(result: NodeResult, ask: FreeAsk, order: int = 0) -> Candidate | None:
+    """The set the node's agent picked (its ``/leases/free`` answer), or None when it has
+    too few free (or answered something unusable)."""
+    body = result.answers.get("free") if result.ok else None
+    chosen = body.get("Set") if isinstance(body, Mapping) else None
+    if not isinstance(body, Mapping) or not isinstance(chosen, list) or not chosen:
+        return None
+    names = [u.get("Name") if isinstance(u, Mapping) else None for u in chosen]
+    free, total = _int(body.get("Free")), _int(body.get("Units"))
+    pairs = body.get("Pairs")
+    rank = tuple(_score(p) for p in pairs) if isinstance(pairs, list) else ()
+    fit = len(names) == ask.count and all(isinstance(n, str) for n in names)
+    if not fit or free is None or total is None or None in rank:
+        return None
+    numa = {_int(u.get("NumaNode")) for u in chosen}
+    link = body.get("Link")
+    return Candidate(
+        order,
+        result.node.name,
+        free,
+        total,
+        tuple(n for n in names if isinstance(n, str)),
+        link if isinstance(link, str) else "-",
+        tuple(sorted(n for n in numa if n is not None)),
+        tuple(sorted(s for s in rank if s is not None)),
+    )
+
+
 def candidate(
     result: NodeResult, ask: FreeAsk, order: int = 0, picks: Picks | None = None
 ) -> Candidate | None:
-    """The node's best set for ``ask``, or None when it does not have enough free.
-    ``picks``: the sets already picked for a topology and its free GPUs (kept by the caller
-    across nodes)."""
+    """The node's best set for ``ask`` from its leases (and topology: an agent older than
+    ``/leases/free``), or None when it does not have enough free. ``picks``: the sets
+    already picked for a topology and its free GPUs (kept by the caller across nodes)."""
     body = result.answers.get("leases") if result.ok else None
     if body is None:
         return None
@@ -271,6 +301,11 @@ class FreeTally:
 
     def add(self, result: NodeResult, order: int) -> None:
         """Take node number ``order`` (its place in the nodes as named: ties keep it)."""
+        if result.ok and "free" in result.answers:  # the agent picked
+            made = agents_pick(result, self.ask, order)
+            if made is not None:
+                self.found.append(made)
+            return
         if result.ok and result.answers.get("leases") is None:
             if len(self.too_old) < MAX_NOTES:
                 self.too_old.append((order, result.node.name))

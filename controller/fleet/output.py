@@ -288,12 +288,15 @@ def node_entry(result: NodeResult) -> dict[str, Any]:
 
 
 def gpu_count(result: NodeResult) -> int:
-    """GPUs the node reported (info), the GPUs of its lease units (leases), or GPU devices it
-    handed to docker (docker-cli)."""
+    """GPUs the node reported (info, or its ``/leases/free`` answer), the GPUs of its lease
+    units (leases), or GPU devices it handed to docker (docker-cli)."""
     if not result.ok:
         return 0
     if "info" in result.answers:
         return len(_devices(result.answers["info"]))
+    if "free" in result.answers:  # /leases/free says how many GPUs the node has
+        gpus = _get(result.answers["free"], "GPUs")
+        return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else 0
     if "leases" in result.answers:  # the GPUs its units are on (None: an older agent)
         units = _get(result.answers["leases"], "Units")
         return len({_get(u, "GPU") for u in units}) if isinstance(units, list) else 0

@@ -10,7 +10,11 @@
 - ``timeout_s`` bounds each node as a whole: connecting, the SSH login and every request.
 - Each node gets one connection (``controller.transport.fleet_http``, a lean HTTP/1.1 client:
   aiohttp's per-request cost would be most of a 10,000-node query's time); its requests
-  follow one another on it and the last one closes it, so no idle socket is kept. HTTPS
+  follow one another on it and the last one closes it, so no idle socket is kept. A request
+  with ``instead`` that the agent does not have (HTTP 404 or 405: an older agent) is
+  replaced by those requests, on the same connection (kept open for them; this side closes
+  it when the route answered): a new route for new agents, the old ones' routes for the
+  rest, one TLS handshake either way. HTTPS
   nodes share one TLS context per CA and certificate. SSH nodes each get one SSH connection
   (``controller.transport.ssh_tunnel``, logins bounded in number), and the node's requests
   go through it.
@@ -61,6 +65,8 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)
     must_have: str | None = None  # a top-level JSON key every agent answer has
     optional: bool = False  # an agent without the route (HTTP 404) answers None: older agents
+    # asked in its place, on a new connection, of an agent without the route (404, 405)
+    instead: tuple[Request, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,22 +243,34 @@ async def ask_node(
                     deadline.reschedule(None)  # no clock while waiting for a login slot
                     await tunnel.connect(restart_clock)
                     unix_path = await tunnel.serve(node.endpoint.http_port)
-                connection = await AgentConnection.open(
-                    node.endpoint, name, tls=tls, unix_path=unix_path
-                )
-                # all of the node's requests in one write (pipelined), the last closing the
-                # connection: a fleet of ten thousand keeps no idle socket open
-                step = "GET " + ", ".join(r.path for r in query.requests)
-                replies = await connection.get_all(
-                    [(r.path, r.params or None) for r in query.requests]
-                )
-                for request, answer in zip(query.requests, replies, strict=True):
-                    if request.optional and answer.status == 404:
-                        answers[request.key] = None  # an older agent, without the route
-                        continue
-                    if answer.status != 200:
-                        raise answer_error(name, request.path, answer, tls)
-                    answers[request.key] = _decode(request, answer.body)
+                batch = query.requests
+                while batch:  # a second round only for routes an older agent lacks
+                    if connection is None or not connection.reusable:
+                        if connection is not None:
+                            connection.close()
+                        connection = await AgentConnection.open(
+                            node.endpoint, name, tls=tls, unix_path=unix_path
+                        )
+                    # all of the node's requests in one write (pipelined), the last closing
+                    # the connection: a fleet of ten thousand keeps no idle socket open;
+                    # kept open where an answer may call for more (a route older agents lack)
+                    step = "GET " + ", ".join(r.path for r in batch)
+                    replies = await connection.get_all(
+                        [(r.path, r.params or None) for r in batch],
+                        last=not any(r.instead for r in batch),
+                    )
+                    later: list[Request] = []
+                    for request, answer in zip(batch, replies, strict=True):
+                        if request.instead and answer.status in (404, 405):
+                            later.extend(replace(r, instead=()) for r in request.instead)
+                            continue
+                        if request.optional and answer.status == 404:
+                            answers[request.key] = None  # an older agent, without the route
+                            continue
+                        if answer.status != 200:
+                            raise answer_error(name, request.path, answer, tls)
+                        answers[request.key] = _decode(request, answer.body)
+                    batch = tuple(later)
             finally:
                 if connection is not None:
                     connection.close()

@@ -289,10 +289,11 @@ class AgentConnection:
         return answer
 
     async def get_all(
-        self, requests: Sequence[tuple[str, Mapping[str, str] | None]]
+        self, requests: Sequence[tuple[str, Mapping[str, str] | None]], *, last: bool = True
     ) -> list[Answer]:
         """Every request at once (HTTP/1.1 pipelining: one write, the answers in order), the
-        last one closing the connection; the caller reads the answers in the same order.
+        last one closing the connection (``last=False``: kept open, for requests that depend
+        on these answers); the caller reads the answers in the same order.
 
         One write and one read for the node where there would be two of each: on two cores
         shared with the agents, system calls are a good part of a fleet query's time. If the
@@ -300,9 +301,9 @@ class AgentConnection:
         not answered are sent again on a new connection (and so on)."""
         if not self._reusable:
             raise NodeError(self.node, f"GET {requests[0][0]}: the agent closed the connection")
-        last = len(requests) - 1
+        closing = len(requests) - 1 if last else -1
         self._reader.send(
-            b"".join(self._request(p, q, i == last) for i, (p, q) in enumerate(requests))
+            b"".join(self._request(p, q, i == closing) for i, (p, q) in enumerate(requests))
         )
         answers: list[Answer] = []
         for path, _ in requests:
@@ -319,7 +320,8 @@ class AgentConnection:
             answers.append(answer)
             if answer.headers.get("connection", "").lower() == "close":
                 self._reusable = False
-        self._reusable = False
+        if last or len(answers) < len(requests):
+            self._reusable = False
         if len(answers) < len(requests):
             again = await AgentConnection.open(
                 self.endpoint, self.node, tls=self._tls, unix_path=self._unix_path
@@ -329,6 +331,11 @@ class AgentConnection:
             finally:
                 again.close()
         return answers
+
+    @property
+    def reusable(self) -> bool:
+        """Whether another request may be sent (the agent has not ended the connection)."""
+        return self._reusable
 
     def _request(self, path: str, params: Mapping[str, str] | None, last: bool) -> bytes:
         target = path + ("?" + urlencode(params) if params else "")

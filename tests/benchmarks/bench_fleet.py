@@ -21,6 +21,11 @@ three GPUs on each; ``--tls``: every node over TLS, with a test CA, ``status`` m
 there too for scale): the table, ``--json``, ``free --gpus 2`` (every node qualifies) and
 ``free --gpus 6`` (none does: exit 1).
 
+``--agents current,prior,current`` runs the lease runs against farms of those kinds, one
+after the other in that order: ``current`` nodes answer ``GET /leases/free`` (``free`` asks
+them that alone), ``prior`` ones as agents before that route did (405: ``free`` asks them
+again for their leases, and their topology for two or more GPUs, and picks itself).
+
 ``--ctl-cpu-list 0,1`` pins the ctl (and its workers) to those CPUs and the farm to the
 others: on a machine with cores to spare, the ctl's own time on two cores, the agents' work
 elsewhere as on a real fleet.
@@ -242,6 +247,12 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="leases runs whose names start with these (comma separated)"
     )
+    parser.add_argument(
+        "--agents",
+        default="current",
+        help="the lease runs' farms, in order: current (with GET /leases/free), prior "
+        "(agents before it), e.g. current,prior,current",
+    )
     args = parser.parse_args()
     commands = {c.strip() for c in args.commands.split(",")}
     global CTL_CPUS  # noqa: PLW0603 (one setting for every run of the ctl)
@@ -272,7 +283,10 @@ def main() -> None:
         if "status" in commands:
             status_runs(args, work)
         if "leases" in commands:
-            lease_runs(args, work)
+            for kind in (a.strip() for a in args.agents.split(",")):
+                if kind not in ("current", "prior"):
+                    parser.error(f"--agents {args.agents}: current or prior, comma separated")
+                lease_runs(args, work, prior=kind == "prior")
     finally:
         for path in sorted(work.rglob("*"), reverse=True):
             if path.is_dir() and not path.is_symlink():
@@ -282,8 +296,9 @@ def main() -> None:
         work.rmdir()
 
 
-def lease_runs(args: argparse.Namespace, work: Path) -> None:
-    """``leases`` and ``free`` on nodes with the lease routes (over TLS with ``--tls``)."""
+def lease_runs(args: argparse.Namespace, work: Path, *, prior: bool = False) -> None:
+    """``leases`` and ``free`` on nodes with the lease routes (over TLS with ``--tls``);
+    ``prior``: the nodes answer as agents before ``GET /leases/free``."""
     pki: Pki | None = None
     server, ca = "server", "ca"
     if args.tls and args.tls_keys == "rsa":  # an RSA-2048 CA and server key
@@ -301,6 +316,7 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
         processes=args.farm_processes,
         event_loop=args.farm_loop,
         own_uuids=True,  # as a real fleet's nodes: `free` keys its picks on no UUID
+        before_free=prior,
     )
     try:
         scheme = "https" if pki is not None else "http"
@@ -316,6 +332,7 @@ def lease_runs(args: argparse.Namespace, work: Path) -> None:
             flags += ["--ca", str(pki.pem(ca))]
         env = ctl_env(work)
         label = ("TLS" if args.tls_keys == "ec" else "TLS, RSA") if pki is not None else "HTTP"
+        label += ", agents before /leases/free" if prior else ""
         count = args.http_nodes
         runs = {
             "status": (["status", *flags], 0),

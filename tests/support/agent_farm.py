@@ -25,7 +25,9 @@ anything on a UUID would then look faster here than on real nodes).
 
 ``--leases`` gives the nodes the lease routes (``/leases/json``...: one lease table per kind,
 shared by its nodes as the status service is); without it they answer 404 there, as agents
-older than leases do. ``--tls-cert F --tls-key K`` serves every node over TLS.
+older than leases do. ``--leases-before-free`` gives them the lease routes as agents before
+``GET /leases/free`` had them: that GET answers 405 (``Allow: DELETE``), as their router did
+for ``/leases/{lease}``. ``--tls-cert F --tls-key K`` serves every node over TLS.
 
 Several ``--simulate`` values are dealt out in turn (node 0 gets the first kind, node 1 the
 second, ...), so a test can tell which node answered. Nodes of one kind share one application,
@@ -128,6 +130,19 @@ def _own_uuids(uuids: list[str]) -> Wrapper:
     return wrap
 
 
+def _before_free(handler: Handler) -> Handler:
+    """A route wrapper: ``GET /leases/free`` answered as agents without the route answer it."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path == "/leases/free":
+            return web.Response(
+                status=405, text="405: Method Not Allowed", headers={"Allow": "DELETE"}
+            )
+        return await handler(request)
+
+    return handle
+
+
 async def _serve(
     socks: list[socket.socket],
     kinds: list[str],
@@ -136,6 +151,7 @@ async def _serve(
     leases: bool = False,
     tls: ssl.SSLContext | None = None,
     own_uuids: bool = False,
+    before_free: bool = False,
 ) -> None:
     """Serve ``socks`` (node ``i`` of kind ``kinds[i % len(kinds)]``); control on stdin."""
     raise_fd_limit(len(socks) * 4 + 256)
@@ -156,7 +172,7 @@ async def _serve(
             table = LeaseService.open(node, facts.health, LeaseSettings(pending_s=3600.0), None)
             tables.append(table)
         uuids = [d.uuid for d in node.devices if d.uuid] if own_uuids else []
-        around = (_own_uuids(uuids),) if uuids else ()
+        around = ((_own_uuids(uuids),) if uuids else ()) + ((_before_free,) if before_free else ())
         runner = web.AppRunner(
             create_app(NodeState(facts), status, around=around, leases=table),
             access_log=None,
@@ -218,6 +234,7 @@ def main() -> None:
     parser.add_argument("--ports-file", type=Path, required=True)
     parser.add_argument("--leases", action="store_true")
     parser.add_argument("--own-uuids", action="store_true")
+    parser.add_argument("--leases-before-free", action="store_true")
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--processes", type=int, default=1)
@@ -235,7 +252,13 @@ def main() -> None:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(
                 _serve(
-                    mine, kinds, ports_file, leases=args.leases, tls=tls, own_uuids=args.own_uuids
+                    mine,
+                    kinds,
+                    ports_file,
+                    leases=args.leases or args.leases_before_free,
+                    tls=tls,
+                    own_uuids=args.own_uuids,
+                    before_free=args.leases_before_free,
                 )
             )
 
@@ -376,11 +399,13 @@ def start_farm(
     processes: int = 1,
     event_loop: str = "asyncio",
     own_uuids: bool = False,
+    before_free: bool = False,
 ) -> AgentFarm:
     """Start ``count`` agents and wait until every one listens; ``leases``: with the lease
     routes; ``tls``: (certificate, key) to serve TLS with; ``processes``: spread over that
     many processes; ``event_loop``: ``asyncio``, ``uvloop`` or ``auto`` (as the agent's);
-    ``own_uuids``: each node's GPUs named by UUIDs of its own."""
+    ``own_uuids``: each node's GPUs named by UUIDs of its own; ``before_free``: the lease
+    routes as agents before ``GET /leases/free`` had them."""
     root = Path(tempfile.mkdtemp(prefix="nvd-farm-"))
     ports_file = root / "ports"
     command = [sys.executable, "-m", "tests.support.agent_farm", "--count", str(count)]
@@ -391,6 +416,8 @@ def start_farm(
         command.append("--leases")
     if own_uuids:
         command.append("--own-uuids")
+    if before_free:
+        command.append("--leases-before-free")
     if tls is not None:
         command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     command += ["--processes", str(processes), "--event-loop", event_loop]

@@ -22,6 +22,7 @@ from agent.api.leases import LEASES, MAX_ASK_BYTES, Cpusets, make_routes
 from agent.api.routes import create_app
 from agent.leases.answers import Granted
 from agent.leases.asks import Ask
+from agent.leases.loads import GpuLoad
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
@@ -403,6 +404,68 @@ async def test_the_list_as_json(node: Node, client: Client) -> None:
     assert (doc["Foreign"], doc["Waiting"]) == ([], [])
 
 
+# -- GET /leases/free -----------------------------------------------------------------------------
+
+
+async def test_free_says_what_an_ask_would_get_now(node: Node, client: Client) -> None:
+    doc = await answer(await client.get("/leases/free"), 200)
+    assert doc == {
+        "Count": 1,
+        "MigProfile": None,
+        "GPUs": 2,
+        "Units": 2,
+        "Free": 2,
+        "Set": [{"Name": "0", "UUID": UUIDS[0], "GPU": 0, "MIG": None, "NumaNode": 0}],
+        "Link": "-",
+        "Pairs": [],
+    }
+    doc = await answer(await client.get("/v1.0/leases/free?count=2"), 200)
+    assert [u["Name"] for u in doc["Set"]] == ["0", "1"]
+    assert (doc["Link"], doc["Pairs"]) == ("NVLink", [[1, 2, 3]])  # NVLink, NUMA tier, PHB
+    assert node.leases.view().leases == ()  # a query: nothing was asked for
+    await granted(node, Ask(count=1))
+    doc = await answer(await client.get("/leases/free?count=2"), 200)
+    assert (doc["Free"], doc["Units"], doc["Set"], doc["Link"]) == (1, 2, [], "-")
+    doc = await answer(await client.get("/leases/free"), 200)
+    assert [u["Name"] for u in doc["Set"]] == ["1"]
+
+
+async def test_free_takes_the_least_loaded_gpu_as_an_ask_would(node: Node, client: Client) -> None:
+    node.leases.set_load([GpuLoad(utilization_pct=95), GpuLoad(utilization_pct=2)])
+    doc = await answer(await client.get("/leases/free"), 200)
+    assert [u["Name"] for u in doc["Set"]] == ["1"]
+    assert [u.name for u in (await granted(node, Ask(count=1))).units] == ["1"]
+
+
+async def test_free_of_a_mig_profile_the_node_lacks_is_an_empty_set(client: Client) -> None:
+    doc = await answer(await client.get("/leases/free?count=1&mig_profile=1g.18gb"), 200)
+    assert (doc["MigProfile"], doc["Units"], doc["Free"], doc["Set"]) == ("1g.18gb", 0, 0, [])
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("count=0", "count"),
+        ("count=-1", "count"),
+        ("count=1025", "count"),
+        ("count=99999999999999999999", "count"),
+        ("count=%D9%A1", "count"),  # an Arabic-Indic one: digits are ASCII
+        ("count=two", "count"),
+        ("count=", "count"),
+        ("mig_profile=", "mig_profile"),
+        ("mig_profile=" + "g" * 65, "mig_profile"),
+        ("mig_profile=1g%0A18gb", "mig_profile"),
+    ],
+)
+async def test_free_with_a_bad_parameter_is_400_naming_it(
+    client: Client, query: str, field: str
+) -> None:
+    doc = await answer(await client.get(f"/leases/free?{query}"), 400)
+    assert doc["Field"] == field
+    assert "\n" not in doc["Error"]
+    assert doc["Error"].startswith(field)
+
+
 async def test_head_of_the_list(client: Client) -> None:
     resp = await client.head("/leases")
     assert resp.status == 200
@@ -429,6 +492,13 @@ async def test_other_methods_are_405(
     resp = await client.request(method, path)
     assert resp.status == 405
     assert set(resp.headers["Allow"].split(",")) == allowed
+
+
+async def test_free_is_read_only(client: Client) -> None:
+    resp = await client.post("/leases/free")
+    assert resp.status == 405
+    # whether /leases/{lease}'s DELETE is listed too depends on aiohttp's version
+    assert {"GET", "HEAD"} <= set(resp.headers["Allow"].split(",")) <= {"GET", "HEAD", "DELETE"}
 
 
 async def test_no_lease_routes_without_a_lease_service(aiohttp_client: Any) -> None:
@@ -524,6 +594,8 @@ async def test_the_list_may_be_read_from_afar(node: Node, local: tuple[object, .
     status, doc = await _served(node, "GET", "/leases/json", local=local)
     assert status == 200
     assert "Units" in doc
+    status, doc = await _served(node, "GET", "/leases/free", local=local)
+    assert (status, len(doc["Set"])) == (200, 1)
 
 
 @pytest.mark.parametrize("local", FROM_THE_NODE, ids=lambda a: str(a[0]))

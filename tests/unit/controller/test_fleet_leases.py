@@ -4,7 +4,9 @@ Real ``nvidia-docker-plugin`` processes (``--simulate``, ``tests.support.agent_p
 ``busy`` (hgx-h200-8) with two leases asked over its REST API, ``full`` (hgx-h200-8) whose
 eight GPUs are all leased, ``mig`` (h200x2-mig: GPU 0 in MIG mode, two free ``1g.18gb``
 devices); ``old`` is the agent's REST app without the lease routes (an agent older than
-leases: 404), served by ``tests.support.agent_farm``; ``dead`` is a port nothing listens on.
+leases: 404), served by ``tests.support.agent_farm``; ``prior`` (hgx-h200-8, one lease of
+three GPUs) is its app with the lease routes as they were before ``GET /leases/free`` (that
+GET answers 405, as it did), served by a second farm; ``dead`` is a port nothing listens on.
 The ctl runs through click's runner, its two streams read as a person reads them.
 """
 
@@ -55,13 +57,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     full = _agent(root / "full", "hgx-h200-8")
     mig = _agent(root / "mig", "h200x2-mig")
     farm = start_farm(1, ("h200",))
+    prior = start_farm(1, ("hgx-h200-8",), before_free=True)
     try:
         ports = {"busy": next(busy), "full": next(full), "mig": next(mig)}
         ports["old"] = farm.ports[0]
+        ports["prior"] = prior.ports[0]
         ports["dead"] = free_port()
         _ask(ports["busy"], {"count": 2, "owner": {"user": "alice", "job": "42"}})
         _ask(ports["busy"], {"count": 1, "owner": {"user": "bob"}})
         _ask(ports["full"], {"count": 8, "owner": {"user": "carol"}})
+        _ask(ports["prior"], {"count": 3, "owner": {"user": "dave"}})
         inventory = root / "fleet.yml"
         hosts = "".join(
             f"        {name}: {{nvidia_docker_agent_listen_port: {port}}}\n"
@@ -76,6 +81,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for started in (busy, full, mig):
             started.close()  # leaves running_agent: SIGTERM, then SIGKILL
         farm.stop()
+        prior.stop()
 
 
 def ctl(*args: str) -> Result:
@@ -174,12 +180,44 @@ def test_free_json_has_the_qualifying_nodes_best_first(fleet: Fleet) -> None:
     document = json.loads(result.stdout)
     assert [c["node"] for c in document["free"]] == ["busy", "mig"]
     assert document["free"][0]["free"] == 5
-    # one GPU: each node's leases alone (no topology asked); two: its topology too
-    assert set(document["nodes"]["busy"]) >= {"leases", "error"}
-    assert "info" not in document["nodes"]["busy"]
-    result = ctl("free", "--json", "--gpus", "2", "-i", str(fleet.inventory), "-l", "busy")
-    assert result.exit_code == 0
-    assert set(json.loads(result.stdout)["nodes"]["busy"]) >= {"info", "leases", "error"}
+    # each node's own answer to GET /leases/free: the set it picked, not its whole table
+    busy = document["nodes"]["busy"]
+    assert "leases" not in busy
+    assert "info" not in busy
+    assert (busy["free"]["Count"], busy["free"]["Free"], busy["free"]["Units"]) == (1, 5, 8)
+    assert [u["Name"] for u in busy["free"]["Set"]] == document["free"][0]["set"]
+    assert document["summary"]["gpus"] == 8 + 2  # the nodes' GPUs, from the same answers
+
+
+def test_free_asks_agents_older_than_its_route_for_their_leases_and_topology(
+    fleet: Fleet,
+) -> None:
+    # `prior` has the lease routes but not GET /leases/free (405, as such agents answer):
+    # the ctl asks it again, on a second connection, for what it asked before the route,
+    # and picks the set itself; an agent without leases is still named too old.
+    result = ctl(
+        "free", "--json", "--gpus", "2", "-i", str(fleet.inventory), "-l", "prior,busy,old"
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    prior, busy = document["nodes"]["prior"], document["nodes"]["busy"]
+    assert set(prior) >= {"info", "leases"}
+    assert "free" not in prior
+    assert set(busy) >= {"free"}
+    assert "leases" not in busy
+    found = {c["node"]: c for c in document["free"]}
+    assert sorted(found) == ["busy", "prior"]
+    assert (found["prior"]["free"], found["prior"]["units"]) == (5, 8)
+    assert found["prior"]["link"] == found["busy"]["link"] == "NVLink"
+    held = {u["Name"] for u in prior["leases"]["Units"] if u["State"] != "free"}
+    assert len(held) == 3
+    assert not held & set(found["prior"]["set"])
+    assert document["summary"]["gpus"] == 8 + 8 + 1  # old's GPU, from its /gpu/info/json
+    text = ctl("free", "--gpus", "1", "-i", str(fleet.inventory), "-l", "prior,old")
+    assert text.exit_code == 0, text.stderr
+    assert [line.split()[:2] for line in text.stdout.splitlines()[1:]] == [["prior", "5/8"]]
+    assert "nvidia-docker-ctl: old: agent too old for leases (no /leases/json): upgrade " \
+        "nvidia-docker-plugin there" in text.stderr.splitlines()  # fmt: skip
 
 
 def test_unreachable_nodes_exit_3_and_a_qualifying_node_wins_over_a_dead_one(
@@ -302,8 +340,9 @@ def test_free_picks_once_for_a_fleet_of_one_model_whose_gpus_have_their_own_uuid
 
 
 def test_free_for_one_gpu_asks_no_topology_and_takes_the_pickers_gpu() -> None:
-    # One GPU (the default) or MIG devices: no pair to score, so `free` asks each node for
-    # its leases alone, and takes the GPU the picker would take on any topology.
+    # Each node is asked one small route; an agent older than it, for its leases alone when
+    # there is no pair to score (one GPU, the default, or MIG devices), and `free` takes the
+    # GPU the picker would take on any topology.
     import itertools  # noqa: PLC0415
 
     import controller.fleet.free_view as free_view  # noqa: PLC0415
@@ -311,12 +350,17 @@ def test_free_for_one_gpu_asks_no_topology_and_takes_the_pickers_gpu() -> None:
     from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
     from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
 
-    paths = {ask: [r.path for r in free_view.free_query(ask).requests] for ask in (
-        free_view.FreeAsk(1), free_view.FreeAsk(3, "1g.18gb"), free_view.FreeAsk(2))}  # fmt: skip
-    assert paths == {
-        free_view.FreeAsk(1): ["/leases/json"],
-        free_view.FreeAsk(3, "1g.18gb"): ["/leases/json"],
-        free_view.FreeAsk(2): ["/gpu/info/json", "/leases/json"],
+    asks = (free_view.FreeAsk(1), free_view.FreeAsk(3, "1g.18gb"), free_view.FreeAsk(2))
+    asked = {ask: free_view.free_query(ask).requests for ask in asks}
+    assert {ask: [(r.path, dict(r.params)) for r in asked[ask]] for ask in asks} == {
+        asks[0]: [("/leases/free", {"count": "1"})],
+        asks[1]: [("/leases/free", {"count": "3", "mig_profile": "1g.18gb"})],
+        asks[2]: [("/leases/free", {"count": "2"})],
+    }
+    assert {ask: [r.path for r in asked[ask][0].instead] for ask in asks} == {
+        asks[0]: ["/leases/json"],
+        asks[1]: ["/leases/json"],
+        asks[2]: ["/gpu/info/json", "/leases/json"],
     }
     numa = [0, 0, 1, 1]
     topologies = [{}, {(2, 3): (1, 18)}, {(0, 1): (5, 0), (1, 3): (1, 18)}]
@@ -333,3 +377,52 @@ def test_free_for_one_gpu_asks_no_topology_and_takes_the_pickers_gpu() -> None:
             assert alone is not None
             assert alone.names == tuple(u.name for u in picked)
             assert (alone.link, alone.rank, alone.free, alone.total) == ("-", (), size, 4)
+
+
+def test_the_agents_own_pick_and_the_ctls_agree_on_idle_gpus() -> None:
+    # An agent with GET /leases/free picks the set itself; for an older agent the ctl picks
+    # it from the node's leases and topology. On idle GPUs both are the same picker's choice:
+    # the same set, link, rank and counts, on every free set of two shapes of node.
+    import itertools  # noqa: PLC0415
+
+    from agent.api.leases import free_json, view_json  # noqa: PLC0415
+    from agent.gpu.model import PciLink  # noqa: PLC0415
+    from agent.leases.asks import Ask  # noqa: PLC0415
+    from agent.leases.table import LeaseTable  # noqa: PLC0415
+    from agent.node.facts import NodeFacts  # noqa: PLC0415
+    from controller.fleet.free_view import FreeAsk, agents_pick, candidate  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+    from tests.unit.agent.conftest import CONTROL  # noqa: PLC0415
+    from tests.unit.leases.nodes import T0, build_node, healthy  # noqa: PLC0415
+
+    nvlink = (PciLink.CROSS_CPU, 18)
+    shapes = [
+        # NVLink pairs on two sockets, one PCIe switch per socket's first two GPUs
+        build_node(
+            [0, 0, 0, 0, 1, 1, 1, 1],
+            {(0, 1): nvlink, (2, 3): nvlink, (4, 5): nvlink, (6, 7): nvlink,
+             (0, 2): (PciLink.SINGLE_SWITCH, 0), (4, 6): (PciLink.MULTIPLE_SWITCHES, 0)},
+        ),  # fmt: skip
+        build_node([0, 0, 1, 1, None]),  # links unknown, one GPU's NUMA node unknown
+    ]
+    node = FleetNode("n", parse_endpoint("n:"))
+    compared = 0
+    for shape in shapes:
+        info = json.loads(NodeFacts(shape, CONTROL).info_json)
+        gpus = len(shape.devices)
+        for held in itertools.chain.from_iterable(
+            itertools.combinations(range(gpus), k) for k in range(gpus)
+        ):
+            table = LeaseTable(shape, healthy(shape), now_s=T0)
+            if held:
+                table.ask(Ask(devices=" ".join(map(str, held))), T0)
+            for count in range(1, gpus - len(held) + 2):
+                ask = FreeAsk(count)
+                route = {"free": free_json(table.free_set(count), count, None)}
+                older = {"info": info, "leases": view_json(table.view())}
+                theirs = agents_pick(NodeResult(node, route), ask)
+                ours = candidate(NodeResult(node, older), ask)
+                assert theirs == ours, (held, count)
+                compared += theirs is not None
+    assert compared > 500
