@@ -3,9 +3,10 @@
 A query, not a scheduler: nothing is asked for, so another client may take the GPUs a moment
 later. Each node is asked ``GET /leases/free?count=N`` (``&mig_profile=P``): what an
 exclusive ask would get there now, picked by the agent itself with its GPUs' loads, in one
-small answer (``free_query``). An agent older than that route (HTTP 404 or 405) is asked on
-a second connection for its ``/leases/json`` (who holds what) and, when a set of two or more
-whole GPUs is picked, its ``/gpu/info/json`` (the topology), and the set is picked here:
+small answer (``free_query``). An agent older than that route (HTTP 404 or 405) is asked
+next, on the same connection, for its ``/leases/json`` (who holds what) and, when a set of
+two or more whole GPUs is picked, its ``/gpu/info/json`` (the topology), and the set is
+picked here:
 
 - free units: no holder, healthy (``lease_view.is_free``); whole GPUs, or with ``mig`` the
   MIG devices of that profile;
