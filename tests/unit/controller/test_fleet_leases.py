@@ -397,13 +397,11 @@ def test_the_agents_own_pick_and_the_ctls_agree_on_idle_gpus() -> None:
     from tests.unit.leases.nodes import T0, build_node, healthy  # noqa: PLC0415
 
     nvlink = (PciLink.CROSS_CPU, 18)
+    # NVLink pairs on two sockets, one PCIe switch per socket's first two GPUs
+    links = {(a, a + 1): nvlink for a in (0, 2, 4, 6)}
+    links |= {(0, 2): (PciLink.SINGLE_SWITCH, 0), (4, 6): (PciLink.MULTIPLE_SWITCHES, 0)}
     shapes = [
-        # NVLink pairs on two sockets, one PCIe switch per socket's first two GPUs
-        build_node(
-            [0, 0, 0, 0, 1, 1, 1, 1],
-            {(0, 1): nvlink, (2, 3): nvlink, (4, 5): nvlink, (6, 7): nvlink,
-             (0, 2): (PciLink.SINGLE_SWITCH, 0), (4, 6): (PciLink.MULTIPLE_SWITCHES, 0)},
-        ),  # fmt: skip
+        build_node([0, 0, 0, 0, 1, 1, 1, 1], links),
         build_node([0, 0, 1, 1, None]),  # links unknown, one GPU's NUMA node unknown
     ]
     node = FleetNode("n", parse_endpoint("n:"))
