@@ -17,6 +17,7 @@ import uvloop
 from aiohttp import web
 
 from controller.errors import Failure, NodeError
+from controller.fleet.query import FleetNode, Query, Request, ask_node, base_transports
 from controller.transport.agent_errors import AgentHttpError, TokenRefusedError, os_reason
 from controller.transport.endpoint import parse_endpoint
 from controller.transport.fleet_http import AgentConnection, answer_error
@@ -24,6 +25,7 @@ from controller.transport.tls import NO_TLS_OPTIONS, TlsOptions
 from tests.support.services import free_port, serve_on_loopback
 
 INFO = b'{"Version": {"Driver": "580.159.04"}, "Devices": []}'
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def _connect(port: int, tls: TlsOptions = NO_TLS_OPTIONS) -> AgentConnection:
@@ -334,3 +336,48 @@ def test_each_failure_reads_the_same_on_asyncio_and_uvloop() -> None:
     assert len(on_asyncio) == 3
     assert on_uvloop == on_asyncio
     assert "(Connection reset by peer)" in on_asyncio[2]
+
+
+@pytest.mark.parametrize("has_route", [True, False], ids=["new agent", "older agent"])
+async def test_a_route_an_older_agent_lacks_is_replaced_on_the_same_connection(
+    has_route: bool,
+) -> None:
+    """``Request.instead``: an agent with the route answers it alone; one without it (404)
+    is asked the replacement requests next, on the connection already open, the last of
+    them closing it."""
+    seen: list[tuple[str, int, str]] = []  # (path, the client's port, Connection header)
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        assert request.transport is not None  # every request, the 404 included
+        client_port = request.transport.get_extra_info("peername")[1]  # one per connection
+        seen.append((request.path, client_port, request.headers.get("Connection", "").lower()))
+        return await handler(request)
+
+    def answering(body: bytes) -> Handler:
+        async def handle(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type="application/json")
+
+        return handle
+
+    app = web.Application(middlewares=[record])
+    if has_route:
+        app.router.add_get("/new", answering(b'{"Set": []}'))
+    app.router.add_get("/a", answering(b'{"A": 1}'))
+    app.router.add_get("/b", answering(b'{"B": 2}'))
+    older = (Request("a", "/a"), Request("b", "/b"))
+    query = Query("q", (Request("new", "/new", must_have="Set", instead=older),))
+    async with serve_on_loopback(app) as port:
+        node = FleetNode("n", parse_endpoint(f"http://127.0.0.1:{port}"))
+        _, tls = base_transports([node], 5.0, None, None)
+        result = await ask_node(node, query, 5.0, None, tls)
+    assert result.ok, result.error
+    if has_route:
+        assert result.answers == {"new": {"Set": []}}
+        assert [(path, header) for path, _, header in seen] == [("/new", "")]
+    else:
+        assert result.answers == {"a": {"A": 1}, "b": {"B": 2}}
+        assert [(path, header) for path, _, header in seen] == [
+            ("/new", ""), ("/a", ""), ("/b", "close")
+        ]  # fmt: skip
+    assert len({client_port for _, client_port, _ in seen}) == 1  # one connection

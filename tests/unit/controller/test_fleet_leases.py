@@ -424,3 +424,33 @@ def test_the_agents_own_pick_and_the_ctls_agree_on_idle_gpus() -> None:
                 assert theirs == ours, (held, count)
                 compared += theirs is not None
     assert compared > 500
+
+
+def test_free_over_tls_asks_an_older_agent_again_and_names_both_sets(tmp_path: Path) -> None:
+    # Over TLS the second round (the older agent's leases and topology, after its 405) goes
+    # on the TLS connection already made (query.ask_node keeps it open for that round).
+    import ssl  # noqa: PLC0415
+
+    from tests.support.certs import make_pki  # noqa: PLC0415
+
+    pki = make_pki(tmp_path / "pki")
+    tls = (pki.pem("server"), pki.key("server"))
+    context = ssl.create_default_context(cafile=pki.pem("ca"))
+    prior = start_farm(1, ("hgx-h200-8",), tls=tls, before_free=True)
+    current = start_farm(1, ("hgx-h200-8",), tls=tls, leases=True)
+    try:
+        urls = [f"https://127.0.0.1:{farm.ports[0]}" for farm in (prior, current)]
+        for url in urls:
+            ask_lease(url, {"count": 3}, context)
+        result = ctl("free", "--json", "--gpus", "2", "--ca", str(pki.pem("ca")), *urls)
+        assert result.exit_code == 0, result.stderr
+        document = json.loads(result.stdout)
+        older, newer = (document["nodes"][url] for url in urls)
+        assert (set(older) >= {"info", "leases"}, "free" in older) == (True, False)
+        assert ("free" in newer, "leases" in newer) == (True, False)
+        assert [(c["free"], c["units"], c["link"]) for c in document["free"]] == [
+            (5, 8, "NVLink"), (5, 8, "NVLink")
+        ]  # fmt: skip
+    finally:
+        prior.stop()
+        current.stop()
