@@ -65,7 +65,7 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)
     must_have: str | None = None  # a top-level JSON key every agent answer has
     optional: bool = False  # an agent without the route (HTTP 404) answers None: older agents
-    # asked in its place, on a new connection, of an agent without the route (404, 405)
+    # asked in its place, next on the same connection, of an agent without the route (404, 405)
     instead: tuple[Request, ...] = ()
 
 

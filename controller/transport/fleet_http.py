@@ -226,6 +226,7 @@ class AgentConnection:
         self._tls = tls
         self._unix_path = unix_path
         self._reusable = True
+        self._answered = 0  # answers read on this connection
 
     @classmethod
     async def open(
@@ -312,12 +313,15 @@ class AgentConnection:
             try:
                 answer = await self._read_answer()
             except EOFError:
-                if not answers:
+                # a connection that answered before may have been ended since (as any kept
+                # one may): what is left goes again on a new one, as on an early close
+                if not answers and not self._answered:
                     raise self._ended(path) from None
                 break
             except _BadAnswer as exc:
                 raise self._bad(path, exc) from None
             answers.append(answer)
+            self._answered += 1
             if answer.headers.get("connection", "").lower() == "close":
                 self._reusable = False
         if last or len(answers) < len(requests):

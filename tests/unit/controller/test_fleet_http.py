@@ -381,3 +381,42 @@ async def test_a_route_an_older_agent_lacks_is_replaced_on_the_same_connection(
             ("/new", ""), ("/a", ""), ("/b", "close")
         ]  # fmt: skip
     assert len({client_port for _, client_port, _ in seen}) == 1  # one connection
+
+
+async def test_a_kept_connection_the_agent_ended_is_replaced_for_the_next_round() -> None:
+    """The agent answers the route's 404 and then ends the connection without saying so
+    (no ``Connection: close``): the replacement requests go on a new connection."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            if connections == 1:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            else:
+                for _ in range(2):
+                    request = await reader.readuntil(b"\r\n\r\n")
+                    body = b'{"path": "%s"}' % request.split(b" ", 2)[1]
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                    )
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    older = (Request("a", "/a"), Request("b", "/b"))
+    query = Query("q", (Request("new", "/new", instead=older),))
+    try:
+        node = FleetNode("n", parse_endpoint(f"http://127.0.0.1:{port}"))
+        _, tls = base_transports([node], 5.0, None, None)
+        result = await ask_node(node, query, 5.0, None, tls)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.ok, result.error
+    assert result.answers == {"a": {"path": "/a"}, "b": {"path": "/b"}}
+    assert connections == 2
