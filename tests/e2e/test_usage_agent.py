@@ -223,7 +223,11 @@ def test_a_full_filesystem_puts_the_ledger_behind_and_it_catches_up(tmp_path: Pa
         filler.unlink()
         wait_until(lambda: not behind(agent)[0] and not metric_behind(agent),
                    what="the ledger caught up", timeout_s=60, proc=agent.proc)  # fmt: skip
-        caught_up = {team: team_seconds(agent, team) for team in ("cv", "nlp", "ops")}
+        teams = ("cv", "nlp", "ops")  # the holds made while it was full: counted by a sweep
+        wait_until(lambda: all(team_seconds(agent, t) > 0 for t in teams),
+                   what="the holds made while full counted", timeout_s=60,
+                   proc=agent.proc)  # fmt: skip
+        caught_up = {team: team_seconds(agent, team) for team in teams}
         log = agent.log()
     assert "full" in reason.lower(), reason
     assert all(seconds > 0 for seconds in caught_up.values()), caught_up
