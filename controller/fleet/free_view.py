@@ -33,7 +33,7 @@ from agent.leases.picking import Connectivity, link_words, pick_gpus
 from agent.leases.picking import pick_migs as _pick_migs
 from agent.leases.units import Unit
 from controller.fleet.lease_view import LEASES_REQUEST, TOO_OLD, is_free, units
-from controller.fleet.query import INFO_REQUEST, NodeResult, Query, Request
+from controller.fleet.query import INFO_REQUEST, NodeResult, Query, Request, json_int
 from controller.fleet.table import Column, Row, render
 
 FREE_PATH = "/leases/free"
@@ -104,13 +104,9 @@ def free_query(ask: FreeAsk) -> Query:
     return Query("free", (Request("free", FREE_PATH, params, must_have="Set", instead=older),))
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _link(value: Any) -> PciLink:
     try:
-        return PciLink(_int(value) or 0)
+        return PciLink(json_int(value) or 0)
     except ValueError:  # a newer agent's link kind: unknown here
         return PciLink.UNKNOWN
 
@@ -126,7 +122,7 @@ def node_topology(info: Any) -> NodeInfo:
         peers = []
         for peer in device.get("Topology") or []:
             if isinstance(peer, Mapping) and isinstance(peer.get("BusID"), str):
-                nvlinks = _int(peer.get("NVLinks")) or 0
+                nvlinks = json_int(peer.get("NVLinks")) or 0
                 peers.append(PeerLink(peer["BusID"], _link(peer.get("Link")), nvlinks))
         made.append(
             DeviceInfo(
@@ -135,7 +131,7 @@ def node_topology(info: Any) -> NodeInfo:
                 path=None,
                 model=None,
                 power_w=None,
-                cpu_affinity=_int(device.get("CPUAffinity")),
+                cpu_affinity=json_int(device.get("CPUAffinity")),
                 pci=PciInfo(bus if isinstance(bus, str) else f"unknown-{index}", None, None),
                 clocks=Clocks(None, None),
                 topology=tuple(peers),
@@ -149,16 +145,16 @@ def node_topology(info: Any) -> NodeInfo:
 
 
 def _unit(unit: Mapping[str, Any]) -> Unit | None:
-    gpu = _int(unit.get("GPU"))
+    gpu = json_int(unit.get("GPU"))
     if gpu is None:
         return None
     uuid, profile = unit.get("UUID"), unit.get("Profile")
     return Unit(
         gpu,
-        _int(unit.get("MIG")),
+        json_int(unit.get("MIG")),
         uuid if isinstance(uuid, str) else None,
         profile if isinstance(profile, str) else None,
-        _int(unit.get("NumaNode")),
+        json_int(unit.get("NumaNode")),
         None,
     )
 
@@ -196,7 +192,7 @@ def _signature(info: Any) -> Hashable:
 
 
 def _score(value: Any) -> PairScore | None:
-    if isinstance(value, list) and len(value) == 3 and all(_int(v) is not None for v in value):
+    if isinstance(value, list) and len(value) == 3 and all(json_int(v) is not None for v in value):
         return (value[0], value[1], value[2])
     return None
 
@@ -209,13 +205,13 @@ def agents_pick(result: NodeResult, ask: FreeAsk, order: int = 0) -> Candidate |
     if not isinstance(body, Mapping) or not isinstance(chosen, list) or not chosen:
         return None
     names = [u.get("Name") if isinstance(u, Mapping) else None for u in chosen]
-    free, total = _int(body.get("Free")), _int(body.get("Units"))
+    free, total = json_int(body.get("Free")), json_int(body.get("Units"))
     pairs = body.get("Pairs")
     rank = tuple(_score(p) for p in pairs) if isinstance(pairs, list) else ()
     fit = len(names) == ask.count and all(isinstance(n, str) for n in names)
     if not fit or free is None or total is None or None in rank:
         return None
-    numa = {_int(u.get("NumaNode")) for u in chosen}
+    numa = {json_int(u.get("NumaNode")) for u in chosen}
     link = body.get("Link")
     return Candidate(
         order,

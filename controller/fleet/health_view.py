@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.fleet.query import NodeResult
+from controller.fleet.query import NodeResult, json_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def gpu_problems(result: NodeResult) -> list[Problem]:
                     index,
                     f"unhealthy: {reason}" if isinstance(reason, str) else "unhealthy",
                     since if isinstance(since, str) else None,
-                    xid if isinstance(xid, int) and not isinstance(xid, bool) else None,
+                    json_int(xid),
                 )
             )
     return found

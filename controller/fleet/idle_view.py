@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.fleet.query import NodeResult, Query, Request
+from controller.fleet.query import NodeResult, Query, Request, json_int
 from controller.fleet.table import Column, Row, render
 from controller.fleet.usage_view import SHORT_ID, number
 
@@ -70,7 +70,7 @@ def holder_text(item: Mapping[str, Any]) -> str:
         lease = lease or "lease"
         return f"{lease} ({container})" if container else lease
     if holder == "process" or (holder is None and pid is not None and not container):
-        return f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) else "process"
+        return f"pid {pid}" if json_int(pid) is not None else "process"
     return container or _text(holder) or "?"
 
 

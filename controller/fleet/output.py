@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from controller.fleet.health_view import problem_lines, problems
-from controller.fleet.query import NodeResult, Query
+from controller.fleet.query import NodeResult, Query, json_int
 from controller.fleet.table import Column, Row, Span, render
 
 MIB_PER_GIB = 1024
@@ -295,8 +295,7 @@ def gpu_count(result: NodeResult) -> int:
     if "info" in result.answers:
         return len(_devices(result.answers["info"]))
     if "free" in result.answers:  # /leases/free says how many GPUs the node has
-        gpus = _get(result.answers["free"], "GPUs")
-        return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else 0
+        return json_int(_get(result.answers["free"], "GPUs")) or 0
     if "leases" in result.answers:  # the GPUs its units are on (None: an older agent)
         units = _get(result.answers["leases"], "Units")
         return len({_get(u, "GPU") for u in units}) if isinstance(units, list) else 0

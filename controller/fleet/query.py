@@ -334,6 +334,12 @@ def _decode(request: Request, body: bytes) -> Any:
     return value
 
 
+def json_int(value: Any) -> int | None:
+    """An integer of an agent's decoded JSON answer; None for anything else (JSON's true and
+    false included, which Python reads as ints)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _preview(body: bytes) -> str:
     text = body[:40].decode("utf-8", "replace")
     text = "".join(ch if ch.isprintable() else "." for ch in text)

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from controller.errors import UsageError
+from controller.fleet.query import json_int
 from controller.fleet.table import Column, Row, render
 
 if TYPE_CHECKING:
@@ -215,10 +216,6 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _add(total: float | None, part: float | None) -> float | None:
     """Null only when every part is."""
     if part is None:
@@ -237,7 +234,7 @@ class Figures:
         self.gpu_seconds += number(row.get("gpu_seconds")) or 0.0
         self.busy_gpu_seconds += number(row.get("busy_gpu_seconds")) or 0.0
         self.energy_joules = _add(self.energy_joules, number(row.get("energy_joules")))
-        holds = _count(row.get("holds"))
+        holds = json_int(row.get("holds"))
         if holds is not None:
             self.holds = holds if self.holds is None else self.holds + holds
 
@@ -395,7 +392,7 @@ class UsageReport:
         if group is None:
             group = self.groups[key] = Group(value)
             if kind == "gpu":
-                group.index = _count(row.get("index"))
+                group.index = json_int(row.get("index"))
             elif kind == "container":
                 group.container_id = _text(row.get("container_id")) or None
         group.nodes.add(order)

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.support.agent_farm import AgentFarm, ask_lease, start_farm
+from tests.support.agent_farm import AgentFarm, farms_before_and_after_free, start_farm
 from tests.support.certs import make_pki
 from tests.support.prerequisites import require_root
 from tests.support.services import wait_until
@@ -334,11 +334,7 @@ async def test_free_over_ssh_asks_an_agent_before_its_route_through_the_same_log
     # `free` asks GET /leases/free; an agent before that route (405) is asked for its leases
     # and topology next, through the same tunnel: one SSH login a node either way.
     home = ssh_home(fleet_sshd, tmp_path)
-    prior = start_farm(1, ("hgx-h200-8",), before_free=True)
-    current = start_farm(1, ("hgx-h200-8",), leases=True)
-    try:
-        for started in (prior, current):
-            ask_lease(http_node(started.ports[0]), {"count": 3})
+    with farms_before_and_after_free() as (prior, current):
         ports = zip(fleet_sshd.extra_ports, (prior.ports[0], current.ports[0]), strict=False)
         nodes = [ssh_node(fleet_sshd, ssh_port, agent_port) for ssh_port, agent_port in ports]
         before = fleet_sshd.log.read_text(errors="replace").count("Accepted publickey")
@@ -353,9 +349,6 @@ async def test_free_over_ssh_asks_an_agent_before_its_route_through_the_same_log
         ]  # fmt: skip
         logins = fleet_sshd.log.read_text(errors="replace").count("Accepted publickey") - before
         assert logins == len(nodes)
-    finally:
-        prior.stop()
-        current.stop()
 
 
 async def test_ssh_unknown_host_key_is_refused(

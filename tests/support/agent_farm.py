@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -441,6 +441,29 @@ def start_farm(
     return AgentFarm(
         proc=proc, ports=[int(p) for p, _ in pairs], kinds=[k for _, k in pairs], root=root
     )
+
+
+@contextlib.contextmanager
+def farms_before_and_after_free(
+    *, tls: tuple[Path, Path] | None = None, held: int = 3, context: ssl.SSLContext | None = None
+) -> Iterator[tuple[AgentFarm, AgentFarm]]:
+    """Two one-node farms of the 8-GPU kind, each with ``held`` GPUs leased: (agents before
+    ``GET /leases/free``, current agents); stopped on exit. ``tls`` serves both over TLS,
+    ``context`` verifies them for the leases asked here."""
+    prior = start_farm(1, ("hgx-h200-8",), tls=tls, before_free=True)
+    try:
+        current = start_farm(1, ("hgx-h200-8",), tls=tls, leases=True)
+    except BaseException:
+        prior.stop()
+        raise
+    try:
+        scheme = "http" if tls is None else "https"
+        for farm in (prior, current):
+            ask_lease(f"{scheme}://127.0.0.1:{farm.ports[0]}", {"count": held}, context)
+        yield prior, current
+    finally:
+        prior.stop()
+        current.stop()
 
 
 if __name__ == "__main__":

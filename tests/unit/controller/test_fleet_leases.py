@@ -22,7 +22,7 @@ import pytest
 from click.testing import Result
 
 from controller.ctl.main import main
-from tests.support.agent_farm import ask_lease, start_farm
+from tests.support.agent_farm import ask_lease, farms_before_and_after_free, start_farm
 from tests.support.agent_process import running_agent
 from tests.support.cli import cli_runner
 from tests.support.services import free_port
@@ -436,12 +436,8 @@ def test_free_over_tls_asks_an_older_agent_again_and_names_both_sets(tmp_path: P
     pki = make_pki(tmp_path / "pki")
     tls = (pki.pem("server"), pki.key("server"))
     context = ssl.create_default_context(cafile=pki.pem("ca"))
-    prior = start_farm(1, ("hgx-h200-8",), tls=tls, before_free=True)
-    current = start_farm(1, ("hgx-h200-8",), tls=tls, leases=True)
-    try:
-        urls = [f"https://127.0.0.1:{farm.ports[0]}" for farm in (prior, current)]
-        for url in urls:
-            ask_lease(url, {"count": 3}, context)
+    with farms_before_and_after_free(tls=tls, context=context) as farms:
+        urls = [f"https://127.0.0.1:{farm.ports[0]}" for farm in farms]
         result = ctl("free", "--json", "--gpus", "2", "--ca", str(pki.pem("ca")), *urls)
         assert result.exit_code == 0, result.stderr
         document = json.loads(result.stdout)
@@ -451,6 +447,3 @@ def test_free_over_tls_asks_an_older_agent_again_and_names_both_sets(tmp_path: P
         assert [(c["free"], c["units"], c["link"]) for c in document["free"]] == [
             (5, 8, "NVLink"), (5, 8, "NVLink")
         ]  # fmt: skip
-    finally:
-        prior.stop()
-        current.stop()
