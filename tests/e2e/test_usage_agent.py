@@ -98,6 +98,18 @@ def wait_team_seconds(agent: AgentProcess, team: str, at_least: float) -> float:
     return float(seen[0])
 
 
+def wait_settled(teams: list[tuple[AgentProcess, str]]) -> None:
+    """Until the teams' GPU-seconds stop growing: three readings, two sweeps apart, alike
+    (an ended hold grows until a sweep writes its end; a loaded machine delays sweeps)."""
+    seen: list[list[float]] = []
+
+    def settled() -> bool:
+        seen.append([team_seconds(agent, team) for agent, team in teams])
+        return len(seen) > 2 and seen[-1] == seen[-2] == seen[-3]
+
+    wait_until(settled, what="the ended holds written", timeout_s=30, interval_s=2 * INTERVAL)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
 def test_a_damaged_ledger_is_moved_aside_and_a_new_one_starts(tmp_path: Path, damage: str) -> None:
     with agent_at(tmp_path / "first") as agent:
@@ -274,7 +286,7 @@ def test_the_fleet_report_sums_the_agents_ledgers(tmp_path: Path) -> None:
         for agent, lease in leases:
             assert call(agent, "DELETE", f"/leases/{lease}")[0] == 200
         until = time.time() + 5
-        time.sleep(3 * INTERVAL)  # the holds' ends written
+        wait_settled([(one, "ml"), (one, "cv"), (two, "ml")])  # the holds' ends written
         query = f"/usage/json?by=label:team&since={since:.3f}&until={until:.3f}"
         answers = [call(agent, "GET", query)[1] for agent in (one, two)]
         nodes = [f"http://127.0.0.1:{agent.port}" for agent in (one, two)]
