@@ -427,4 +427,4 @@ def test_two_gpus_are_a_linked_pair_on_one_socket_with_its_cpuset(
         (["/dev/nvidia0", "/dev/nvidia2"], host_cpus(0), "0" if host_cpus(0) else ""),
         (["/dev/nvidia1", "/dev/nvidia3"], host_cpus(1), "1" if host_cpus(1) else ""),
     ]
-    assert seen == expected
+    assert seen == expected, [run.stderr for run in runs]  # docker's warnings, if any

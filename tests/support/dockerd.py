@@ -29,6 +29,12 @@ from typing import BinaryIO
 from tests.support.services import stop_process, wait_until
 
 BUSYBOX = Path("/bin/busybox")
+# What the docker CLI prints under an error of ``docker run``, by version: 25 and later's
+# (the development machines' Docker 28), and earlier ones' (Debian 13's docker-cli 26 too).
+RUN_HELP_HINTS = (
+    ["Run 'docker run --help' for more information"],
+    ["See 'docker run --help'."],
+)
 
 
 # Run inside the new mount namespace by ``sh -c``: $0 is the engine's /etc/docker, "$@" dockerd.

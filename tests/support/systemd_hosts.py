@@ -147,20 +147,23 @@ def _build_rootfs_tarball(tarball: Path) -> None:
         )
     with tempfile.TemporaryDirectory(prefix="build-", dir=tarball.parent) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        proc = subprocess.run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=" + ",".join(IMAGE_PACKAGES),
-                SUITE,
-                str(rootfs),
-                debian_mirror(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    "--include=" + ",".join(IMAGE_PACKAGES),
+                    SUITE,
+                    str(rootfs),
+                    debian_mirror(),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+        finally:  # a debootstrap that failed or was killed leaves its /proc mounted there
+            _unmount_below(rootfs)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             raise RuntimeError(f"debootstrap of the systemd host image failed:\n{tail}")
@@ -173,6 +176,18 @@ def _build_rootfs_tarball(tarball: Path) -> None:
             timeout=600,
         )
         partial.rename(tarball)  # complete tarballs only: a crash leaves nothing behind
+
+
+def _unmount_below(root: Path) -> None:
+    """Detach every mount under ``root``, deepest first, so that removing it removes files
+    only (and the error that stopped the build is the one raised)."""
+    below = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(f"{root}/")
+    ]
+    for point in sorted(below, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
 
 def _prepare_rootfs(rootfs: Path) -> None:
