@@ -182,7 +182,10 @@ def _await_engine(
     root = engine.root
 
     def answers() -> bool:
-        return engine.docker("info", "--format", "{{.ServerVersion}}", check=False).returncode == 0
+        # `docker version`, not `docker info`: Debian 13's CLI (26) exits 0 from `docker info`
+        # with no daemon behind the socket
+        done = engine.docker("version", "--format", "{{.Server.Version}}", check=False)
+        return done.returncode == 0 and bool(done.stdout.strip())
 
     try:
         wait_until(answers, what="dockerd", timeout_s=60, proc=proc, interval_s=0.2)
