@@ -29,8 +29,8 @@ from typing import BinaryIO
 from tests.support.services import stop_process, wait_until
 
 BUSYBOX = Path("/bin/busybox")
-# What the docker CLI prints under an error of ``docker run``, by version: 25 and later's
-# (the development machines' Docker 28), and earlier ones' (Debian 13's docker-cli 26 too).
+# What the docker CLI prints under an error of ``docker run``, by version: Docker 28's (the
+# development machines'), and older ones' (Debian 12's 20.10, Debian 13's docker-cli 26).
 RUN_HELP_HINTS = (
     ["Run 'docker run --help' for more information"],
     ["See 'docker run --help'."],
