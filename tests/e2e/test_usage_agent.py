@@ -32,7 +32,7 @@ import pytest
 
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.prerequisites import require_root
-from tests.support.services import stop_process, wait_until
+from tests.support.services import stop_process, wait_stable, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -101,13 +101,8 @@ def wait_team_seconds(agent: AgentProcess, team: str, at_least: float) -> float:
 def wait_settled(teams: list[tuple[AgentProcess, str]]) -> None:
     """Until the teams' GPU-seconds stop growing: three readings, two sweeps apart, alike
     (an ended hold grows until a sweep writes its end; a loaded machine delays sweeps)."""
-    seen: list[list[float]] = []
-
-    def settled() -> bool:
-        seen.append([team_seconds(agent, team) for agent, team in teams])
-        return len(seen) > 2 and seen[-1] == seen[-2] == seen[-3]
-
-    wait_until(settled, what="the ended holds written", timeout_s=30, interval_s=2 * INTERVAL)
+    wait_stable(lambda: [team_seconds(agent, team) for agent, team in teams], alike=3,
+                what="the ended holds written", timeout_s=30, interval_s=2 * INTERVAL)  # fmt: skip
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])

@@ -34,7 +34,7 @@ from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
 from tests.support.prerequisites import require_command
-from tests.support.services import stop_process, wait_until
+from tests.support.services import stop_process, wait_stable, wait_until
 from tests.support.wrapper import wrapper_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -159,14 +159,10 @@ def usage_node(engine: DockerEngine, base: Path, *args: str, utilization: int) -
 
 def settled(node: Node, by: str, since: float) -> dict[str, dict[str, Any]]:
     """The usage rows once they stop changing (the last holds ended and were written)."""
-    seen: list[dict[str, dict[str, Any]]] = []
-
-    def stable() -> bool:
-        seen.append(node.usage(by, since))
-        return len(seen) > 1 and seen[-1] == seen[-2]
-
-    wait_until(stable, what=f"the ledger's {by} rows to settle", timeout_s=20, interval_s=1.0)
-    return seen[-1]
+    what = f"the ledger's {by} rows to settle"
+    return wait_stable(
+        lambda: node.usage(by, since), alike=2, what=what, timeout_s=20, interval_s=1.0
+    )
 
 
 def test_gpu_seconds_and_busy_seconds_per_team_project_and_container(

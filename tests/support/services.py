@@ -12,8 +12,11 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
+
+T = TypeVar("T")
 
 
 def python_path(first: Path) -> str:
@@ -55,6 +58,20 @@ def _ephemeral_ports() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default
+
+
+def wait_stable(
+    read: Callable[[], T], *, alike: int, what: str, timeout_s: float, interval_s: float
+) -> T:
+    """Read until the last ``alike`` readings, ``interval_s`` apart, are equal; the last."""
+    seen: list[T] = []
+
+    def stable() -> bool:
+        seen.append(read())
+        return len(seen) >= alike and all(v == seen[-1] for v in seen[-alike:])
+
+    wait_until(stable, what=what, timeout_s=timeout_s, interval_s=interval_s)
+    return seen[-1]
 
 
 def wait_until(
