@@ -8,8 +8,13 @@ else, or a file of many gigabytes. So:
 - ``read_regular(path, limit=..., what=...)`` opens without blocking (``O_NONBLOCK``: a
   FIFO with no writer opens at once, and is then refused), checks on the open descriptor that
   it is a regular file of at most ``limit`` bytes, and reads at most that many. With
-  ``follow=False`` a symbolic link at ``path`` is refused too (``O_NOFOLLOW``). Any failure is
-  an ``UnusableFile`` whose message is one line: the path and what is wrong with it.
+  ``follow=False`` a symbolic link at ``path`` is refused too (``O_NOFOLLOW``). With
+  ``kernel=True`` (a sysfs or procfs attribute) the size the file declares is not checked,
+  only what is read: the kernel declares 4096 bytes for every sysfs attribute, 0 for procfs
+  files, and for a binary attribute its buffer, which is not its content (a NUMA node's
+  ``cpulist`` declares 28 KiB on a kernel built for 8,192 CPUs, as Debian's and Ubuntu's
+  are, and holds ``0-31``). Any failure is an ``UnusableFile`` whose message is one line:
+  the path and what is wrong with it.
 - ``write_atomically(directory, name, data, mode=...)`` creates a temporary file with a
   random name inside ``directory`` (opened once, as a descriptor, so the directory cannot be
   swapped underneath), with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (nothing that is already
@@ -62,9 +67,12 @@ def kind_of(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
-def read_regular(path: Path, *, limit: int, what: str, follow: bool = True) -> bytes:
+def read_regular(
+    path: Path, *, limit: int, what: str, follow: bool = True, kernel: bool = False
+) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``); ``UnusableFile`` for
-    anything else: missing, unreadable, not a regular file, larger than ``limit``."""
+    anything else: missing, unreadable, not a regular file, larger than ``limit`` (by its
+    declared size, unless ``kernel``, or by what was read)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     if not follow:
         flags |= os.O_NOFOLLOW
@@ -78,7 +86,7 @@ def read_regular(path: Path, *, limit: int, what: str, follow: bool = True) -> b
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnusableFile(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
-        if st.st_size > limit:
+        if not kernel and st.st_size > limit:
             raise UnusableFile(
                 f"{what} {path} is {describe_size(st.st_size)}, more than the "
                 f"{describe_size(limit)} it may be"

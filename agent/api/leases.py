@@ -45,6 +45,7 @@ MAX_LABEL_CHARS = 256
 MAX_FREE_COUNT = 1024  # GET /leases/free?count=N: more than any node has
 MAX_PROFILE_CHARS = 64
 SYSFS = Path("/sys")
+CPULIST_LIMIT = 64 * 1024  # "0,2,4,...,8190" of a kernel built for 8,192 CPUs is 28 KiB
 DISCONNECT_POLL_S = 0.25  # how soon a waiting ask notices that its client hung up
 
 T = TypeVar("T")
@@ -215,7 +216,8 @@ class Cpusets:
         if node not in self._cpus:
             path = self._sysfs / "devices" / "system" / "node" / f"node{node}" / "cpulist"
             try:
-                text = files.read_regular(path, limit=4096, what="cpulist").decode().strip()
+                data = files.read_regular(path, limit=CPULIST_LIMIT, what="cpulist", kernel=True)
+                text = data.decode().strip()
             except (files.UnusableFile, UnicodeDecodeError):
                 text = ""
             self._cpus[node] = text or None

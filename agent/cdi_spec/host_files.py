@@ -158,7 +158,10 @@ def drm_nodes(root: Path, bus_id: str) -> tuple[spec.DeviceNode, ...]:
 def _custom_firmware_dir(root: Path) -> str | None:
     try:
         text = files.read_regular(
-            rooted.on_host(root, FIRMWARE_PATH_PARAMETER), limit=4096, what="firmware path"
+            rooted.on_host(root, FIRMWARE_PATH_PARAMETER),
+            limit=4096,
+            what="firmware path",
+            kernel=True,
         )
     except files.UnusableFile:
         return None

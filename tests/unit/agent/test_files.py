@@ -31,6 +31,24 @@ def test_a_file_beyond_the_bound_is_refused_by_its_size_without_reading_it(
     assert str(err.value) == f"node file {path} is 20.0 GB, more than the 4.0 MiB it may be"
 
 
+KERNEL_ATTRIBUTE = Path("/sys/devices/system/cpu/online")  # "0-1\n", declared 4096 bytes
+
+
+@pytest.mark.skipif(not KERNEL_ATTRIBUTE.exists(), reason="no sysfs mounted")
+def test_a_kernel_attribute_is_bounded_by_what_it_holds_not_by_its_declared_size() -> None:
+    """sysfs declares a size that is not the content (4096 here; 28 KiB for a NUMA node's
+    cpulist on a kernel built for 8,192 CPUs): read as a kernel attribute, only the bytes
+    read count."""
+    declared = KERNEL_ATTRIBUTE.stat().st_size
+    content = KERNEL_ATTRIBUTE.read_bytes()
+    assert len(content) < 64 < declared
+    with pytest.raises(UnusableFile, match="more than the 64 bytes it may be"):
+        read_regular(KERNEL_ATTRIBUTE, limit=64, what="CPU list")
+    assert read_regular(KERNEL_ATTRIBUTE, limit=64, what="CPU list", kernel=True) == content
+    with pytest.raises(UnusableFile, match="grew beyond the 1 bytes it may be while read"):
+        read_regular(KERNEL_ATTRIBUTE, limit=1, what="CPU list", kernel=True)
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "socket", "dev-zero"])
 def test_what_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "spec.json"

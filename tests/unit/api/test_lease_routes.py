@@ -178,6 +178,17 @@ async def test_the_cpuset_of_the_grants_numa_nodes(tmp_path: Path) -> None:
         await leases.close()
 
 
+def test_a_long_cpulist_is_read_whole(tmp_path: Path) -> None:
+    """A node of many CPUs listed one by one (sysfs declares its cpulist 28 KiB on kernels
+    built for 8,192 CPUs) still gives its cpuset."""
+    cpulist = tmp_path / "devices" / "system" / "node" / "node0" / "cpulist"
+    cpulist.parent.mkdir(parents=True)
+    every_other = ",".join(str(cpu) for cpu in range(0, 8192, 2))
+    cpulist.write_text(every_other + "\n")
+    assert len(every_other) > 16 * 1024
+    assert Cpusets(tmp_path).of((0,)) == (every_other, "0")
+
+
 # -- POST /leases: malformed asks ---------------------------------------------------------------
 
 
