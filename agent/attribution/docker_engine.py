@@ -7,6 +7,13 @@ versions. Podman's API service (``podman system service``, the ``podman.socket``
 answers the same request the same way on its Docker-compatible endpoints, so one client
 serves both (``what`` names the engine in messages).
 
+``listed`` asks the container list for one id instead (``GET /containers/json?all=1`` with
+an ``id`` filter: ``docker ps -a --filter id=...``; ``Names``, ``Image``, ``Labels``): dockerd
+answers its list from a snapshot, while an inspect waits for the container's lock, which
+dockerd holds for as long as the container starts or stops (seconds, where a runtime hook or
+a large image is slow: Docker 20.10 and 26 alike). The list's ``Image`` is the image as the
+container was created from, or the image's id once that name points to another image.
+
 What is read is bounded as ``agent.engines.http`` says (docs/metrics.md, "What the agent
 reads from an engine"); here, the fields: a name longer than ``MAX_NAME_CHARS`` or an image
 longer than ``MAX_IMAGE_CHARS`` is cut to that length, its last character ``…``; a
@@ -17,6 +24,7 @@ string is left out.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +42,7 @@ from agent.engines.http import (
     BadAnswer,
     EngineClient,
     EngineError,
+    EngineTimeout,
     bounded_text,
     parse_answer,
 )
@@ -54,6 +63,7 @@ __all__ = [
     "ContainerFacts",
     "DockerEngine",
     "DockerEngineError",
+    "EngineTimeout",
     "bounded_text",
     "parse_answer",
 ]
@@ -117,6 +127,34 @@ class DockerEngine(EngineClient):
             return None
         bad = self.bad_answer(about)
         return _facts(container_id, parse_answer(body, bad), bad, self.wanted_labels)
+
+    async def listed(self, container_id: str) -> ContainerFacts | None:
+        """The container's name, image and labels from the engine's container list (which
+        does not wait for a starting container, as ``inspect`` does); ``None`` when the
+        list has no such container. Raises as ``inspect`` does."""
+        about = f"about container {container_id[:12]} (its list)"
+        filters = quote(json.dumps({"id": [container_id]}, separators=(",", ":")), safe="")
+        body = await self.get(f"/containers/json?all=1&filters={filters}", about)
+        bad = self.bad_answer(about)
+        listed = parse_answer(body, bad) if body is not None else []
+        if not isinstance(listed, list):
+            raise BadAnswer(f"{bad}: it is not a JSON array (a container list)")
+        for item in listed:
+            found = item.get("Id") if isinstance(item, dict) else None
+            if not isinstance(found, str) or not found.startswith(container_id):
+                continue  # the filter matches id prefixes: the list may hold others
+            names = item.get("Names")
+            names = names if isinstance(names, list) else []
+            # its own name first; a legacy link adds "/other/alias"
+            own = [n for n in names if isinstance(n, str) and "/" not in n.removeprefix("/")]
+            name = own[0] if own else (names[0] if names else None)
+            as_inspected = {
+                "Id": found,
+                "Name": name,
+                "Config": {"Image": item.get("Image"), "Labels": item.get("Labels")},
+            }
+            return _facts(container_id, as_inspected, bad, self.wanted_labels)
+        return None
 
 
 def _facts(

@@ -8,6 +8,10 @@ engines out of the hot path.
   A miss asks the engine (concurrent misses of one id share one request); an entry is asked again
   after ``ttl_s`` (a renamed container), an id the engine does not know after
   ``missing_ttl_s`` (a container of another engine, or one just removed).
+- An inspect the engine does not answer in time is asked again of its container list
+  (``DockerEngine.listed``): dockerd holds a container's lock while it starts or stops, and
+  an inspect waits for it (a start of seconds, where a runtime hook or an image is slow),
+  while the list answers at once. Only when the list fails too is the engine taken as down.
 - While an engine cannot be reached, it is asked again only every ``retry_s``; the
   processes keep their container id and kind, without name and image. The outage is logged
   once per engine, and its end too. Without a Podman service (the common case on Docker
@@ -38,6 +42,7 @@ from agent.attribution.docker_engine import (
     ContainerFacts,
     DockerEngine,
     DockerEngineError,
+    EngineTimeout,
 )
 from agent.display import shown
 from agent.edge.rate_limit import RateLimiter
@@ -173,7 +178,12 @@ class Attributor:
         engine = self.engines[kind]
         self.lookups += 1
         try:
-            facts = await engine.inspect(container_id)
+            try:
+                facts = await engine.inspect(container_id)
+            except EngineTimeout:
+                # dockerd holds a starting or stopping container's lock, and an inspect
+                # waits for it; the list does not (an engine that is gone fails it too)
+                facts = await engine.listed(container_id)
         except BadAnswer as err:
             self._log_bad_answer(kind, str(err))
             return self._failed(key)

@@ -83,6 +83,12 @@ class EngineError(Exception):
     """The engine cannot be asked (no socket, refused, timeout, not Docker): one line."""
 
 
+class EngineTimeout(EngineError):
+    """The engine did not answer within the time given: one line. Not always an engine
+    that is gone: dockerd holds a container's lock for as long as that container starts
+    or stops, and its inspect waits for it (``agent.attribution.owners`` asks the list)."""
+
+
 class BadAnswer(EngineError):
     """The engine answered, but not with anything this agent may use (too large, too deep,
     not JSON, not HTTP): one line that says which bound it broke."""
@@ -151,7 +157,7 @@ class EngineClient:
                 finally:
                     await _close(writer)
         except TimeoutError:
-            raise EngineError(f"{self.where} did not answer within {limit_s:g} s") from None
+            raise EngineTimeout(f"{self.where} did not answer within {limit_s:g} s") from None
 
     async def post(self, path: str, about: str, *, timeout_s: float | None = None) -> int:
         """``POST path`` with no body (``/containers/<id>/stop``): the answer's status
@@ -173,7 +179,7 @@ class EngineClient:
                 finally:
                     await _close(writer)
         except TimeoutError:
-            raise EngineError(f"{self.where} did not answer within {limit_s:g} s") from None
+            raise EngineTimeout(f"{self.where} did not answer within {limit_s:g} s") from None
 
     async def stream(self, path: str, about: str) -> LineStream:
         """``GET path`` opened as a stream of lines (``LineStream``): connected and its head
@@ -192,7 +198,9 @@ class EngineClient:
                     await _close(writer)
                     raise
         except TimeoutError:
-            raise EngineError(f"{self.where} did not answer within {self.timeout_s:g} s") from None
+            raise EngineTimeout(
+                f"{self.where} did not answer within {self.timeout_s:g} s"
+            ) from None
         if status != 200:
             await _close(writer)
             raise EngineError(f"{self.where} answered HTTP {status}")

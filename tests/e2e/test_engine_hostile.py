@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -334,6 +335,12 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
+def listed_path(container: str) -> str:
+    """The container list asked for one container (``docker ps -a --filter id=...``)."""
+    filters = json.dumps({"id": [container]}, separators=(",", ":"))
+    return f"/containers/json?all=1&filters={quote(filters, safe='')}"
+
+
 def labels_of(line: str) -> dict[str, str]:
     """The labels of one exposition line, unescaped as Prometheus reads them."""
     return {
@@ -361,14 +368,16 @@ def test_hostile_answer(tmp_path: Path, containers: Containers, case: Case) -> N
     assert isinstance(seen.processes, tuple), seen.processes
     assert seen.processes[0] == 200
     assert seen.plugin == 200
-    # the scrape inspected each engine's container; the lease table's feed listed and
-    # followed their containers (the same hostile answer), and asked nothing else
+    # the scrape inspected each engine's container (and, where the inspect was not answered
+    # in time, asked the list for it); the lease table's feed listed and followed their
+    # containers (the same hostile answer), and asked nothing else
     for asked, container, facts in (
         (seen.docker_asked, DOCKER_ID, DOCKER_FACTS_PATHS),
         (seen.podman_asked, PODMAN_ID, frozenset()),
     ):
-        assert f"/containers/{container}/json" in asked
-        assert set(asked) <= {f"/containers/{container}/json", *FEED_PATHS, *facts}, asked
+        inspect = f"/containers/{container}/json"
+        assert inspect in asked
+        assert set(asked) <= {inspect, listed_path(container), *FEED_PATHS, *facts}, asked
     # the log: no traceback, at most one line per engine and reader (the scrape's lookup,
     # the feed), each one printable line
     assert "Traceback" not in seen.log

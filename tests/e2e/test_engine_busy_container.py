@@ -1,0 +1,115 @@
+"""A container that is starting is named at once, by a real dockerd with a slow runtime.
+
+dockerd holds a container's lock for as long as the container starts (its runtime creating
+it), and ``docker inspect`` waits for that lock: Docker 20.10 and 26 alike. Where a start
+takes seconds (a slow runtime hook, a large image), the agent's inspect timed out, the
+agent took the whole engine as unreachable for ``retry_s`` (30 s), logged so, and showed
+every new container's GPU processes and usage by id alone, without its labels. Here the
+runtime is runc behind a script that sleeps before it creates the container; the agent asks
+the container list when the inspect does not answer in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.attribution.cgroup import OwnerKind
+from agent.attribution.docker_engine import ContainerFacts, DockerEngine
+from agent.attribution.owners import Attributor
+from tests.support.dockerd import DockerEngine as Engine
+from tests.support.dockerd import start_engine, stop_engine
+from tests.support.prerequisites import require_root, unavailable
+from tests.support.services import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SLOW_S = 8.0  # how long the runtime takes to create a container
+PROJECT = "com.docker.compose.project"
+REPO = Path(__file__).resolve().parents[2]
+FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
+
+
+def _dockerd(which: str) -> str:
+    """Debian 12's dockerd (20.10), or Debian 13's (26) that scripts/test-all unpacks."""
+    if which == "20.10":
+        return "dockerd"
+    path = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
+    if not os.access(path, os.X_OK):
+        unavailable(f"needs Debian 13's dockerd at {path} (scripts/test-all unpacks it there)")
+    return path
+
+
+@pytest.fixture(scope="module", params=["20.10", "26"])
+def slow_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Engine, Path]]:
+    """A private dockerd with a runtime ``slow``: runc, after a marker file and a sleep."""
+    require_root()
+    dockerd = _dockerd(request.param)
+    base = tmp_path_factory.mktemp("slow-runtime")
+    marker = base / "creating"
+    runtime = base / "slow-runc"
+    runtime.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        f'  if [ "$arg" = create ]; then touch {marker}; sleep {SLOW_S:g}; fi\n'
+        "done\n"
+        'exec runc "$@"\n'
+    )
+    runtime.chmod(0o755)
+    engine, proc = start_engine(
+        dockerd=dockerd, daemon_json={"runtimes": {"slow": {"path": str(runtime)}}}
+    )
+    try:
+        engine.import_busybox("nvd-busy:1")
+        yield engine, marker
+    finally:
+        stop_engine(engine, proc)
+
+
+async def test_a_starting_container_is_named_while_dockerd_holds_it(
+    slow_engine: tuple[Engine, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, marker = slow_engine
+    marker.unlink(missing_ok=True)
+    started = engine.docker(
+        "run", "-d", "--name", "warm", "--label", f"{PROJECT}=other", "nvd-busy:1", "sleep", "600"
+    ).stdout.strip()  # the default runtime: started at once
+    cid = engine.docker(
+        "create", "--runtime", "slow", "--name", "starting-trainer",
+        "--label", f"{PROJECT}=nvdbusy", "nvd-busy:1", "sleep", "600",
+    ).stdout.strip()  # fmt: skip
+    start = threading.Thread(target=engine.docker, args=("start", cid), daemon=True)
+    client = DockerEngine(Path(engine.host.removeprefix("unix://")), timeout_s=1.0)
+    client.wanted_labels = frozenset({PROJECT})
+    attributor = Attributor(client, retry_s=30)
+    try:
+        start.start()
+        wait_until(marker.exists, what="the slow runtime creating the container")
+        began = time.monotonic()
+        found = await attributor.container(cid)
+        took_s = time.monotonic() - began
+        assert start.is_alive(), "the start ended before the lookup: the runtime was not slow"
+        assert found == (
+            OwnerKind.DOCKER,
+            ContainerFacts(cid, "starting-trainer", "nvd-busy:1", ((PROJECT, "nvdbusy"),)),
+        )
+        assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
+        # the engine was not taken as down: another container is asked, and named
+        other = await attributor.container(started)
+        assert other is not None
+        assert other[1].name == "warm"
+        assert attributor.lookup_failures == 0
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warnings == []
+    finally:
+        await attributor.close()
+        start.join(timeout=SLOW_S + 30)
+        engine.docker("rm", "-f", cid, started, check=False)
