@@ -11,7 +11,11 @@ engines out of the hot path.
 - An inspect the engine does not answer in time is asked again of its container list
   (``DockerEngine.listed``): dockerd holds a container's lock while it starts or stops, and
   an inspect waits for it (a start of seconds, where a runtime hook or an image is slow),
-  while the list answers at once. Only when the list fails too is the engine taken as down.
+  while the list answers at once. Podman's list waits for the lock too: when neither
+  answers in time but the engine answers its ping (``GET /_ping``, asked beside the list),
+  the engine holds that container: it is shown by id, asked again after ``BUSY_RETRY_S``,
+  counted as a failed lookup and not logged; the engine is not taken as down. Only an
+  engine that answers neither is.
 - While an engine cannot be reached, it is asked again only every ``retry_s``; the
   processes keep their container id and kind, without name and image. The outage is logged
   once per engine, and its end too. Without a Podman service (the common case on Docker
@@ -50,6 +54,7 @@ from agent.edge.rate_limit import RateLimiter
 log = logging.getLogger("nvidia-docker-plugin.attribution")
 
 MESOS_DOCKER_PREFIX = "mesos-"
+BUSY_RETRY_S = 5.0  # a container its engine holds (starting, stopping): asked again after
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +183,9 @@ class Attributor:
         engine = self.engines[kind]
         self.lookups += 1
         try:
-            try:
-                facts = await engine.inspect(container_id)
-            except EngineTimeout:
-                # dockerd holds a starting or stopping container's lock, and an inspect
-                # waits for it; the list does not (an engine that is gone fails it too)
-                facts = await engine.listed(container_id)
+            facts = await _inspect_or_list(engine, container_id)
+        except _ContainerBusy:
+            return self._busy(key)
         except BadAnswer as err:
             self._log_bad_answer(kind, str(err))
             return self._failed(key)
@@ -214,6 +216,17 @@ class Attributor:
             log.info("%s answers again: containers are named", engine.what.capitalize())
         ttl = self.ttl_s if facts is not None else self.missing_ttl_s
         self._remember(key, _Entry(facts, self._clock() + ttl))
+        return facts
+
+    def _busy(self, key: _Key) -> ContainerFacts | None:
+        """A container the engine holds (starting or stopping) while the engine answers:
+        counted as failed, not logged, asked again after ``BUSY_RETRY_S``; the engine is
+        not taken as down (what was known of the container, if anything, is kept)."""
+        self.lookup_failures += 1
+        self._engine_down_until.pop(key[0], None)  # it answers: no outage (or its end)
+        cached = self._cache.get(key)
+        facts = cached.facts if cached is not None else None
+        self._remember(key, _Entry(facts, self._clock() + BUSY_RETRY_S))
         return facts
 
     def _failed(self, key: _Key) -> ContainerFacts | None:
@@ -257,6 +270,29 @@ class Attributor:
             pending.cancel()
         for engine in self.engines.values():
             await engine.close()
+
+
+class _ContainerBusy(Exception):
+    """Neither the inspect nor the list of one container was answered in time, but the
+    engine answers its ping: it holds that container (a start, a stop)."""
+
+
+async def _inspect_or_list(engine: DockerEngine, container_id: str) -> ContainerFacts | None:
+    """The container's facts by its inspect, else by the engine's list (see the module);
+    ``_ContainerBusy`` when neither answers in time and the engine answers its ping."""
+    try:
+        return await engine.inspect(container_id)
+    except EngineTimeout:
+        pass
+    alive = asyncio.ensure_future(engine.answers_ping())
+    try:
+        return await engine.listed(container_id)
+    except EngineTimeout:
+        if await alive:
+            raise _ContainerBusy from None
+        raise
+    finally:
+        alive.cancel()
 
 
 def _owner(place: CgroupPlace, facts: ContainerFacts | None) -> ProcessOwner:

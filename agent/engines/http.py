@@ -130,16 +130,19 @@ class EngineClient:
         *,
         timeout_s: float | None = None,
         max_bytes: int = MAX_ANSWER_BYTES,
+        slot: bool = True,
     ) -> bytearray | None:
         """The body of a 200 answer to ``GET path``; None for a 404.
 
         ``EngineError`` when the engine cannot be asked or answers another status,
         ``BadAnswer`` (an ``EngineError`` too) when its answer breaks a bound. Waiting for a
-        free request slot counts in the timeout (``timeout_s``, else the client's).
+        free request slot counts in the timeout (``timeout_s``, else the client's); with
+        ``slot=False`` the request takes none (a ping, while the slots may all be held).
         """
         limit_s = self.timeout_s if timeout_s is None else timeout_s
+        slots = self._slots if slot else contextlib.nullcontext()
         try:
-            async with asyncio.timeout(limit_s), self._slots:
+            async with asyncio.timeout(limit_s), slots:
                 reader, writer = await self._connect(path)
                 try:
                     status, headers = await self._head(reader, about)
@@ -158,6 +161,16 @@ class EngineClient:
                     await _close(writer)
         except TimeoutError:
             raise EngineTimeout(f"{self.where} did not answer within {limit_s:g} s") from None
+
+    async def answers_ping(self, timeout_s: float | None = None) -> bool:
+        """Whether the engine answers ``GET /_ping`` within ``timeout_s`` (else the
+        client's): Docker and Podman answer it without taking any container's lock. It
+        takes no request slot: it is asked when requests that hold them wait."""
+        try:
+            body = await self.get("/_ping", "to a ping", timeout_s=timeout_s, slot=False)
+            return body is not None
+        except EngineError:
+            return False
 
     async def post(self, path: str, about: str, *, timeout_s: float | None = None) -> int:
         """``POST path`` with no body (``/containers/<id>/stop``): the answer's status

@@ -1,4 +1,5 @@
-"""A container that is starting is named at once, by a real dockerd with a slow runtime.
+"""A container that is starting is named at once (dockerd), or soon without an outage
+(Podman), by a real engine with a slow runtime.
 
 dockerd holds a container's lock for as long as the container starts (its runtime creating
 it), and ``docker inspect`` waits for that lock: Docker 20.10 and 26 alike. Where a start
@@ -6,13 +7,16 @@ takes seconds (a slow runtime hook, a large image), the agent's inspect timed ou
 agent took the whole engine as unreachable for ``retry_s`` (30 s), logged so, and showed
 every new container's GPU processes and usage by id alone, without its labels. Here the
 runtime is runc behind a script that sleeps before it creates the container; the agent asks
-the container list when the inspect does not answer in time.
+the container list when the inspect does not answer in time, which dockerd answers at once.
+Podman's list waits for the container too; its API service still answers a ping, so the
+container is asked again a few seconds later and the engine is not taken as down.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +26,10 @@ import pytest
 
 from agent.attribution.cgroup import OwnerKind
 from agent.attribution.docker_engine import ContainerFacts, DockerEngine
-from agent.attribution.owners import Attributor
+from agent.attribution.owners import BUSY_RETRY_S, Attributor
 from tests.support.dockerd import DockerEngine as Engine
 from tests.support.dockerd import start_engine, stop_engine
+from tests.support.podman import RUN_LIMITS, api_service, private_podman
 from tests.support.prerequisites import require_root, unavailable
 from tests.support.services import wait_until
 
@@ -46,16 +51,10 @@ def _dockerd(which: str) -> str:
     return path
 
 
-@pytest.fixture(scope="module", params=["20.10", "26"])
-def slow_engine(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Engine, Path]]:
-    """A private dockerd with a runtime ``slow``: runc, after a marker file and a sleep."""
-    require_root()
-    dockerd = _dockerd(request.param)
-    base = tmp_path_factory.mktemp("slow-runtime")
-    marker = base / "creating"
-    runtime = base / "slow-runc"
+def slow_runc(directory: Path) -> tuple[Path, Path]:
+    """(a runtime: runc after a marker file and a ``SLOW_S`` sleep at create, the marker)."""
+    marker = directory / "creating"
+    runtime = directory / "slow-runc"
     runtime.write_text(
         "#!/bin/sh\n"
         'for arg in "$@"; do\n'
@@ -64,6 +63,17 @@ def slow_engine(
         'exec runc "$@"\n'
     )
     runtime.chmod(0o755)
+    return runtime, marker
+
+
+@pytest.fixture(scope="module", params=["20.10", "26"])
+def slow_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Engine, Path]]:
+    """A private dockerd with a runtime ``slow``: runc, after a marker file and a sleep."""
+    require_root()
+    dockerd = _dockerd(request.param)
+    runtime, marker = slow_runc(tmp_path_factory.mktemp("slow-runtime"))
     engine, proc = start_engine(
         dockerd=dockerd, daemon_json={"runtimes": {"slow": {"path": str(runtime)}}}
     )
@@ -113,3 +123,67 @@ async def test_a_starting_container_is_named_while_dockerd_holds_it(
         await attributor.close()
         start.join(timeout=SLOW_S + 30)
         engine.docker("rm", "-f", cid, started, check=False)
+
+
+def podman_with(command: list[str], *args: str) -> str:
+    """``command`` (podman and its global options) with ``args``: its output."""
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=SLOW_S + 120, check=True
+    )
+    return done.stdout.strip()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_starting_podman_container_is_named_soon_and_podman_is_not_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_root()
+    runtime, marker = slow_runc(tmp_path)
+    with private_podman() as podman, api_service(podman) as service:
+        podman.import_busybox("nvd-busy:1", {})
+        warm = podman("run", "-d", *RUN_LIMITS, "--name", "warm", "nvd-busy:1", "sleep", "600")
+        command = list(podman.command)
+        if "--runtime" in command:  # the machine's runtime (runc on hybrid cgroups)
+            at = command.index("--runtime")
+            del command[at : at + 2]
+        slow = [*command, "--runtime", str(runtime)]
+        cid = podman_with(
+            slow, "create", *RUN_LIMITS, "--name", "starting-trainer",
+            "--label", f"{PROJECT}=nvdbusy", "nvd-busy:1", "sleep", "600",
+        )  # fmt: skip
+        start = threading.Thread(target=podman_with, args=(slow, "start", cid), daemon=True)
+        client = DockerEngine(service.socket_path, timeout_s=1.0, what="Podman's API service")
+        client.wanted_labels = frozenset({PROJECT})
+        clock = Clock()
+        attributor = Attributor(None, podman=client, retry_s=30, clock=clock)
+        try:
+            start.start()
+            wait_until(marker.exists, what="the slow runtime creating the container")
+            first = await attributor.container(cid)
+            assert start.is_alive(), "the start ended before the lookup: the runtime was not slow"
+            # Podman's inspect and list both wait for the container; named now or soon
+            assert first is None or first[1].name == "starting-trainer", first
+            # Podman was not taken as down: another container is asked at once, and named
+            other = await attributor.container(warm.stdout.strip())
+            assert other is not None
+            assert other[1].name == "warm"
+            start.join(timeout=SLOW_S + 60)
+            clock.now += BUSY_RETRY_S + 0.1
+            later = await attributor.container(cid)
+            assert later == (
+                OwnerKind.PODMAN,
+                ContainerFacts(cid, "starting-trainer", "localhost/nvd-busy:1",
+                               ((PROJECT, "nvdbusy"),)),
+            )  # fmt: skip
+            warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert warnings == []
+        finally:
+            await attributor.close()
+            start.join(timeout=SLOW_S + 60)

@@ -369,15 +369,16 @@ def test_hostile_answer(tmp_path: Path, containers: Containers, case: Case) -> N
     assert seen.processes[0] == 200
     assert seen.plugin == 200
     # the scrape inspected each engine's container (and, where the inspect was not answered
-    # in time, asked the list for it); the lease table's feed listed and followed their
-    # containers (the same hostile answer), and asked nothing else
+    # in time, asked the list for it and pinged the engine); the lease table's feed listed
+    # and followed their containers (the same hostile answer), and asked nothing else
     for asked, container, facts in (
         (seen.docker_asked, DOCKER_ID, DOCKER_FACTS_PATHS),
         (seen.podman_asked, PODMAN_ID, frozenset()),
     ):
         inspect = f"/containers/{container}/json"
         assert inspect in asked
-        assert set(asked) <= {inspect, listed_path(container), *FEED_PATHS, *facts}, asked
+        busy = {listed_path(container), "/_ping"}
+        assert set(asked) <= {inspect, *busy, *FEED_PATHS, *facts}, asked
     # the log: no traceback, at most one line per engine and reader (the scrape's lookup,
     # the feed), each one printable line
     assert "Traceback" not in seen.log
