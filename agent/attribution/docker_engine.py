@@ -24,7 +24,6 @@ string is left out.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,28 +132,19 @@ class DockerEngine(EngineClient):
         does not wait for a starting container, as ``inspect`` does); ``None`` when the
         list has no such container. Raises as ``inspect`` does."""
         about = f"about container {container_id[:12]} (its list)"
-        filters = quote(json.dumps({"id": [container_id]}, separators=(",", ":")), safe="")
-        body = await self.get(f"/containers/json?all=1&filters={filters}", about)
-        bad = self.bad_answer(about)
-        listed = parse_answer(body, bad) if body is not None else []
-        if not isinstance(listed, list):
-            raise BadAnswer(f"{bad}: it is not a JSON array (a container list)")
-        for item in listed:
-            found = item.get("Id") if isinstance(item, dict) else None
-            if not isinstance(found, str) or not found.startswith(container_id):
-                continue  # the filter matches id prefixes: the list may hold others
-            names = item.get("Names")
-            names = names if isinstance(names, list) else []
-            # its own name first; a legacy link adds "/other/alias"
-            own = [n for n in names if isinstance(n, str) and "/" not in n.removeprefix("/")]
-            name = own[0] if own else (names[0] if names else None)
-            as_inspected = {
-                "Id": found,
-                "Name": name,
-                "Config": {"Image": item.get("Image"), "Labels": item.get("Labels")},
-            }
-            return _facts(container_id, as_inspected, bad, self.wanted_labels)
-        return None
+        item = await self.list_entry(container_id, about)
+        if item is None:
+            return None
+        names = item.get("Names")
+        names = names if isinstance(names, list) else []
+        # its own name first; a legacy link adds "/other/alias"
+        own = [n for n in names if isinstance(n, str) and "/" not in n.removeprefix("/")]
+        as_inspected = {
+            "Id": item.get("Id"),
+            "Name": own[0] if own else (names[0] if names else None),
+            "Config": {"Image": item.get("Image"), "Labels": item.get("Labels")},
+        }
+        return _facts(container_id, as_inspected, self.bad_answer(about), self.wanted_labels)
 
 
 def _facts(

@@ -248,21 +248,46 @@ def created_container(name: str | None, body: Mapping[str, object]) -> Container
 
 
 async def inspect_container(
-    engine: EngineClient, container_id: str, *, visible_devices_env: bool | None = None
+    engine: EngineClient,
+    container_id: str,
+    *,
+    visible_devices_env: bool | None = None,
+    timeout_s: float | None = None,
 ) -> Container | None:
     """The container ``container_id`` (an id or a name) of ``engine``; None when the engine
-    has no such container (any more). ``EngineError`` (``BadAnswer``) as the client raises;
-    ``ValueError`` for what is no container id or name."""
+    has no such container (any more). ``EngineError`` (``BadAnswer``) as the client raises,
+    within ``timeout_s`` (else the client's); ``ValueError`` for what is no container id or
+    name."""
     if not _NAME.fullmatch(container_id):
         raise ValueError(f"not a container id: {container_id[:80]!r}")
     about = f"about container {container_id[:12]}"
-    body = await engine.get(f"/containers/{quote(container_id, safe='')}/json", about)
+    path = f"/containers/{quote(container_id, safe='')}/json"
+    body = await engine.get(path, about, timeout_s=timeout_s)
     if body is None:
         return None
     answer = parse_answer(body, engine.bad_answer(about))
     if not isinstance(answer, dict):
         raise BadAnswer(f"{engine.bad_answer(about)}: it is not a JSON object (a container)")
     return container_of(container_id, answer, visible_devices_env=visible_devices_env)
+
+
+async def listed_container(
+    engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+) -> Container | None:
+    """The container ``container_id`` as ``engine``'s list tells it (``EngineClient.
+    list_entry``: dockerd's list does not wait for a container that is starting, as an
+    inspect does): its id, whether it runs and its lease label, not its devices (the list
+    has none); None when the list has no such container. Raises as the client does."""
+    about = f"about container {container_id[:12]} (its list)"
+    item = await engine.list_entry(container_id, about, timeout_s=timeout_s)
+    if item is None:
+        return None
+    as_inspected = {
+        "Id": item.get("Id"),
+        "State": {"Status": item.get("State")},
+        "Config": {"Labels": item.get("Labels")},
+    }
+    return container_of(container_id, as_inspected)
 
 
 async def list_containers(

@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from agent.display import shown
 
@@ -161,6 +162,32 @@ class EngineClient:
                     await _close(writer)
         except TimeoutError:
             raise EngineTimeout(f"{self.where} did not answer within {limit_s:g} s") from None
+
+    async def list_entry(
+        self, container_id: str, about: str, *, timeout_s: float | None = None
+    ) -> dict[str, Any] | None:
+        """The container's entry in the engine's list (``GET /containers/json?all=1`` with
+        an ``id`` filter: ``docker ps -a --filter id=...``; ``Names``, ``Image``,
+        ``Labels``, ``State``); None when the list has no such container. dockerd answers
+        its list from a snapshot, while an inspect waits for the container's lock, which
+        dockerd holds for as long as the container starts or stops; Podman's list waits as
+        its inspect does. Raises as ``get`` does; ``BadAnswer`` for a list that is no array."""
+        filters = quote(json.dumps({"id": [container_id]}, separators=(",", ":")), safe="")
+        body = await self.get(
+            f"/containers/json?all=1&filters={filters}", about, timeout_s=timeout_s
+        )
+        bad = self.bad_answer(about)
+        listed = parse_answer(body, bad) if body is not None else []
+        if not isinstance(listed, list):
+            raise BadAnswer(f"{bad}: it is not a JSON array (a container list)")
+        for item in listed:
+            if not isinstance(item, dict):
+                continue
+            entry: dict[str, Any] = item
+            found = entry.get("Id")
+            if isinstance(found, str) and found.startswith(container_id):
+                return entry  # the filter matches id prefixes: the list may hold others
+        return None
 
     async def answers_ping(self, timeout_s: float | None = None) -> bool:
         """Whether the engine answers ``GET /_ping`` within ``timeout_s`` (else the

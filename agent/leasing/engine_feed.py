@@ -5,7 +5,13 @@
 
 - ``created`` and ``started`` events inspect the container (its lease label and the GPU
   devices it was given) and call ``created(container)`` / ``started(container)``; a
-  container gone by the time it is inspected is left to its ``destroyed`` event;
+  container gone by the time it is inspected is left to its ``destroyed`` event. A
+  ``created`` container is often starting by the time it is inspected (``docker run``), and
+  dockerd holds it for as long as its start takes (seconds, with a slow runtime hook), and
+  an inspect waits for that: so a ``created`` inspect has ``CREATED_INSPECT_S``, then the
+  container is read from the engine's list (its lease label, all that ``created`` reads:
+  dockerd's list does not wait), and where that does not answer within the client's time
+  either (Podman's list waits too) the event is left to the container's ``started`` event;
 - ``died`` and ``destroyed`` call ``died(id)`` / ``destroyed(id)``;
 - a resync (the stream opened, every container listed) calls ``resync(name, containers)``
   for that engine at once: the table ends only what that engine's containers held, so
@@ -31,18 +37,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from agent.engines.containers import inspect_container, list_containers
+from agent.engines.containers import inspect_container, list_containers, listed_container
 from agent.engines.events import EngineEvents, EventKind
-from agent.engines.http import EngineClient, EngineError
+from agent.engines.http import EngineClient, EngineError, EngineTimeout
 from agent.leases.containers import Container, check_engine
 from agent.leasing.service import LeaseService
 
 log = logging.getLogger("nvidia-docker-plugin.leases")
 
 MAX_QUEUED = 4096  # events waiting for their turn, all engines together
+# A created container's inspect: answered in milliseconds, unless the container is already
+# starting (dockerd then holds it, and the inspect waits for the start): the list then.
+CREATED_INSPECT_S = 0.5
+
+
+class _Starting(Exception):
+    """A created container that neither its inspect nor the list told in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +77,18 @@ class _Relist:
     engine: int
 
 
-Inspect = Callable[[EngineClient, str], Awaitable[Container | None]]
+class Inspect(Protocol):
+    """How the feed inspects a container (tests give their own)."""
+
+    def __call__(
+        self, engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+    ) -> Awaitable[Container | None]: ...
 
 
-async def _inspect(engine: EngineClient, container_id: str) -> Container | None:
-    return await inspect_container(engine, container_id)
+async def _inspect(
+    engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+) -> Container | None:
+    return await inspect_container(engine, container_id, timeout_s=timeout_s)
 
 
 class EngineFeed:
@@ -158,6 +179,21 @@ class EngineFeed:
         for index in range(len(self._engines)):
             self._queue.put_nowait(_Relist(index))
 
+    async def _created(self, engine: EngineClient, container_id: str) -> Container | None:
+        """A created container, inspected within ``CREATED_INSPECT_S``; else as the list
+        tells it (its lease label is all ``created`` reads: dockerd's list does not wait for
+        the start that holds the container), within the client's time; ``_Starting`` when
+        that does not answer in time either (Podman's list waits too: the container's start
+        event follows)."""
+        try:
+            return await self._inspect(engine, container_id, timeout_s=CREATED_INSPECT_S)
+        except EngineTimeout:
+            pass
+        try:
+            return await listed_container(engine, container_id)
+        except EngineTimeout:
+            raise _Starting from None
+
     async def _run(self) -> None:
         while True:
             item = await self._queue.get()
@@ -190,7 +226,17 @@ class EngineFeed:
             return
         engine = self._engines[item.engine]
         try:
-            container = await self._inspect(engine, item.container_id)
+            if item.kind is EventKind.CREATED:
+                container = await self._created(engine, item.container_id)
+            else:
+                container = await self._inspect(engine, item.container_id)
+        except _Starting:
+            log.debug(
+                "Leases: container %s of %s is being started: its start event binds it",
+                item.container_id[:12],
+                engine.where,
+            )
+            return
         except EngineError as err:
             log.warning(
                 "Leases: container %s of %s not inspected (%s); its lease follows the next resync",

@@ -20,9 +20,9 @@ from agent.leases.holders import Lease, LeaseState
 from agent.leases.labels import labels_for, read_label
 from agent.leases.settings import LeaseSettings
 from agent.leases.view import UnitState
-from agent.leasing.engine_feed import MAX_QUEUED, EngineFeed
+from agent.leasing.engine_feed import CREATED_INSPECT_S, MAX_QUEUED, EngineFeed
 from agent.leasing.service import LeaseService
-from tests.support.fake_engine import FakeEngine, event_line, eventually
+from tests.support.fake_engine import FakeEngine, event_line, eventually, json_answer
 from tests.unit.leases.nodes import build_node, cid, healthy
 
 LOGGER = "nvidia-docker-plugin.leases"
@@ -94,6 +94,64 @@ async def test_created_and_started_bind_the_lease_destroyed_frees_it(
     await eventually(lambda: service.lease(lease.id) is None, "destroyed ends it")
     assert service.view().unit("0").state is UnitState.FREE
     assert f"/containers/{cid(1)}/json" in engine.requests  # inspected for its labels
+
+
+async def test_a_created_container_that_is_starting_is_bound_from_the_list_at_once(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed
+) -> None:
+    """dockerd holds a container while it starts, and an inspect waits for that (seconds,
+    with a slow runtime hook): the created event's inspect gives up after
+    CREATED_INSPECT_S, the list (which dockerd answers at once) binds the lease, and the
+    events behind it (another container removed) are not held up for the client's 5 s."""
+    lease, other = await granted(service), await granted(service)
+    feed.follow(client(engine), first_backoff_s=0.05)
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    engine.add(cid(2), running=True, labels=labels_for(other))
+    await engine.send(event_line("create", cid(2)) + event_line("start", cid(2)))
+    await eventually(lambda: state_of(service, other) == (LeaseState.RUNNING, cid(2)), "bound")
+
+    inspect = f"/containers/{cid(1)}/json"
+    engine.answers[inspect] = b""  # no answer while the start holds the container
+    engine.hold_open.add(inspect)
+    engine.answers["/containers/json?all=1&filters="] = json_answer(
+        [{"Id": cid(1), "Names": ["/starting"], "State": "created", "Labels": labels_for(lease)}]
+    )
+    del engine.containers[cid(2)]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await engine.send(event_line("create", cid(1)) + event_line("destroy", cid(2)))
+    await eventually(lambda: service.lease(other.id) is None, "the removed one's lease ended")
+    took_s = loop.time() - began
+    assert state_of(service, lease) == (LeaseState.STOPPED, cid(1))  # bound by the list
+    assert CREATED_INSPECT_S <= took_s < CREATED_INSPECT_S + 1.0
+    assert inspect in engine.requests
+
+
+async def test_a_created_container_neither_inspect_nor_list_tells_waits_for_its_start(
+    service: LeaseService, engine: FakeEngine, feed: EngineFeed, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Podman's list waits for a starting container as its inspect does: the created event
+    is left to the start event (no warning), which binds the lease."""
+    lease = await granted(service)
+    feed.follow(EngineClient(engine.socket_path, timeout_s=1), first_backoff_s=0.05)
+    feed.start()
+    await eventually(lambda: engine.streams_opened == 1, "the feed follows the events")
+    inspect, listed = f"/containers/{cid(1)}/json", "/containers/json?all=1&filters="
+    for path in (inspect, listed):
+        engine.answers[path] = b""
+        engine.hold_open.add(path)
+    await engine.send(event_line("create", cid(1)))
+    await eventually(lambda: engine.requests.count(listed) == 0 and any(
+        r.startswith(listed) for r in engine.requests), "the list asked")  # fmt: skip
+    await eventually(lambda: feed.applied >= 2, "the created event applied", timeout_s=5)
+    assert state_of(service, lease) == (LeaseState.PENDING, None)
+    for path in (inspect, listed):
+        del engine.answers[path]
+    engine.add(cid(1), running=True, labels=labels_for(lease))
+    await engine.send(event_line("start", cid(1)))
+    await eventually(lambda: state_of(service, lease) == (LeaseState.RUNNING, cid(1)), "started")
+    assert not [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
 
 
 async def test_a_container_without_lease_labels_binds_nothing(
@@ -292,7 +350,9 @@ async def test_an_inspect_that_fails_is_one_line_and_the_feed_goes_on(
     lease = await granted(service)
     calls: list[str] = []
 
-    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+    async def inspect(
+        engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+    ) -> Container | None:
         calls.append(container_id)
         if len(calls) == 1:
             raise EngineError("the engine went away")
@@ -337,7 +397,9 @@ async def test_a_burst_over_the_bound_is_dropped_and_relisted(
     lease = await granted(service)
     inspected: list[str] = []
 
-    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+    async def inspect(
+        engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+    ) -> Container | None:
         inspected.append(container_id)
         return None  # gone
 
@@ -366,7 +428,9 @@ async def test_a_relist_that_fails_is_one_line(
 ) -> None:
     lease = await granted(service)
 
-    async def inspect(engine: EngineClient, container_id: str) -> Container | None:
+    async def inspect(
+        engine: EngineClient, container_id: str, *, timeout_s: float | None = None
+    ) -> Container | None:
         return None
 
     gone = FakeEngine(tmp_path / "gone.sock")  # never started: nothing answers
