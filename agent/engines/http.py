@@ -87,7 +87,8 @@ class EngineError(Exception):
 class EngineTimeout(EngineError):
     """The engine did not answer within the time given: one line. Not always an engine
     that is gone: dockerd holds a container's lock for as long as that container starts
-    or stops, and its inspect waits for it (``agent.attribution.owners`` asks the list)."""
+    or stops, and its inspect waits for it (attribution and the lease feed then ask the
+    container list: ``list_entry``)."""
 
 
 class BadAnswer(EngineError):
