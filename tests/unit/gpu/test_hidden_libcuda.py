@@ -1,7 +1,9 @@
 """The GPU worker's NVML without libcuda: the empty ``libcuda.so.1`` first on its path.
 
 The loader behaviour the design rests on is checked against a library this machine has
-(``libz.so.1`` is in every linker cache): an empty file of that name first on
+(``liblzma.so.5``: dpkg needs it, so it is in every Debian linker cache) and that Python
+itself does not load at start (Debian's python3 links ``libz.so.1``: an empty one first on
+its path would stop the interpreter): an empty file of that name first on
 ``LD_LIBRARY_PATH`` makes the load fail instead of the search going on.
 """
 
@@ -23,6 +25,7 @@ from agent.gpu.hidden_libcuda import (
 )
 from agent.gpu.worker_client import WorkerClient
 
+SHADOWED = "liblzma.so.5"
 LOAD = """
 import ctypes, sys
 try:
@@ -47,10 +50,10 @@ def test_the_package_ships_an_empty_libcuda() -> None:
 
 
 def test_an_empty_file_first_on_the_path_stops_the_search(tmp_path: Path) -> None:
-    assert _load("libz.so.1", dict(os.environ)) == "", "libz.so.1 should load here"
-    (tmp_path / "libz.so.1").write_bytes(b"")
+    assert _load(SHADOWED, dict(os.environ)) == "", f"{SHADOWED} should load here"
+    (tmp_path / SHADOWED).write_bytes(b"")
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
-    assert _load("libz.so.1", env) == f"{tmp_path}/libz.so.1: file too short"
+    assert _load(SHADOWED, env) == f"{tmp_path}/{SHADOWED}: file too short"
 
 
 def test_the_workers_environment_finds_the_empty_libcuda_first() -> None:
