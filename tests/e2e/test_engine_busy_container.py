@@ -15,7 +15,6 @@ container is asked again a few seconds later and the engine is not taken as down
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -28,27 +27,20 @@ from agent.attribution.cgroup import OwnerKind
 from agent.attribution.docker_engine import ContainerFacts, DockerEngine
 from agent.attribution.owners import BUSY_RETRY_S, Attributor
 from tests.support.dockerd import DockerEngine as Engine
-from tests.support.dockerd import start_engine, stop_engine
+from tests.support.dockerd import newer_dockerd, start_engine, stop_engine
 from tests.support.podman import RUN_LIMITS, api_service, private_podman
-from tests.support.prerequisites import require_root, unavailable
+from tests.support.prerequisites import require_root
 from tests.support.services import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 SLOW_S = 8.0  # how long the runtime takes to create a container
 PROJECT = "com.docker.compose.project"
-REPO = Path(__file__).resolve().parents[2]
-FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 def _dockerd(which: str) -> str:
     """Debian 12's dockerd (20.10), or Debian 13's (26) that scripts/test-all unpacks."""
-    if which == "20.10":
-        return "dockerd"
-    path = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
-    if not os.access(path, os.X_OK):
-        unavailable(f"needs Debian 13's dockerd at {path} (scripts/test-all unpacks it there)")
-    return path
+    return "dockerd" if which == "20.10" else newer_dockerd()
 
 
 def slow_runc(directory: Path) -> tuple[Path, Path]:

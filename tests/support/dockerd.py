@@ -26,9 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from tests.support.prerequisites import unavailable
 from tests.support.services import stop_process, wait_until
 
 BUSYBOX = Path("/bin/busybox")
+REPO = Path(__file__).resolve().parents[2]
+# Debian 13's dockerd (26), which scripts/test-all unpacks (Debian 12's engine is 20.10)
+FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 # What the docker CLI prints under an error of ``docker run``, by version: Docker 28's (the
 # development machines'), and older ones' (Debian 12's 20.10, Debian 13's docker-cli 26).
 RUN_HELP_HINTS = (
@@ -101,6 +105,15 @@ class DockerEngine:
             args += [str(tarball), tag]
             self.docker(*args)
         return tag
+
+
+def newer_dockerd() -> str:
+    """The path of a dockerd 25 or newer: ``NVD_DOCKERD_CDI``, else the one scripts/test-all
+    unpacks; the test is unavailable (skipped, or failed in CI) without one."""
+    path = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
+    if not os.access(path, os.X_OK):
+        unavailable(f"needs a dockerd 25 or newer at {path} (scripts/test-all unpacks it)")
+    return path
 
 
 def start_engine(
