@@ -46,9 +46,14 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent.daemon", *args]
 
 
-def start_daemon(tmp_path: Path, *args: str) -> Daemon:
+def start_daemon(tmp_path: Path, *args: str, notify_socket: Path | None = None) -> Daemon:
+    """The daemon, once its REST port listens (before it is Ready: ``notify_socket`` gets
+    its READY=1)."""
     port = free_port()
     socket_dir = tmp_path / "plugins"
+    env = dict(os.environ)
+    if notify_socket is not None:
+        env["NOTIFY_SOCKET"] = str(notify_socket)
     proc = subprocess.Popen(
         _command(
             "-l", f"127.0.0.1:{port}", "-s", str(socket_dir), "-d", str(tmp_path / "volumes"),
@@ -56,6 +61,7 @@ def start_daemon(tmp_path: Path, *args: str) -> Daemon:
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=env,
     )  # fmt: skip
     try:
         wait_until(lambda: listens_on(proc.pid, port), what="agent", timeout_s=60, proc=proc)
@@ -108,15 +114,22 @@ def test_sigint_is_graceful_too(tmp_path: Path) -> None:
 
 
 def test_sighup_rereads_and_keeps_serving(tmp_path: Path) -> None:
-    """SIGHUP is the operators' "re-read now"; it never stops the agent (its default would)."""
-    d = start_daemon(tmp_path, "--simulate", "h200")
+    """SIGHUP is the operators' "re-read now"; it never stops the agent (its default would).
+    Sent once the agent said READY=1: the REST port listens before the start is done, and a
+    SIGHUP then is only logged (the start reads everything anyway)."""
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(tmp_path / "notify"))
+    receiver.settimeout(60)
+    d = start_daemon(tmp_path, "--simulate", "h200", notify_socket=tmp_path / "notify")
     try:
+        assert receiver.recv(4096).startswith(b"READY=1")
         d.proc.send_signal(signal.SIGHUP)
         d.proc.send_signal(signal.SIGHUP)
         assert d.get("/gpu/info/json")[0] == 200
         assert d.proc.poll() is None
     finally:
         code, log = d.stop()
+        receiver.close()
     assert code == 0, log
     assert "Received SIGHUP: re-reading" in log
     assert "Traceback" not in log

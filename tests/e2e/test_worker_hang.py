@@ -54,6 +54,16 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
         yield served
 
 
+@pytest.fixture
+def agent_without_readers(tmp_path: Path) -> Iterator[Agent]:
+    """No background status reader: the usage ledger's sweep (every 10 s) would otherwise
+    find a worker stopped within the second before the next ping, its line first."""
+    node = NodeFile(tmp_path / "node.json", "hgx-h200-8")
+    extra = ["--cdi-spec-dir", "", "--no-usage-ledger"]
+    with start_agent(tmp_path, node, extra=extra) as served:
+        yield served
+
+
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[None]:
     os.kill(pid, signal.SIGSTOP)
@@ -100,8 +110,9 @@ def test_requests_waiting_on_a_hung_worker_get_the_503_within_the_deadline(
 
 
 def test_with_no_request_the_ping_finds_a_hung_worker_and_health_is_not_stale(
-    agent: Agent,
+    agent_without_readers: Agent,
 ) -> None:
+    agent = agent_without_readers
     old = the_worker(agent)
     answers: list[tuple[float, int, bytes]] = []
     done, ended = threading.Event(), threading.Event()
