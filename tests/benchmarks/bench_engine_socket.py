@@ -38,12 +38,10 @@ from pathlib import Path
 
 from tests.support.agent_process import launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
-from tests.support.dockerd import start_engine, stop_engine
+from tests.support.dockerd import FETCHED_DOCKERD, start_engine, stop_engine
 from tests.support.services import stop_process, wait_until
 
 IMAGE = "nvd-bench/busybox:1"
-REPO = Path(__file__).resolve().parents[2]
-FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 class UnixConnection(http.client.HTTPConnection):

@@ -183,7 +183,6 @@ CDI_VARIANTS = (
     *REAL_VARIANTS,
     ("NV_GPU=auto, NV_CDI=yes", {"NV_GPU": "auto", "NV_CDI": "yes", "NV_CPUSET": "no"}),
 )
-FETCHED_DOCKERD_CDI = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 class Variant:
@@ -379,12 +378,16 @@ def _check(variant: Variant) -> tuple[str | None, str]:
 def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str:
     """A private dockerd (tests.support.dockerd) with the GPU image; its DOCKER_HOST.
     ``cdi``: Debian 13's dockerd with CDI on instead, reading specs from a directory there."""
-    from tests.support.dockerd import start_engine, stop_engine  # noqa: PLC0415
+    from tests.support.dockerd import (  # noqa: PLC0415
+        FETCHED_DOCKERD,
+        start_engine,
+        stop_engine,
+    )
 
     if cdi is None:
         engine, proc = start_engine()
     else:
-        dockerd = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD_CDI)
+        dockerd = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
         if not os.access(dockerd, os.X_OK):
             raise SystemExit(
                 f"bench_wrapper | --cdi-docker needs a dockerd 25 or newer at {dockerd} "

@@ -51,17 +51,22 @@ from tests.support.cdi_node import (
     nodes_seen,
     running_cdi_agent,
 )
-from tests.support.dockerd import RUN_HELP_HINTS, DockerEngine, start_engine, stop_engine
+from tests.support.dockerd import (
+    RUN_HELP_HINTS,
+    DockerEngine,
+    newer_dockerd,
+    start_engine,
+    stop_engine,
+)
 from tests.support.fake_driver import FakeDriver
 from tests.support.local_agent import local_agent_port
-from tests.support.prerequisites import require_root, unavailable
+from tests.support.prerequisites import require_root
 from tests.support.services import wait_until
 from tests.support.systemd_hosts import ensure_rootfs_tarball
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]  # the first test starts the engine
 
 REPO = Path(__file__).resolve().parents[2]
-FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 
 
 @dataclass
@@ -73,20 +78,10 @@ class Setup:
     dockerd: subprocess.Popen[bytes]
 
 
-def _dockerd_with_cdi() -> str:
-    path = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
-    if not os.access(path, os.X_OK):
-        unavailable(
-            f"needs a dockerd 25 or newer at {path} (scripts/test-all unpacks Debian 13's "
-            "docker.io there; NVD_DOCKERD_CDI names another)"
-        )
-    return path
-
-
 @pytest.fixture(scope="module")
 def setup(fake_driver: FakeDriver) -> Iterator[Setup]:
     require_root()
-    dockerd = _dockerd_with_cdi()
+    dockerd = newer_dockerd()
     base = Path(tempfile.mkdtemp(prefix="nvd-cdi-docker-"))
     spec_dir = base / "cdi"
     spec_dir.mkdir()

@@ -21,7 +21,6 @@ both specs serve, each under its kind.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import urllib.error
@@ -45,16 +44,15 @@ from tests.support.cdi_node import (
     place_spec,
     running_cdi_agent,
 )
-from tests.support.dockerd import DockerEngine, start_engine, stop_engine
+from tests.support.dockerd import DockerEngine, newer_dockerd, start_engine, stop_engine
 from tests.support.fake_driver import FakeDriver
 from tests.support.podman import Podman, private_podman
-from tests.support.prerequisites import require_root, unavailable
+from tests.support.prerequisites import require_root
 from tests.support.services import wait_until
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-FETCHED_DOCKERD = REPO / ".cache" / "docker-cdi" / "usr" / "sbin" / "dockerd"
 TOOLKIT = "nvidia.yaml"  # the name nvidia-cdi-refresh writes
 MARK = "NVD_TEST_PRODUCER"
 SHOW = f'echo "{MARK}=${{{MARK}-ours}}"; ls /dev | grep "^nvidia[0-9]" | sort'
@@ -109,9 +107,7 @@ class Docker:
 @pytest.fixture(scope="module")
 def docker() -> Iterator[Docker]:
     require_root()
-    dockerd = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
-    if not os.access(dockerd, os.X_OK):
-        unavailable(f"needs a dockerd 25 or newer at {dockerd} (scripts/test-all unpacks it)")
+    dockerd = newer_dockerd()
     base = Path(tempfile.mkdtemp(prefix="nvd-cdi-beside-docker-"))
     spec_dir = base / "cdi"
     spec_dir.mkdir()
