@@ -3,8 +3,10 @@
 ``list_containers`` asks ``GET /containers/json?all=1`` (``docker ps -a``) for the ids, then
 ``GET /containers/<id>/json`` (``docker inspect``) of each, at most ``INSPECTS_AT_ONCE`` at
 a time so that attribution's lookups to the same engine always find a free request slot. A
-container removed between the two answers 404 and is left out. Docker and Podman's API
-service answer both requests the same way.
+container removed between the two answers 404 and is left out; one whose inspect times out
+while the list shows it not running (dockerd holds a container that is starting) is taken
+as the list shows it (``listed_container``). Docker and Podman's API service answer both
+requests the same way.
 
 Of each container the table gets its id, whether it runs (``State``: running, paused or
 restarting), its lease label (``read_label`` of ``Config.Labels``) and the GPUs it was given
@@ -54,7 +56,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from agent.engines.http import MIB, BadAnswer, EngineClient, EngineError, bounded_text, parse_answer
+from agent.engines.http import (
+    MIB,
+    BadAnswer,
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+    bounded_text,
+    parse_answer,
+)
 from agent.leases.containers import Container
 from agent.leases.labels import read_label
 from agent.leases.units import cdi_device
@@ -317,14 +327,28 @@ async def _inspect_all(
     engine: EngineClient, ids: list[str], visible_devices_env: bool | None
 ) -> list[Container | None]:
     """Each container inspected, ``INSPECTS_AT_ONCE`` at a time; the first failure ends
-    them all (the others are cancelled) and is raised."""
+    them all (the others are cancelled) and is raised.
+
+    An inspect that times out is asked of the list instead (``listed_container``): dockerd
+    holds a container that is starting (or stopping) and its inspect waits, while its list
+    answers. A container the list shows not running is taken from it: of a container that
+    does not run a resync reads its id, state and lease label, which the list has (its
+    devices count when it runs, and its start event, which follows, is inspected). One the
+    list shows running fails the list with the inspect's timeout, as before: its devices
+    may make it a holder. So does a list that waits too (Podman's)."""
     slots = asyncio.Semaphore(INSPECTS_AT_ONCE)
 
     async def inspect(container_id: str) -> Container | None:
         async with slots:
-            return await inspect_container(
-                engine, container_id, visible_devices_env=visible_devices_env
-            )
+            try:
+                return await inspect_container(
+                    engine, container_id, visible_devices_env=visible_devices_env
+                )
+            except EngineTimeout:
+                listed = await listed_container(engine, container_id)
+                if listed is not None and listed.running:
+                    raise
+                return listed
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -26,6 +26,11 @@ import pytest
 from agent.attribution.cgroup import OwnerKind
 from agent.attribution.docker_engine import ContainerFacts, DockerEngine
 from agent.attribution.owners import BUSY_RETRY_S, Attributor
+from agent.engines.containers import list_containers
+from agent.engines.http import EngineClient
+from agent.leases.containers import Container
+from agent.leases.labels import LABEL_DEVICES, LABEL_ID, read_label
+from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine as Engine
 from tests.support.dockerd import newer_dockerd, start_engine, stop_engine
 from tests.support.podman import RUN_LIMITS, api_service, private_podman
@@ -115,6 +120,42 @@ async def test_a_starting_container_is_named_while_dockerd_holds_it(
         await attributor.close()
         start.join(timeout=SLOW_S + 30)
         engine.docker("rm", "-f", cid, started, check=False)
+
+
+async def test_a_resync_while_a_container_starts_takes_it_from_the_list(
+    slow_engine: tuple[Engine, Path],
+) -> None:
+    """The container list a resync applies (at the agent's start, when an event stream
+    reopens) inspects every container; a leased one that is starting is taken as dockerd's
+    list shows it (not running, its lease label) instead of failing the whole list until the
+    start is done. A running container beside it is inspected: its devices count."""
+    engine, marker = slow_engine
+    marker.unlink(missing_ok=True)
+    with nvidia_nodes(wanted_nodes([3], uvm=False)):
+        held = engine.docker(
+            "run", "-d", "--device", "/dev/nvidia3", "nvd-busy:1", "sleep", "600"
+        ).stdout.strip()
+    lease = {LABEL_ID: "lease-41", LABEL_DEVICES: "GPU-9f1c0b1e-0000-4000-8000-000000000002"}
+    cid = engine.docker(
+        "create", "--runtime", "slow", *(f"--label={k}={v}" for k, v in lease.items()),
+        "nvd-busy:1", "sleep", "600",
+    ).stdout.strip()  # fmt: skip
+    start = threading.Thread(target=engine.docker, args=("start", cid), daemon=True)
+    client = EngineClient(Path(engine.host.removeprefix("unix://")), timeout_s=1.0)
+    try:
+        start.start()
+        wait_until(marker.exists, what="the slow runtime creating the container")
+        began = time.monotonic()
+        listed = {c.id: c for c in await list_containers(client)}
+        took_s = time.monotonic() - began
+        assert start.is_alive(), "the start ended before the list: the runtime was not slow"
+        assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
+        assert listed[cid] == Container(cid, False, read_label(lease))
+        assert listed[held].running
+        assert listed[held].how == "--device /dev/nvidia3"
+    finally:
+        start.join(timeout=SLOW_S + 30)
+        engine.docker("rm", "-f", cid, held, check=False)
 
 
 def podman_with(command: list[str], *args: str) -> str:

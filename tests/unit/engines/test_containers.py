@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -15,7 +16,13 @@ from agent.engines.containers import (
     inspect_container,
     list_containers,
 )
-from agent.engines.http import MAX_CONCURRENT, BadAnswer, EngineClient, EngineError
+from agent.engines.http import (
+    MAX_CONCURRENT,
+    BadAnswer,
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+)
 from agent.leases.containers import Container
 from agent.leases.labels import LeaseLabel
 from tests.support.fake_engine import FakeEngine, json_answer
@@ -132,6 +139,57 @@ async def test_a_bad_inspect_fails_the_list(engine: FakeEngine) -> None:
     engine.answers[f"/containers/{cid(3)}/json"] = b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n"
     with pytest.raises(EngineError, match=r"answered HTTP 500$"):
         await list_containers(client(engine))
+
+
+LISTED = "/containers/json?all=1&filters="  # one container's entry (EngineClient.list_entry)
+
+
+def held_inspect(engine: FakeEngine, container_id: str, entry: dict[str, object] | None) -> None:
+    """``container_id``'s inspect never answers (dockerd holds a container while it starts)
+    and its list entry is ``entry`` (None: a list that waits too, as Podman's does)."""
+    inspect = f"/containers/{container_id}/json"
+    engine.answers[inspect] = b""
+    engine.hold_open.add(inspect)
+    if entry is None:
+        engine.answers[LISTED] = b""
+        engine.hold_open.add(LISTED)
+    else:
+        engine.answers[LISTED] = json_answer([entry])
+
+
+async def test_a_starting_container_is_taken_from_the_list(engine: FakeEngine) -> None:
+    """A resync while a container starts for longer than an inspect waits: the starting one
+    as the list shows it (not running, its lease label), the others inspected; the list
+    does not fail (it failed until the start was done, and was retried with backoff)."""
+    engine.add(cid(1), running=True, host_config={"Devices": [{"PathOnHost": "/dev/nvidia3"}]})
+    engine.add(cid(2))
+    engine.add(cid(3), labels={"maintainer": "x"})
+    held_inspect(engine, cid(2), {"Id": cid(2), "State": "created", "Labels": LABELS})
+    quick = EngineClient(engine.socket_path, timeout_s=0.3)
+    assert await list_containers(quick) == [
+        Container(cid(1), True, None, ("/dev/nvidia3",), "--device /dev/nvidia3"),
+        Container(cid(2), False, LeaseLabel("lease-7", ("GPU-a", "GPU-b"))),
+        Container(cid(3)),
+    ]
+    assert [r for r in engine.requests if r.startswith(LISTED)] == [
+        LISTED + quote(json.dumps({"id": [cid(2)]}, separators=(",", ":")), safe="")
+    ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"State": "running", "Labels": {}}, None],
+    ids=["running: its devices may make it a holder", "a list that waits too (Podman)"],
+)
+async def test_an_inspect_that_times_out_still_fails_the_list(
+    engine: FakeEngine, entry: dict[str, object] | None
+) -> None:
+    engine.add(cid(1))
+    engine.add(cid(2), running=True)
+    held_inspect(engine, cid(2), None if entry is None else {"Id": cid(2), **entry})
+    quick = EngineClient(engine.socket_path, timeout_s=0.3)
+    with pytest.raises(EngineTimeout, match=r"did not answer within 0\.3 s$"):
+        await list_containers(quick)
 
 
 async def test_a_slow_list_times_out_as_a_whole(engine: FakeEngine) -> None:
