@@ -349,7 +349,12 @@ def test_a_dockerd_restart_keeps_stopped_leases_for_the_grace_time(
         dockerd.restart()
         node.wait_following(follows)  # the new dockerd's events, after a resync
         leases = {lease["Container"]: lease for lease in node.table()["Leases"]}
-        assert set(leases) == {kept, removed}
+        restarted_s = time.monotonic() - stopped_at
+        lines = [line for line in node.log().splitlines() if "ease" in line or "ollow" in line]
+        assert set(leases) == {kept, removed}, (
+            f"the restart and resync took {restarted_s:.1f} s of the {grace_s:g} s grace",
+            lines[-12:],
+        )
         assert {lease["State"] for lease in leases.values()} == {"stopped"}
 
         node.docker("rm", removed)  # stopped already: no -f
