@@ -46,6 +46,15 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent.daemon", *args]
 
 
+def notify_receiver(path: Path) -> socket.socket:
+    """A datagram socket at ``path`` that gets what the agent tells systemd (NOTIFY_SOCKET),
+    each ``recv`` waiting up to 60 s."""
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    receiver.settimeout(60)
+    return receiver
+
+
 def start_daemon(tmp_path: Path, *args: str, notify_socket: Path | None = None) -> Daemon:
     """The daemon, once its REST port listens (before it is Ready: ``notify_socket`` gets
     its READY=1)."""
@@ -117,9 +126,7 @@ def test_sighup_rereads_and_keeps_serving(tmp_path: Path) -> None:
     """SIGHUP is the operators' "re-read now"; it never stops the agent (its default would).
     Sent once the agent said READY=1: the REST port listens before the start is done, and a
     SIGHUP then is only logged (the start reads everything anyway)."""
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(str(tmp_path / "notify"))
-    receiver.settimeout(60)
+    receiver = notify_receiver(tmp_path / "notify")
     d = start_daemon(tmp_path, "--simulate", "h200", notify_socket=tmp_path / "notify")
     try:
         assert receiver.recv(4096).startswith(b"READY=1")
@@ -262,9 +269,7 @@ def test_bad_listen_address_is_a_usage_error() -> None:
 def test_it_tells_systemd_it_is_ready_only_once_both_servers_answer(tmp_path: Path) -> None:
     """Type=notify: docker.service starts after READY=1, and must find the plugin then."""
     notify_path = tmp_path / "notify"
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(str(notify_path))
-    receiver.settimeout(60)
+    receiver = notify_receiver(notify_path)
     port = free_port()
     socket_path = tmp_path / "s" / "nvidia-docker.sock"
     env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))

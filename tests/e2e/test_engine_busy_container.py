@@ -14,11 +14,13 @@ container is asked again a few seconds later and the engine is not taken as down
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -81,45 +83,67 @@ def slow_engine(
         stop_engine(engine, proc)
 
 
+@dataclass(frozen=True)
+class Starting:
+    cid: str
+    start: threading.Thread  # alive while dockerd holds the container
+
+
+@contextlib.contextmanager
+def starting(engine: Engine, marker: Path, *create_args: str) -> Iterator[Starting]:
+    """A container (``docker create`` with ``create_args``) that the slow runtime is
+    creating: its start runs in a thread; at the end the start is waited for and the
+    container removed."""
+    marker.unlink(missing_ok=True)
+    cid = engine.docker(
+        "create", "--runtime", "slow", *create_args, "nvd-busy:1", "sleep", "600"
+    ).stdout.strip()  # fmt: skip
+    start = threading.Thread(target=engine.docker, args=("start", cid), daemon=True)
+    try:
+        start.start()
+        wait_until(marker.exists, what="the slow runtime creating the container")
+        yield Starting(cid, start)
+    finally:
+        start.join(timeout=SLOW_S + 30)
+        engine.docker("rm", "-f", cid, check=False)
+
+
 async def test_a_starting_container_is_named_while_dockerd_holds_it(
     slow_engine: tuple[Engine, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine, marker = slow_engine
-    marker.unlink(missing_ok=True)
     started = engine.docker(
         "run", "-d", "--name", "warm", "--label", f"{PROJECT}=other", "nvd-busy:1", "sleep", "600"
     ).stdout.strip()  # the default runtime: started at once
-    cid = engine.docker(
-        "create", "--runtime", "slow", "--name", "starting-trainer",
-        "--label", f"{PROJECT}=nvdbusy", "nvd-busy:1", "sleep", "600",
-    ).stdout.strip()  # fmt: skip
-    start = threading.Thread(target=engine.docker, args=("start", cid), daemon=True)
     client = DockerEngine(Path(engine.host.removeprefix("unix://")), timeout_s=1.0)
     client.wanted_labels = frozenset({PROJECT})
     attributor = Attributor(client, retry_s=30)
     try:
-        start.start()
-        wait_until(marker.exists, what="the slow runtime creating the container")
-        began = time.monotonic()
-        found = await attributor.container(cid)
-        took_s = time.monotonic() - began
-        assert start.is_alive(), "the start ended before the lookup: the runtime was not slow"
-        assert found == (
-            OwnerKind.DOCKER,
-            ContainerFacts(cid, "starting-trainer", "nvd-busy:1", ((PROJECT, "nvdbusy"),)),
-        )
-        assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
-        # the engine was not taken as down: another container is asked, and named
-        other = await attributor.container(started)
-        assert other is not None
-        assert other[1].name == "warm"
-        assert attributor.lookup_failures == 0
-        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert warnings == []
+        with starting(
+            engine, marker, "--name", "starting-trainer", "--label", f"{PROJECT}=nvdbusy"
+        ) as slow:
+            cid = slow.cid
+            began = time.monotonic()
+            found = await attributor.container(cid)
+            took_s = time.monotonic() - began
+            assert slow.start.is_alive(), (
+                "the start ended before the lookup: the runtime was not slow"
+            )
+            assert found == (
+                OwnerKind.DOCKER,
+                ContainerFacts(cid, "starting-trainer", "nvd-busy:1", ((PROJECT, "nvdbusy"),)),
+            )
+            assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
+            # the engine was not taken as down: another container is asked, and named
+            other = await attributor.container(started)
+            assert other is not None
+            assert other[1].name == "warm"
+            assert attributor.lookup_failures == 0
+            warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert warnings == []
     finally:
         await attributor.close()
-        start.join(timeout=SLOW_S + 30)
-        engine.docker("rm", "-f", cid, started, check=False)
+        engine.docker("rm", "-f", started, check=False)
 
 
 async def test_a_resync_while_a_container_starts_takes_it_from_the_list(
@@ -130,32 +154,26 @@ async def test_a_resync_while_a_container_starts_takes_it_from_the_list(
     list shows it (not running, its lease label) instead of failing the whole list until the
     start is done. A running container beside it is inspected: its devices count."""
     engine, marker = slow_engine
-    marker.unlink(missing_ok=True)
     with nvidia_nodes(wanted_nodes([3], uvm=False)):
         held = engine.docker(
             "run", "-d", "--device", "/dev/nvidia3", "nvd-busy:1", "sleep", "600"
         ).stdout.strip()
     lease = {LABEL_ID: "lease-41", LABEL_DEVICES: "GPU-9f1c0b1e-0000-4000-8000-000000000002"}
-    cid = engine.docker(
-        "create", "--runtime", "slow", *(f"--label={k}={v}" for k, v in lease.items()),
-        "nvd-busy:1", "sleep", "600",
-    ).stdout.strip()  # fmt: skip
-    start = threading.Thread(target=engine.docker, args=("start", cid), daemon=True)
     client = EngineClient(Path(engine.host.removeprefix("unix://")), timeout_s=1.0)
     try:
-        start.start()
-        wait_until(marker.exists, what="the slow runtime creating the container")
-        began = time.monotonic()
-        listed = {c.id: c for c in await list_containers(client)}
-        took_s = time.monotonic() - began
-        assert start.is_alive(), "the start ended before the list: the runtime was not slow"
-        assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
-        assert listed[cid] == Container(cid, False, read_label(lease))
-        assert listed[held].running
-        assert listed[held].how == "--device /dev/nvidia3"
+        with starting(engine, marker, *(f"--label={k}={v}" for k, v in lease.items())) as slow:
+            began = time.monotonic()
+            listed = {c.id: c for c in await list_containers(client)}
+            took_s = time.monotonic() - began
+            assert slow.start.is_alive(), (
+                "the start ended before the list: the runtime was not slow"
+            )
+            assert took_s < SLOW_S / 2  # the inspect's 1 s, then the list: not the whole start
+            assert listed[slow.cid] == Container(slow.cid, False, read_label(lease))
+            assert listed[held].running
+            assert listed[held].how == "--device /dev/nvidia3"
     finally:
-        start.join(timeout=SLOW_S + 30)
-        engine.docker("rm", "-f", cid, held, check=False)
+        engine.docker("rm", "-f", held, check=False)
 
 
 def podman_with(command: list[str], *args: str) -> str:

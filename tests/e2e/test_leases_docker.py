@@ -335,6 +335,11 @@ def test_a_container_given_dev_nvidia3_past_the_wrapper_makes_gpu_3_foreign(node
     assert f"GPU 3 by foreign container {foreign[:12]} (--device /dev/nvidia3)" in line, line
 
 
+def lease_lines(log: str) -> list[str]:
+    """The agent's lines about leases and the engines it follows (why a lease ended)."""
+    return [line for line in log.splitlines() if "lease" in line.lower() or "follow" in line]
+
+
 def test_a_dockerd_restart_keeps_stopped_leases_for_the_grace_time(
     dockerd: Dockerd, tmp_path: Path
 ) -> None:
@@ -350,10 +355,9 @@ def test_a_dockerd_restart_keeps_stopped_leases_for_the_grace_time(
         node.wait_following(follows)  # the new dockerd's events, after a resync
         leases = {lease["Container"]: lease for lease in node.table()["Leases"]}
         restarted_s = time.monotonic() - stopped_at
-        lines = [line for line in node.log().splitlines() if "ease" in line or "ollow" in line]
         assert set(leases) == {kept, removed}, (
             f"the restart and resync took {restarted_s:.1f} s of the {grace_s:g} s grace",
-            lines[-12:],
+            lease_lines(node.log())[-12:],
         )
         assert {lease["State"] for lease in leases.values()} == {"stopped"}
 

@@ -47,10 +47,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _served(tmp_path: Path, *extra: str) -> contextlib.AbstractContextManager[Agent]:
+    node = NodeFile(tmp_path / "node.json", "hgx-h200-8")
+    return start_agent(tmp_path, node, extra=["--cdi-spec-dir", "", *extra])
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    node = NodeFile(tmp_path / "node.json", "hgx-h200-8")
-    with start_agent(tmp_path, node, extra=["--cdi-spec-dir", ""]) as served:
+    with _served(tmp_path) as served:
         yield served
 
 
@@ -58,9 +62,7 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
 def agent_without_readers(tmp_path: Path) -> Iterator[Agent]:
     """No background status reader: the usage ledger's sweep (every 10 s) would otherwise
     find a worker stopped within the second before the next ping, its line first."""
-    node = NodeFile(tmp_path / "node.json", "hgx-h200-8")
-    extra = ["--cdi-spec-dir", "", "--no-usage-ledger"]
-    with start_agent(tmp_path, node, extra=extra) as served:
+    with _served(tmp_path, "--no-usage-ledger") as served:
         yield served
 
 

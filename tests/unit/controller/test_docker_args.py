@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from controller.wrapper import cli_versions
 from controller.wrapper.docker_args import (
     GLOBAL_BOOL_LONG,
     GLOBAL_BOOL_SHORT,
@@ -136,9 +137,9 @@ def _cli_major() -> int:
     """The installed docker CLI's major version (``Docker version 26.1.5+dfsg1, ...``)."""
     docker = require_command("docker", "the Docker CLI: scripts/test-all expects Docker 28")
     text = subprocess.run([docker, "--version"], capture_output=True, text=True, check=True)
-    match = re.search(r"version (\d+)\.", text.stdout)
-    assert match, text.stdout
-    return int(match.group(1))
+    said = cli_versions.parse(text.stdout)
+    assert said is not None, text.stdout
+    return int(said[1].split(".", 1)[0])
 
 
 def _help_flags(*args: str) -> tuple[set[str], set[str]]:
