@@ -17,6 +17,12 @@ look at the body:
 - ``POST [/v1.NN]/containers/create[?name=...]`` with a JSON object body: ``CreateAsk``,
   with that body (``Labels``, ``Env``, ``HostConfig``).
 
+A third ask comes from an OCI runtime hook rather than from dockerd: Podman has no
+authorization plugins, so ``nvidia-docker-start-hook`` (``plugin.start_hook``), run by the
+runtime before each Podman container starts, posts the container's id, the GPU device nodes of
+its runtime config and its annotations to ``POST /NvidiaDocker.MayStart`` (``HookAsk``,
+``hook_ask_of``) and gets the same ``{"Allow", "Msg"}`` answer (``decide_hook``).
+
 The ``Gate`` the app is given answers them: None to allow, or the line of a refusal. It
 never raises: its own trouble (an engine that does not answer, a bug) is an allow. A
 request that is not the protocol (not a JSON object, a ``RequestBody`` that is not base64)
@@ -38,10 +44,16 @@ from plugin.json_body import BodyError, parse_json
 
 IMPLEMENTS = "authz"  # what Plugin.Activate names, as dockerd looks it up
 REQUEST_ROUTE = "/AuthZPlugin.AuthZReq"
+HOOK_ROUTE = "/NvidiaDocker.MayStart"  # nvidia-docker-start-hook's ask (plugin.start_hook)
 RESPONSE_ROUTE = "/AuthZPlugin.AuthZRes"
 # dockerd sends a body of at most 1 MiB (base64: 4/3 of it) with the request's headers.
 MAX_AUTHZ_BODY_BYTES = 2 * 1024 * 1024
 MAX_URI_CHARS = 4096
+MAX_HOOK_BODY_BYTES = 256 * 1024
+MAX_HOOK_DEVICES = 1024
+MAX_HOOK_ANNOTATIONS = 256
+MAX_HOOK_STRING_CHARS = 4096
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 _VERSION = r"(?:/v[0-9]{1,3}(?:\.[0-9]{1,3})?)?"
 _START = re.compile(_VERSION + r"/containers/([^/?#]{1,256})/(?:start|restart)")
@@ -65,7 +77,28 @@ class CreateAsk:
     body: Mapping[str, Any]
 
 
-Ask = StartAsk | CreateAsk
+@dataclass(frozen=True, slots=True)
+class HookDevice:
+    """A device node of a runtime config (``linux.devices``): its path in the container
+    and its numbers (None where the config has none)."""
+
+    path: str
+    major: int | None = None
+    minor: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HookAsk:
+    """A container an OCI runtime is about to start (Podman's, through
+    ``nvidia-docker-start-hook``): its full id, the NVIDIA device nodes its runtime config
+    gives it (``HookDevice``) and its OCI annotations."""
+
+    container: str
+    devices: tuple[HookDevice, ...]
+    annotations: Mapping[str, str]
+
+
+Ask = StartAsk | CreateAsk | HookAsk
 Gate = Callable[[Ask], Awaitable[str | None]]  # None: allow; else the refusal's one line
 
 
@@ -109,6 +142,60 @@ def _create_body(raw: object) -> Mapping[str, Any] | None:
     except BodyError:
         return None
     return body if isinstance(body, dict) else None
+
+
+def hook_ask_of(body: object) -> HookAsk:
+    """The ask of a ``POST /NvidiaDocker.MayStart`` body: ``{"Id": "<64 hex>", "Devices":
+    [{"Path", "Major", "Minor"}, ...], "Annotations": {...}}``; ``AuthzError`` for anything
+    else."""
+    if not isinstance(body, dict):
+        raise AuthzError("the body must be a JSON object")
+    container = body.get("Id")
+    if not isinstance(container, str) or not _CONTAINER_ID.fullmatch(container):
+        raise AuthzError('"Id" must be a container\'s full id (64 hex digits)')
+    raw_devices = body.get("Devices", [])
+    if not isinstance(raw_devices, list) or len(raw_devices) > MAX_HOOK_DEVICES:
+        raise AuthzError(f'"Devices" must be a list of at most {MAX_HOOK_DEVICES} objects')
+    devices = tuple(_hook_device(entry) for entry in raw_devices)
+    raw_annotations = body.get("Annotations", {})
+    if not isinstance(raw_annotations, dict) or len(raw_annotations) > MAX_HOOK_ANNOTATIONS:
+        raise AuthzError(
+            f'"Annotations" must be an object of at most {MAX_HOOK_ANNOTATIONS} strings'
+        )
+    annotations = {
+        key: value
+        for key, value in raw_annotations.items()
+        if isinstance(value, str) and _short(key) and _short(value)
+    }
+    return HookAsk(container, devices, annotations)
+
+
+def _short(text: str) -> bool:
+    return len(text) <= MAX_HOOK_STRING_CHARS
+
+
+def _hook_device(entry: object) -> HookDevice:
+    if not isinstance(entry, dict):
+        raise AuthzError('each of "Devices" must be an object: {"Path", "Major", "Minor"}')
+    path, major, minor = entry.get("Path"), entry.get("Major"), entry.get("Minor")
+    if not isinstance(path, str) or not path.startswith("/") or not _short(path):
+        raise AuthzError('each of "Devices" needs a "Path": an absolute path')
+    for number in (major, minor):
+        if number is not None and (type(number) is not int or not 0 <= number < 2**32):
+            raise AuthzError('a device\'s "Major" and "Minor" must be whole numbers or null')
+    return HookDevice(path, major, minor)
+
+
+async def decide_hook(body: object, gate: Gate) -> dict[str, object]:
+    """The answer to a start hook's ask: allowed unless the gate refuses it. A body that is
+    not the ask gets ``Err`` saying why (the hook lets the container start then: an agent
+    and a hook of different versions must not stop the node's Podman)."""
+    try:
+        ask = hook_ask_of(body)
+    except AuthzError as err:
+        return {"Allow": False, "Msg": f"bad start hook request: {err}", "Err": f"{err}"}
+    refusal = await gate(ask)
+    return {"Allow": refusal is None, "Msg": refusal or "", "Err": ""}
 
 
 async def decide(request: Mapping[str, object], gate: Gate) -> dict[str, object]:

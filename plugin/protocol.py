@@ -10,7 +10,8 @@ Bodies are bounded (``MAX_BODY_BYTES``, ``json_body.MAX_DEPTH`` levels, ``Name``
 
 Given a gate (``create_app(..., authz_gate=...)``), the app is also Docker's authorization
 plugin (``plugin.authz``): ``Plugin.Activate`` names ``authz`` too, and the AuthZ bodies may
-be up to ``authz.MAX_AUTHZ_BODY_BYTES`` (a create body, base64, and its headers).
+be up to ``authz.MAX_AUTHZ_BODY_BYTES`` (a create body, base64, and its headers). The same
+gate answers Podman's start hook (``POST /NvidiaDocker.MayStart``, ``plugin.start_hook``).
 
 Serve this app on a unix socket only (``agent.edge.plugin_socket``): it changes files on disk and
 has no authentication. Volume builds run in a worker thread; concurrent Creates of one volume
@@ -163,6 +164,16 @@ async def authz_request(request: web.Request) -> web.Response:
     return answer(await authz.decide(body, request.app[GATE_KEY]))
 
 
+async def hook_request(request: web.Request) -> web.Response:
+    """May the container an OCI runtime is about to start start (``nvidia-docker-start-hook``,
+    ``plugin.authz.decide_hook``)?"""
+    try:
+        body = await _body(request, authz.MAX_HOOK_BODY_BYTES)
+    except BadRequest as err:
+        return answer({"Allow": False, "Msg": f"bad start hook request: {err}", "Err": f"{err}"})
+    return answer(await authz.decide_hook(body, request.app[GATE_KEY]))
+
+
 async def authz_response(request: web.Request) -> web.Response:
     """Every answer dockerd served may go to its client."""
     await _body(request, authz.MAX_AUTHZ_BODY_BYTES)
@@ -267,4 +278,5 @@ def create_app(
         app[GATE_KEY] = authz_gate
         app.router.add_post(authz.REQUEST_ROUTE, authz_request)
         app.router.add_post(authz.RESPONSE_ROUTE, authz_response)
+        app.router.add_post(authz.HOOK_ROUTE, hook_request)
     return app

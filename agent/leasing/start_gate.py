@@ -1,9 +1,22 @@
-"""The authorization plugin's gate: may the Docker engine create or start this container?
+"""The start gate: may an engine create or start this container?
 
 dockerd, run with ``--authorization-plugin=nvidia-docker``, asks the plugin socket before
-each container create and start (``plugin.authz``). ``StartGate`` answers from the lease
-table (``LeaseService.may_start``): a start's container as the engine inspects it
-(``inspect_container``), a create's as its body describes it (``created_container``).
+each container create and start (``plugin.authz``); Podman's OCI runtime runs
+``nvidia-docker-start-hook`` before each container starts, which asks the same socket
+(``plugin.start_hook``). ``StartGate`` answers from the lease table
+(``LeaseService.may_start``): a start's container as the engine inspects it
+(``inspect_container``), a create's as its body describes it (``created_container``), a
+hook's as its runtime config describes it (``hooked_container``).
+
+A hook's ask is answered from the table alone, never by asking the engine: Podman holds a
+container's lock while it starts it, hooks included, so an inspect of that container would
+wait for the hook that waits for it. The runtime config has the container's device nodes
+and annotations, not its labels: the lease label comes from annotations (the wrapper gives
+Podman's containers the lease's labels as annotations too), or from the table when the
+container is bound already. A container without one whose devices are only held by a
+pending lease is allowed (it is most likely that lease's own container, created by hand
+with the grant's labels: its create event binds it, and were it another, the table records
+the conflict), with one log line.
 
 It fails open: dockerd waits for this answer on every create and start, and a node whose
 docker refuses everything is worse than one GPU shared. So the agent's own trouble, an
@@ -23,15 +36,18 @@ import time
 from collections.abc import Callable
 
 from agent.edge.rate_limit import RateLimiter
-from agent.engines.containers import created_container, inspect_container
+from agent.engines.containers import container_of, created_container, inspect_container
 from agent.engines.http import EngineClient, EngineError
+from agent.leases.answers import Hold, StartVerdict
 from agent.leases.containers import Container
 from agent.leasing.service import LeaseService
-from plugin.authz import Ask, CreateAsk
+from plugin.authz import Ask, CreateAsk, HookAsk
 
 log = logging.getLogger("nvidia-docker-plugin.leases")
 
 LOG_INTERVAL_S = 60.0
+NVIDIA_MAJOR = 195  # the character major of /dev/nvidia<minor> (NVIDIA's driver fixes it)
+CONTROL_MINOR = 255  # /dev/nvidiactl
 
 
 class StartGate:
@@ -56,21 +72,32 @@ class StartGate:
             if container is None:
                 return None
             verdict = self._leases.result().may_start(container)
+            if isinstance(ask, HookAsk) and _only_pending(container, verdict):
+                log.info(
+                    "Start hook: allowed: container %s has no lease label, and its GPUs are "
+                    "held by a pending lease only (%s): its create event binds it",
+                    container.id[:12],
+                    verdict.text,
+                )
+                return None
         except EngineError as err:
             self._allowed_anyway("engine", f"{err}")
             return None
-        except Exception as err:  # a bug of ours must not stop the node's docker
+        except Exception as err:  # a bug of ours must not stop the node's engine
             self._allowed_anyway("bug", f"{type(err).__name__}: {err}", exc=err)
             return None
+        who = "Start hook" if isinstance(ask, HookAsk) else "Authorization"
         if verdict.allowed:
-            log.debug("Authorization: %s", verdict.text)
+            log.debug("%s: %s", who, verdict.text)
             return None
-        log.info("Authorization: refused: %s", verdict.text)
+        log.info("%s: refused: %s", who, verdict.text)
         return verdict.text
 
     async def _container(self, ask: Ask) -> Container | None:
         if isinstance(ask, CreateAsk):
             return created_container(ask.name, ask.body)
+        if isinstance(ask, HookAsk):
+            return hooked_container(ask)
         try:
             return await inspect_container(self._engine, ask.container)
         except ValueError:
@@ -87,3 +114,34 @@ class StartGate:
             more,
             exc_info=exc,
         )
+
+
+def hooked_container(ask: HookAsk) -> Container:
+    """The container a start hook describes, as the table reads one: not running, its lease
+    label from its annotations, its GPUs from its device nodes. A node of NVIDIA's major is
+    the host's ``/dev/nvidia<minor>`` whatever its path in the container (``--device
+    /dev/nvidia3:/dev/gpu0``); other nodes (MIG capability files) by their path."""
+    paths = [
+        f"/dev/nvidia{d.minor}"
+        if d.major == NVIDIA_MAJOR and d.minor is not None and d.minor < CONTROL_MINOR
+        else d.path
+        for d in ask.devices
+    ]
+    inspect = {
+        "Id": ask.container,
+        "Config": {"Labels": dict(ask.annotations)},
+        "HostConfig": {"Devices": [{"PathOnHost": path} for path in paths]},
+    }
+    return container_of(ask.container, inspect)
+
+
+def _only_pending(container: Container, verdict: StartVerdict) -> bool:
+    """A refusal of a container without a lease label whose every reason is a pending
+    lease."""
+    refusal = verdict.refusal
+    return (
+        container.lease is None
+        and refusal is not None
+        and bool(refusal.taken)
+        and all(taken.hold is Hold.PENDING for taken in refusal.taken)
+    )

@@ -589,4 +589,5 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         args = drop_volume_driver_when_present(args, options, command, engine_socket)
     if facts.grant is None:
         return GpuArguments(args, warnings=warnings)
-    return GpuArguments([*args, *facts.grant.docker_args()], (GPUS_OPTION,), warnings)
+    leased = facts.grant.docker_args(annotations=is_podman(docker))
+    return GpuArguments([*args, *leased], (GPUS_OPTION,), warnings)

@@ -238,10 +238,14 @@ class Grant:
     text: str  # the agent's line
     expires: str | None = None
 
-    def docker_args(self) -> list[str]:
+    def docker_args(self, *, annotations: bool = False) -> list[str]:
         """The labels, the cpuset flags (when the answer has them) and the NVIDIA runtime's
-        variable, as ``docker run`` takes them."""
+        variable, as ``docker run`` takes them. ``annotations`` (Podman): the labels as OCI
+        annotations too, which Podman's start hook reads (its runtime config has no labels:
+        ``plugin.start_hook``)."""
         args = [f"--label={key}={value}" for key, value in self.labels]
+        if annotations:
+            args += [f"--annotation={key}={value}" for key, value in self.labels]
         if self.cpuset_cpus:
             args.append(f"--cpuset-cpus={self.cpuset_cpus}")
         if self.cpuset_mems:

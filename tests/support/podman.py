@@ -79,10 +79,12 @@ APPLETS = ("sh", "ls", "cat", "echo", "find", "stat", "test", "sort", "grep", "s
 @dataclass(frozen=True)
 class Podman:
     base: Path
+    hooks_dir: Path | None = None  # --hooks-dir: the OCI hooks of this Podman's containers
 
     @property
     def command(self) -> list[str]:
         """``podman`` and its global options: what NV_DOCKER names for the wrapper."""
+        hooks = ["--hooks-dir", str(self.hooks_dir)] if self.hooks_dir is not None else []
         return [
             "podman",
             "--root", str(self.base / "root"),
@@ -92,6 +94,7 @@ class Podman:
             "--events-backend", "file",
             "--cgroup-manager", "cgroupfs",
             *_runtime_args(),
+            *hooks,
         ]  # fmt: skip
 
     def __call__(
@@ -156,15 +159,16 @@ def _runtime_args() -> list[str]:
 
 
 @contextlib.contextmanager
-def private_podman() -> Iterator[Podman]:
-    """A Podman whose store lives in a temporary directory, removed afterwards."""
+def private_podman(hooks_dir: Path | None = None) -> Iterator[Podman]:
+    """A Podman whose store lives in a temporary directory, removed afterwards; its
+    containers run the OCI hooks of ``hooks_dir`` (None: the machine's)."""
     if shutil.which("podman") is None:
         unavailable("podman is not installed (apt-get install podman; scripts/test-all does)")
     if not BUSYBOX.exists():
         unavailable("needs busybox-static for the test image")
     with machine_lock(LOCK):
         there_before = {path for path in MACHINE_PATHS if path.exists()}
-        podman = Podman(Path(tempfile.mkdtemp(prefix="nvd-podman-")))
+        podman = Podman(Path(tempfile.mkdtemp(prefix="nvd-podman-")), hooks_dir)
         try:
             yield podman
         finally:
