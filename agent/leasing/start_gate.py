@@ -40,6 +40,7 @@ from agent.engines.containers import container_of, created_container, inspect_co
 from agent.engines.http import EngineClient, EngineError
 from agent.leases.answers import Hold, StartVerdict
 from agent.leases.containers import Container
+from agent.leases.labels import LABEL_DEVICES
 from agent.leasing.service import LeaseService
 from plugin.authz import Ask, CreateAsk, HookAsk
 
@@ -118,7 +119,8 @@ class StartGate:
 
 def hooked_container(ask: HookAsk) -> Container:
     """The container a start hook describes, as the table reads one: not running, its lease
-    label from its annotations, its GPUs from its device nodes. A node of NVIDIA's major is
+    label from its annotations (its devices joined by ``;`` or ``,``), its GPUs from its
+    device nodes. A node of NVIDIA's major is
     the host's ``/dev/nvidia<minor>`` whatever its path in the container (``--device
     /dev/nvidia3:/dev/gpu0``); other nodes (MIG capability files) by their path."""
     paths = [
@@ -127,9 +129,12 @@ def hooked_container(ask: HookAsk) -> Container:
         else d.path
         for d in ask.devices
     ]
+    labels = dict(ask.annotations)
+    if LABEL_DEVICES in labels:  # the wrapper joins them by ";" there (Podman 4 splits at ",")
+        labels[LABEL_DEVICES] = labels[LABEL_DEVICES].replace(";", ",")
     inspect = {
         "Id": ask.container,
-        "Config": {"Labels": dict(ask.annotations)},
+        "Config": {"Labels": labels},
         "HostConfig": {"Devices": [{"PathOnHost": path} for path in paths]},
     }
     return container_of(ask.container, inspect)

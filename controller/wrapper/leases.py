@@ -51,6 +51,12 @@ HEALTH_PATH = "/gpu/health/json"
 WAIT_MARGIN_S = 10.0  # a waiting ask's answer may come this long after its wait
 WAIT_NOTE_AFTER_S = 1.0  # on a terminal, say that the ask waits once it has this long
 RELEASE_TIMEOUT_S = 2.0
+# The lease labels Podman's start hook reads, given to Podman's containers as annotations too
+ANNOTATED_LABELS = (
+    "nvidia-docker.lease",
+    "nvidia-docker.lease.devices",
+    "nvidia-docker.lease.mode",
+)
 MAX_OWNER_VALUE = 128  # the agent's bound on an owner label's value
 WAITABLE = frozenset({"not_enough", "taken", "others_waiting"})  # refusals a wait may cure
 _GPUS_KEYS = "N, all, count=N, device=LIST, capabilities=, driver=, options="
@@ -240,12 +246,17 @@ class Grant:
 
     def docker_args(self, *, annotations: bool = False) -> list[str]:
         """The labels, the cpuset flags (when the answer has them) and the NVIDIA runtime's
-        variable, as ``docker run`` takes them. ``annotations`` (Podman): the labels as OCI
-        annotations too, which Podman's start hook reads (its runtime config has no labels:
-        ``plugin.start_hook``)."""
+        variable, as ``docker run`` takes them. ``annotations`` (Podman): the lease's id,
+        devices and mode as OCI annotations too, which Podman's start hook reads (a runtime
+        config has no labels: ``plugin.start_hook``); the devices joined by ``;``, as Podman
+        4 splits an ``--annotation`` value at commas and Podman 5 does not."""
         args = [f"--label={key}={value}" for key, value in self.labels]
         if annotations:
-            args += [f"--annotation={key}={value}" for key, value in self.labels]
+            args += [
+                f"--annotation={key}={value.replace(',', ';')}"
+                for key, value in self.labels
+                if key in ANNOTATED_LABELS
+            ]
         if self.cpuset_cpus:
             args.append(f"--cpuset-cpus={self.cpuset_cpus}")
         if self.cpuset_mems:

@@ -24,7 +24,6 @@ by its own pending lease only) and binds it.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -35,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from controller.wrapper.leases import ANNOTATED_LABELS
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.podman import RUN_LIMITS, ApiService, api_service, private_podman
@@ -113,7 +113,11 @@ class Node:
         assert [d["GPU"] for d in grant["Devices"]] == [GPU]
         pairs = [f"{k}={v}" for k, v in grant["Labels"].items()]
         labels = [a for pair in pairs for a in ("--label", pair)]
-        notes = [a for pair in pairs for a in ("--annotation", pair)] if annotations else []
+        notes = [
+            f"--annotation={k}={v.replace(',', ';')}"
+            for k, v in grant["Labels"].items()
+            if annotations and k in ANNOTATED_LABELS
+        ]
         run = self.run("-d", *labels, *notes, *DEVICE, IMAGE, "sleep", "600")
         assert run.returncode == 0, run.stderr
         lease_id, container = grant["Lease"], run.stdout.strip()
@@ -166,16 +170,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             finally:
                 podman("rm", "--all", "--force", check=False)
                 stop_process(agent.proc)
-
-
-def test_the_shipped_hook_file_names_the_packaged_program_for_podmans_containers() -> None:
-    hook = json.loads(SHIPPED_HOOK.read_text())
-    assert hook["version"] == "1.0.0"
-    assert hook["hook"]["path"] == "/opt/nvidia-docker/venv/bin/nvidia-docker-start-hook"
-    assert hook["hook"]["args"][1:] == ["--socket", "/run/docker/plugins/nvidia-docker.sock"]
-    assert hook["stages"] == ["prestart"]
-    assert hook["when"] == {"annotations": {"^io\\.container\\.manager$": "^libpod$"}}
-    assert shutil.which("podman") is None or SHIPPED_HOOK.is_file()
 
 
 def test_a_run_naming_a_gpu_leased_to_another_is_refused_with_the_tables_line(

@@ -1,6 +1,7 @@
-"""The authorization plugin's gate: the lease table's verdict on a start (the container as a
-fake engine, tests.support.fake_engine, inspects it) or a create (its body), and failing open
-on the agent's own trouble, with one log line per kind and interval."""
+"""The start gate: the lease table's verdict on a start (the container as a fake engine,
+tests.support.fake_engine, inspects it), a create (its body) or a Podman start hook's ask (its
+runtime config, never asked of the engine), and failing open on the agent's own trouble,
+with one log line per kind and interval."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from agent.engines.containers import created_container
 from agent.engines.http import EngineClient
 from agent.leases.answers import Granted
 from agent.leases.asks import Ask
+from agent.leases.containers import Container
 from agent.leases.holders import Lease
-from agent.leases.labels import labels_for
+from agent.leases.labels import labels_for, read_label
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
-from agent.leasing.start_gate import StartGate
-from plugin.authz import CreateAsk, StartAsk
+from agent.leasing.start_gate import StartGate, hooked_container
+from plugin.authz import CreateAsk, HookAsk, HookDevice, StartAsk
 from tests.support.fake_engine import FakeEngine
 from tests.unit.leases.nodes import build_node, cid, healthy
 
@@ -137,3 +139,55 @@ async def test_a_bug_is_an_allow_and_before_the_table_everything_is(
     with caplog.at_level(logging.WARNING, LOGGER):
         assert await gate_of(engine, service)(StartAsk(cid(2))) is None
     assert "allowed without the lease table's answer: KeyError: 'oops'" in caplog.text
+
+
+GPU1_NODE = HookDevice("/dev/gpu0", 195, 1)  # --device /dev/nvidia1:/dev/gpu0
+
+
+async def test_a_hook_ask_is_judged_from_the_table_and_the_engine_is_never_asked(
+    engine: FakeEngine, service: LeaseService, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = await gpu1_leased(service)
+    gate = gate_of(engine, service)
+    with caplog.at_level(logging.INFO, LOGGER):  # pending: most likely its own container
+        assert await gate(HookAsk(cid(2), (GPU1_NODE,), {})) is None
+    assert f"Start hook: allowed: container {cid(2)[:12]} has no lease label" in caplog.text
+    assert f"GPU 1 pending for {lease.id}" in caplog.text
+
+    labels = labels_for(lease)
+    assert await gate(HookAsk(cid(3), (GPU1_NODE,), labels)) is None  # it binds the lease
+    service.created(Container(cid(3), lease=read_label(labels), devices=("/dev/nvidia1",)))
+    service.started(
+        Container(cid(3), running=True, lease=read_label(labels), devices=("/dev/nvidia1",))
+    )
+    assert await gate(HookAsk(cid(3), (GPU1_NODE,), {})) is None  # bound: the table knows
+    with caplog.at_level(logging.INFO, LOGGER):
+        refusal = await gate(HookAsk(cid(2), (GPU1_NODE,), {}))
+    assert refusal is not None
+    assert refusal.startswith(f"container {cid(2)[:12]} may not start: it names GPUs leased")
+    assert f"GPU 1 by container {cid(3)[:12]} ({lease.id})" in refusal
+    assert f"Start hook: refused: {refusal}" in caplog.text
+    assert await gate(HookAsk(cid(4), (HookDevice("/dev/nvidia0", 195, 0),), {})) is None
+    assert engine.requests == []  # Podman holds the container's lock while the hook runs
+
+
+def test_a_hooked_containers_gpus_are_its_nodes_numbers_and_its_label_its_annotations() -> None:
+    ask = HookAsk(
+        cid(5),
+        (
+            GPU1_NODE,
+            HookDevice("/dev/nvidiactl", 195, 255),
+            HookDevice("/dev/nvidia-caps/nvidia-cap12", 237, 12),
+            HookDevice("/dev/nvidia7"),
+        ),
+        {"nvidia-docker.lease": "lease-4", "nvidia-docker.lease.devices": "1;0"},
+    )
+    container = hooked_container(ask)
+    assert (container.id, container.running) == (cid(5), False)
+    assert container.devices == (
+        "/dev/nvidia1",
+        "/dev/nvidia-caps/nvidia-cap12",
+        "/dev/nvidia7",
+    )  # the control node names no GPU: not a device of the container's GPUs
+    assert container.lease is not None
+    assert (container.lease.lease_id, container.lease.units) == ("lease-4", ("1", "0"))

@@ -1,5 +1,6 @@
 """Docker's authorization plugin protocol through aiohttp's test client, with a scripted gate:
-what is asked about (starts, creates), what is allowed at once, and malformed requests."""
+what is asked about (starts, creates), what is allowed at once, and malformed requests; and
+Podman's start hook's ask (``POST /NvidiaDocker.MayStart``) on the same gate."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 
-from plugin.authz import MAX_AUTHZ_BODY_BYTES, Ask, CreateAsk, StartAsk
+from plugin.authz import (
+    MAX_AUTHZ_BODY_BYTES,
+    MAX_HOOK_DEVICES,
+    Ask,
+    CreateAsk,
+    HookAsk,
+    HookDevice,
+    StartAsk,
+)
 from plugin.protocol import CONTENT_TYPE, MAX_BODY_BYTES, create_app
 from plugin.volumes import VolumeStore
 
@@ -190,3 +199,65 @@ async def test_the_response_is_always_allowed(client: Client, gate: Gate) -> Non
     sent = request("POST", f"/containers/{CID}/start") | {"ResponseStatusCode": 204}
     assert await authz(client, sent, "AuthZPlugin.AuthZRes") == ALLOW
     assert gate.asked == []
+
+
+async def test_a_start_hooks_ask_reaches_the_gate_with_devices_and_annotations(
+    client: Client, gate: Gate
+) -> None:
+    body = {
+        "Id": CID,
+        "Devices": [
+            {"Path": "/dev/nvidia3", "Major": 195, "Minor": 3},
+            {"Path": "/dev/nvidia-caps/nvidia-cap12", "Major": 237, "Minor": 12},
+            {"Path": "/dev/gpu"},
+        ],
+        "Annotations": {"nvidia-docker.lease": "lease-1", "odd": 7, "x" * 5000: "y"},
+    }
+    assert await authz(client, body, "NvidiaDocker.MayStart") == ALLOW
+    assert gate.asked == [
+        HookAsk(
+            CID,
+            (
+                HookDevice("/dev/nvidia3", 195, 3),
+                HookDevice("/dev/nvidia-caps/nvidia-cap12", 237, 12),
+                HookDevice("/dev/gpu"),
+            ),
+            {"nvidia-docker.lease": "lease-1"},  # strings of at most 4096 characters only
+        )
+    ]
+    gate.refusal = REFUSAL
+    refused = await authz(client, {"Id": CID}, "NvidiaDocker.MayStart")
+    assert refused == {"Allow": False, "Msg": REFUSAL, "Err": ""}
+    assert gate.asked[-1] == HookAsk(CID, (), {})
+
+
+@pytest.mark.parametrize(
+    ("body", "err"),
+    [
+        ([], "the body must be a JSON object"),
+        ({"Id": "web-1"}, "full id (64 hex digits)"),
+        ({"Id": CID, "Devices": {"Path": "/dev/nvidia0"}}, '"Devices" must be a list'),
+        ({"Id": CID, "Devices": [{"Path": "/dev/nvidia0"}] * (MAX_HOOK_DEVICES + 1)}, "at most"),
+        ({"Id": CID, "Devices": ["/dev/nvidia0"]}, "must be an object"),
+        ({"Id": CID, "Devices": [{"Path": "dev/nvidia0"}]}, "an absolute path"),
+        ({"Id": CID, "Devices": [{"Path": "/dev/x", "Minor": -1}]}, "whole numbers"),
+        ({"Id": CID, "Devices": [{"Path": "/dev/x", "Major": True}]}, "whole numbers"),
+        ({"Id": CID, "Annotations": ["a"]}, '"Annotations" must be an object'),
+    ],
+)
+async def test_a_malformed_hook_ask_gets_err_and_never_reaches_the_gate(
+    client: Client, gate: Gate, body: object, err: str
+) -> None:
+    answer = await authz(client, body, "NvidiaDocker.MayStart")
+    assert answer["Allow"] is False
+    assert err in answer["Err"], answer
+    assert answer["Msg"] == f"bad start hook request: {answer['Err']}"
+    assert gate.asked == []
+
+
+async def test_the_hook_route_is_served_only_with_a_gate(
+    aiohttp_client: MakeClient, store: VolumeStore
+) -> None:
+    plain = await aiohttp_client(create_app(store))
+    resp = await plain.post("/NvidiaDocker.MayStart", data=json.dumps({"Id": CID}), headers=V12)
+    assert resp.status == 404
