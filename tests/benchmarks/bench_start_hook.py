@@ -32,8 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.test_start_hook_podman import write_hooks_dir
-from tests.support.agent_process import launch_agent, wait_ready
+from tests.e2e.test_start_hook_podman import podman_agent, write_hooks_dir
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.podman import RUN_LIMITS, Podman, api_service, private_podman
 from tests.support.services import stop_process, wait_until
@@ -95,17 +94,8 @@ def main() -> None:
             plain = Podman(hooked.base)  # the same store, the machine's hooks (none here)
             hooked.import_busybox(IMAGE, {})
             with api_service(hooked) as service:
-                agent = launch_agent(
-                    base / "agent",
-                    "--podman-socket", str(service.socket_path),
-                    "--docker-socket", str(base / "no-docker.sock"),
-                    "--state-dir", str(base / "state"),
-                    "--cdi-spec-dir", "",
-                    simulate="hgx-h200-8",
-                    socket_dir=socket_path.parent,
-                )  # fmt: skip
+                agent = podman_agent(base, service, socket_path.parent)
                 try:
-                    wait_ready(agent)
                     wait_until(socket_path.exists, what="the plugin socket", timeout_s=30)
                     variants = {
                         "hook, no GPU": hook_run(bundle(base / "b0", []), socket_path),

@@ -22,15 +22,13 @@ is refused a ``docker start`` instead of sharing it silently.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
+from tests.support.agent_leases import AgentLeases
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, start_engine, stop_engine
@@ -53,29 +51,9 @@ def nvidia_devices() -> Iterator[None]:
 
 
 @dataclass
-class Node:
+class Node(AgentLeases):
     engine: DockerEngine
     agent: AgentProcess
-
-    def lease(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /leases: the 201 answer."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.agent.port}/leases",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert resp.status == 201
-            answer: dict[str, Any] = json.loads(resp.read())
-        return answer
-
-    def table(self) -> dict[str, Any]:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.agent.port}/leases/json", timeout=10
-        ) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
 
     def docker(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.engine.docker(*args, check=False, timeout_s=60)
@@ -96,13 +74,6 @@ class Node:
             proc=self.agent.proc,
         )
         return lease_id, container
-
-    def holder(self, lease_id: str) -> str | None:
-        """The container ``lease_id`` is bound to; "" for a lease the table no longer has."""
-        leases: dict[str, str | None] = {
-            lease["Lease"]: lease["Container"] for lease in self.table()["Leases"]
-        }
-        return leases.get(lease_id, "")
 
 
 @pytest.fixture(scope="module")

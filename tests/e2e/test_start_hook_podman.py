@@ -26,15 +26,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from controller.wrapper.leases import ANNOTATED_LABELS
+from tests.support.agent_leases import AgentLeases
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.podman import RUN_LIMITS, ApiService, api_service, private_podman
@@ -68,37 +67,31 @@ def write_hooks_dir(hooks_dir: Path, socket_path: Path) -> None:
     (hooks_dir / SHIPPED_HOOK.name).write_text(json.dumps(hook))
 
 
+def podman_agent(base: Path, service: ApiService, socket_dir: Path, *args: str) -> AgentProcess:
+    """An agent of the simulated 8-GPU node following ``service`` alone, its plugin socket
+    in ``socket_dir``, its files under ``base``; ready."""
+    agent = launch_agent(
+        base / "agent",
+        "--podman-socket", str(service.socket_path),
+        "--docker-socket", str(base / "no-docker.sock"),
+        "--state-dir", str(base / "state"),
+        "--cdi-spec-dir", "",
+        *args,
+        simulate="hgx-h200-8",
+        socket_dir=socket_dir,
+    )  # fmt: skip
+    try:
+        wait_ready(agent)
+    except BaseException:
+        stop_process(agent.proc)
+        raise
+    return agent
+
+
 @dataclass
-class Node:
+class Node(AgentLeases):
     service: ApiService
     agent: AgentProcess
-
-    def lease(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /leases: the 201 answer."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.agent.port}/leases",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert resp.status == 201
-            answer: dict[str, Any] = json.loads(resp.read())
-        return answer
-
-    def table(self) -> dict[str, Any]:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.agent.port}/leases/json", timeout=10
-        ) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
-    def holder(self, lease_id: str) -> str | None:
-        """The container ``lease_id`` is bound to; "" for a lease the table no longer has."""
-        leases: dict[str, str | None] = {
-            lease["Lease"]: lease["Container"] for lease in self.table()["Leases"]
-        }
-        return leases.get(lease_id, "")
 
     def podman(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.service.podman(*args, check=False, timeout_s=60)
@@ -146,18 +139,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     ):
         podman.import_busybox(IMAGE, {})
         with api_service(podman) as service:
-            agent = launch_agent(
-                base / "agent",
-                "--podman-socket", str(service.socket_path),
-                "--docker-socket", str(base / "no-docker.sock"),
-                "--state-dir", str(base / "state"),
-                "--cdi-spec-dir", "",
-                "--lease-grace", f"{GRACE_S:g}",
-                simulate="hgx-h200-8",
-                socket_dir=socket_dir,
-            )  # fmt: skip
+            agent = podman_agent(base, service, socket_dir, "--lease-grace", f"{GRACE_S:g}")
             try:
-                wait_ready(agent)
                 wait_until(
                     lambda: (
                         f"Podman's API service at unix://{service.socket_path} (" in agent.log()

@@ -20,7 +20,7 @@ import pytest
 from controller.errors import GpuError
 from controller.options import AutoGpus, Options, OptionsError
 from controller.wrapper import docker_args
-from controller.wrapper.leases import GpusFlag, lease_ask, parse_gpus_flag
+from controller.wrapper.leases import GpusFlag, Grant, lease_ask, parse_gpus_flag
 from tests.support.lease_agent import GPU_UUIDS, UNITS, LeaseAgent
 from tests.support.services import port_open, serve_on_loopback
 from tests.unit.controller.test_wrapper import (
@@ -635,3 +635,30 @@ def test_pass_through_imports_nothing_of_the_lease_path() -> None:
         check=True,
     )
     assert done.stderr == "[]"
+
+
+def test_podman_s_containers_get_the_lease_as_annotations_too() -> None:
+    """Podman's start hook reads annotations (a runtime config has no labels); Podman 4
+    splits an annotation's value at commas, so the devices are joined by ';' there."""
+    pairs = [
+        arg.removeprefix("--label=").split("=", 1) for arg in labels("lease-2", ["0", "1"], OWNER)
+    ]
+    grant = Grant(
+        lease="lease-2",
+        dev="GPU-a GPU-b",
+        uuids=("GPU-a", "GPU-b"),
+        labels=tuple((key, value) for key, value in pairs),
+        cpuset_cpus=None,
+        cpuset_mems=None,
+        shared=(),
+        text="",
+    )
+    plain = grant.docker_args()
+    assert not [arg for arg in plain if arg.startswith("--annotation")]
+    assert grant.docker_args(annotations=True) == [
+        *plain[:4],
+        "--annotation=nvidia-docker.lease=lease-2",
+        "--annotation=nvidia-docker.lease.devices=0;1",
+        "--annotation=nvidia-docker.lease.mode=exclusive",
+        *plain[4:],
+    ]

@@ -16,7 +16,6 @@ from aiohttp import web
 from plugin.authz import (
     MAX_AUTHZ_BODY_BYTES,
     MAX_HOOK_DEVICES,
-    Ask,
     CreateAsk,
     HookAsk,
     HookDevice,
@@ -24,6 +23,7 @@ from plugin.authz import (
 )
 from plugin.protocol import CONTENT_TYPE, MAX_BODY_BYTES, create_app
 from plugin.volumes import VolumeStore
+from tests.support.scripted_gate import ScriptedGate as Gate
 
 V12 = {"Accept": "application/vnd.docker.plugins.v1.2+json"}
 CID = "3f2a1b9c0d4e" + "ab" * 26
@@ -35,18 +35,6 @@ if TYPE_CHECKING:
 
     Client = TestClient[web.Request, web.Application]
     MakeClient = Callable[[web.Application], Awaitable[Client]]
-
-
-class Gate:
-    """Records what it is asked; refuses with ``refusal`` (None: allows)."""
-
-    def __init__(self) -> None:
-        self.asked: list[Ask] = []
-        self.refusal: str | None = None
-
-    async def __call__(self, ask: Ask) -> str | None:
-        self.asked.append(ask)
-        return self.refusal
 
 
 @pytest.fixture

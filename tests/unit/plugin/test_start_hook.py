@@ -16,9 +16,10 @@ import pytest
 from aiohttp import web
 
 from plugin import start_hook
-from plugin.authz import Ask, HookAsk, HookDevice
+from plugin.authz import HookAsk, HookDevice
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
+from tests.support.scripted_gate import ScriptedGate as Gate
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "packaging" / "podman" / "nvidia-docker-start-hook.json"
@@ -27,16 +28,6 @@ REFUSAL = "container 3f2a1b9c0d4e may not start: it names GPUs leased to others:
 GPU3 = {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
 RENAMED = {"path": "/dev/gpu0", "type": "c", "major": 195, "minor": 1}
 OTHER = {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}
-
-
-class Gate:
-    def __init__(self) -> None:
-        self.asked: list[Ask] = []
-        self.refusal: str | None = None
-
-    async def __call__(self, ask: Ask) -> str | None:
-        self.asked.append(ask)
-        return self.refusal
 
 
 @pytest.fixture
