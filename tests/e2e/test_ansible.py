@@ -101,12 +101,17 @@ def test_role_installs_the_projects_packaging_files() -> None:
 
 def _drop_in(tmp_path: Path, **overrides: object) -> str:
     """The role's site drop-in, rendered by ansible with the role's defaults and vars."""
-    out = tmp_path / "50-site.conf"
+    return _rendered(tmp_path, "site.conf.j2", **overrides)
+
+
+def _rendered(tmp_path: Path, template: str, **overrides: object) -> str:
+    """A template of the role, rendered by ansible with the role's defaults and vars."""
+    out = tmp_path / template.removesuffix(".j2")
     proc = subprocess.run(
         [
             _tool("ansible"), "all", "-i", "localhost,", "-c", "local",
             "-m", "ansible.builtin.template",
-            "-a", f"src={ROLE / 'templates' / 'site.conf.j2'} dest={out}",
+            "-a", f"src={ROLE / 'templates' / template} dest={out}",
             "-e", f"@{ROLE / 'defaults' / 'main.yml'}",
             "-e", f"@{ROLE / 'vars' / 'main.yml'}",
             "-e", json.dumps({"ansible_python_interpreter": sys.executable, **overrides}),
@@ -142,6 +147,29 @@ def test_an_engine_socket_outside_the_units_directories_gets_one_in_the_drop_in(
     assert "RuntimeDirectory=gpu-engine" in lines
     text = _drop_in(tmp_path, nvidia_docker_agent_engine_socket="/srv/engine/docker.sock")
     assert "ReadWritePaths=/srv/engine" in text.splitlines()
+
+
+def test_the_podman_start_hook_file_is_the_packaged_one_with_the_nodes_venv_and_socket(
+    tmp_path: Path,
+) -> None:
+    shipped = json.loads((REPO / "packaging" / "podman" / HOOK_FILE).read_text())
+    rendered = json.loads(_rendered(tmp_path, f"{HOOK_FILE}.j2"))
+    assert rendered["hook"]["path"] == shipped["hook"]["path"]  # the packaged venv
+    assert rendered["hook"]["args"] == [
+        "nvidia-docker-start-hook", "--socket", "/run/nvidia-docker/nvidia-docker.sock"
+    ]  # fmt: skip
+    assert {**rendered, "hook": {}} == {**shipped, "hook": {}}
+    assert rendered["hook"]["timeout"] == shipped["hook"]["timeout"]
+    other = json.loads(
+        _rendered(
+            tmp_path,
+            f"{HOOK_FILE}.j2",
+            nvidia_docker_agent_venv='/srv/gpu "venv"/',
+            nvidia_docker_agent_socket_dir="/run/gpu-agent",
+        )
+    )
+    assert other["hook"]["path"] == '/srv/gpu "venv"/bin/nvidia-docker-start-hook'
+    assert other["hook"]["args"][2] == "/run/gpu-agent/nvidia-docker.sock"
 
 
 # --- the fleet -------------------------------------------------------------------------
@@ -597,6 +625,75 @@ def test_the_engine_socket_through_the_role(fleet: Fleet, rolled_out: Run) -> No
         fleet.sh(node, "rm -f /run/docker.sock; gpasswd -d nvidia-docker docker; groupdel docker")
         _baseline(fleet)
     assert not fleet.sh(node, f"ls {ENGINE_SOCKET} 2>/dev/null || true")
+
+
+HOOK_FILE = "nvidia-docker-start-hook.json"
+# The hook as Podman's runtime runs it (as root, an empty environment): the state of a
+# container given /dev/nvidia0 whose annotations name lease-99 (ended, unknown to the table).
+HOOK_ASK = """
+import json, os, subprocess, tempfile
+bundle = tempfile.mkdtemp()
+config = {
+    "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]},
+    "annotations": {"nvidia-docker.lease": "lease-99", "nvidia-docker.lease.devices": "0"},
+}
+with open(os.path.join(bundle, "config.json"), "w") as f:
+    json.dump(config, f)
+hook = "/opt/nvidia-docker/venv/bin/nvidia-docker-start-hook"
+done = subprocess.run(
+    [hook, "--socket", "/run/nvidia-docker/nvidia-docker.sock"],
+    input=json.dumps({"id": "ab" * 32, "bundle": bundle}), capture_output=True, text=True, env={},
+)
+print(done.stderr.strip())
+print(f"exit={done.returncode}")
+"""
+LEASES = "http://127.0.0.1:3476/leases"
+LEASE_GPU0 = """
+import json, urllib.request
+ask = urllib.request.Request(
+    "http://127.0.0.1:3476/leases", data=json.dumps({"devices": "0"}).encode(),
+    headers={"Content-Type": "application/json"}, method="POST",
+)
+print(json.load(urllib.request.urlopen(ask, timeout=5))["Lease"])
+"""
+
+
+@pytest.mark.e2e
+def test_podmans_start_hook_through_the_role(fleet: Fleet, rolled_out: Run) -> None:
+    """nvidia_docker_agent_podman_start_hook: the hook file in Podman's hooks directory,
+    naming the installed hook and the agent's socket; the hook, run as Podman's runtime runs
+    it (as root, an empty environment), reaches the unprivileged agent through the unit's
+    socket and exits 1 with the table's line for a GPU leased to another; turned off, the
+    file is gone."""
+    node = NODES[0]
+    hooks = "/etc/containers/oci/hooks.d"
+    try:
+        run = fleet.playbook(
+            "-e", '{"nvidia_docker_agent_podman_start_hook": true}', "--limit", node
+        )
+        assert run.rc == 0, run.output[-6000:]
+        hook = json.loads(fleet.sh(node, f"cat {hooks}/{HOOK_FILE}"))
+        assert hook["hook"]["path"] == "/opt/nvidia-docker/venv/bin/nvidia-docker-start-hook"
+        assert hook["hook"]["args"][1:] == ["--socket", "/run/nvidia-docker/nvidia-docker.sock"]
+        assert fleet.sh(node, f"stat -c '%U %a' {hooks}/{HOOK_FILE}") == "root 644"
+        container = fleet.hosts[node].container
+        allowed = fleet.systemd.exec(container, "python3", "-c", HOOK_ASK).stdout.strip()
+        assert allowed == "exit=0"  # GPU 0 is free: its lease could be renewed
+        lease = fleet.systemd.exec(container, "python3", "-c", LEASE_GPU0).stdout.strip()
+        refused = fleet.systemd.exec(container, "python3", "-c", HOOK_ASK).stdout.strip()
+        assert refused.endswith("exit=1"), refused
+        assert refused.startswith(
+            "nvidia-docker: container abababababab may not start: its lease-99 has ended"
+        ), refused
+        assert f"GPU 0 pending for {lease}" in refused
+        release = (
+            f"import urllib.request as u; u.urlopen(u.Request('{LEASES}/{lease}', method='DELETE'))"
+        )
+        fleet.systemd.exec(container, "python3", "-c", release)
+    finally:
+        run = fleet.playbook("--limit", node)
+        assert run.rc == 0, run.output[-6000:]
+    assert not fleet.sh(node, f"ls {hooks}/{HOOK_FILE} 2>/dev/null || true")
 
 
 @pytest.mark.e2e
