@@ -32,9 +32,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.test_start_hook_podman import podman_agent, write_hooks_dir
+from tests.e2e.test_start_hook_podman import podman_agent
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
-from tests.support.podman import RUN_LIMITS, Podman, api_service, private_podman
+from tests.support.podman import (
+    RUN_LIMITS,
+    Podman,
+    api_service,
+    private_podman,
+    write_start_hook,
+)
 from tests.support.services import stop_process, wait_until
 
 IMAGE = "nvd-bench-hook/busybox:1"
@@ -86,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nvd-bench-hook-") as tmp:
         base = Path(tmp)
         socket_path = base / "plugins" / "nvidia-docker.sock"
-        write_hooks_dir(base / "hooks.d", socket_path)
+        write_start_hook(base / "hooks.d", socket_path)
         with (
             nvidia_nodes(wanted_nodes([3], uvm=False)),
             private_podman(hooks_dir=base / "hooks.d") as hooked,

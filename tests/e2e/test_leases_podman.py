@@ -25,7 +25,10 @@ events are followed. On a node with a Docker engine too (a private dockerd), an 
 restarted (``kill -9``) while Podman's API service is down and its socket gone keeps the
 leases of Podman's containers through dockerd's list, and their GPUs are not leased again;
 once the service answers, its list ends the lease of the container removed meanwhile, and
-only that one (each lease is its container's engine's: the state file names it).
+only that one (each lease is its container's engine's: the state file names it). Podman's
+start gate (``nvidia-docker-start-hook``, the packaged hook file) runs at every container
+start of the module: the wrapper's runs pass it, a hand-made run naming a leased GPU's CDI
+name does not.
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ import pytest
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.dockerd import start_engine, stop_engine
 from tests.support.lease_node import LeaseNode, one_line
-from tests.support.podman import CDI_LOCK, RUN_LIMITS, ApiService, api_service, private_podman
+from tests.support.podman import (
+    CDI_LOCK,
+    RUN_LIMITS,
+    ApiService,
+    api_service,
+    private_podman,
+    write_start_hook,
+)
 from tests.support.prerequisites import require_root
 from tests.support.services import machine_lock, stop_process, wait_until
 from tests.support.wrapper import wrapper_command
@@ -68,12 +78,24 @@ LEASE_DEVICES = "nvidia-docker.lease.devices"
 
 @pytest.fixture(scope="module")
 def podman_service() -> Iterator[ApiService]:
-    """A private Podman with the busybox image, and its API service on a socket."""
+    """A private Podman with the busybox image, and its API service on a socket; its
+    containers run Podman's start gate (the packaged hook file), which asks the agent of
+    the test on its plugin socket (``plugin_dir``): every wrapper run below passes it."""
     require_root()
-    with private_podman() as podman:
-        podman.import_busybox(IMAGE, {})
-        with api_service(podman) as service:
-            yield service
+    hooks_dir = Path(tempfile.mkdtemp(prefix="nvd-leases-podman-hooks-"))
+    try:
+        with private_podman(hooks_dir=hooks_dir) as podman:
+            write_start_hook(hooks_dir, plugin_dir(podman.base) / "nvidia-docker.sock")
+            podman.import_busybox(IMAGE, {})
+            with api_service(podman) as service:
+                yield service
+    finally:
+        shutil.rmtree(hooks_dir, ignore_errors=True)
+
+
+def plugin_dir(podman_base: Path) -> Path:
+    """Where each agent of the module serves its plugin socket (one agent at a time)."""
+    return podman_base / "plugins"
 
 
 def _foreign_specs() -> list[str]:
@@ -182,6 +204,7 @@ def _launch(service: ApiService, base: Path, docker_socket: Path | None = None) 
         "--cdi-spec-dir", str(CDI_DIR),
         "--cdi-dev-root", str(base / "devroot"),
         simulate="hgx-h200-8",
+        socket_dir=plugin_dir(service.podman.base),
     )  # fmt: skip
 
 
@@ -275,6 +298,31 @@ def test_eight_concurrent_podman_runs_get_a_gpu_each_and_a_ninth_waits_for_one(
     assert node.labels(ninth)[1] == leases[freed][1]  # the GPU the removal freed
     node.wait_bound([*(c for c in containers if c != freed), ninth], "the ninth lease bound")
     assert node.table()["Waiting"] == []
+
+
+def test_the_start_hook_refuses_a_hand_made_run_of_a_leased_gpus_cdi_name(node: Node) -> None:
+    """The wrapper's runs pass Podman's start gate (their lease annotations); a ``podman
+    run`` by hand naming a leased GPU's CDI name is refused by the hook with the table's
+    line, and once that GPU is free it runs."""
+    (leased,) = node.run_leased_many(1)
+    node.wait_bound([leased], "the lease bound")
+    lease, uuid, _ = node.labels(leased)
+    by_hand = node.service.podman(
+        "run", "--rm", *RUN_LIMITS, f"--device=nvidia.com/gpu={uuid}", IMAGE, "echo", "ran",
+        check=False,
+    )  # fmt: skip
+    assert by_hand.returncode != 0
+    assert "nvidia-docker: container " in by_hand.stderr, by_hand.stderr
+    assert "may not start: it names GPUs leased to others" in by_hand.stderr, by_hand.stderr
+    assert f"by container {leased[:12]} ({lease})" in by_hand.stderr, by_hand.stderr
+
+    node.podman("rm", "--force", "--time", "0", leased)
+    wait_until(lambda: not node.bound(), what="the lease gone")
+    again = node.service.podman(
+        "run", "--rm", *RUN_LIMITS, f"--device=nvidia.com/gpu={uuid}", IMAGE, "echo", "ran",
+        check=False,
+    )  # fmt: skip
+    assert (again.returncode, again.stdout.strip()) == (0, "ran"), again.stderr
 
 
 def test_podman_rm_f_frees_the_gpu_within_a_second(node: Node) -> None:

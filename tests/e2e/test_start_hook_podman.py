@@ -1,7 +1,8 @@
 """Podman's start gate end to end: a private Podman whose containers run the OCI hooks of a
 directory of the test (``--hooks-dir``), holding the hook file the package ships
 (``packaging/podman/nvidia-docker-start-hook.json``) pointed at this checkout's
-``nvidia-docker-start-hook`` and at a real agent's plugin socket; the agent serves the
+``nvidia-docker-start-hook`` and at a real agent's plugin socket
+(``tests.support.podman.write_start_hook``); the agent serves the
 simulated ``hgx-h200-8`` node (eight H200s) and follows Podman's API service
 (``--podman-socket``) with a grace time of 2 s (docs/leases.md, "Refusing a start with
 Podman: the start hook").
@@ -23,9 +24,7 @@ by its own pending lease only) and binds it.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,35 +35,23 @@ from controller.wrapper.leases import ANNOTATED_LABELS
 from tests.support.agent_leases import AgentLeases
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
-from tests.support.podman import RUN_LIMITS, ApiService, api_service, private_podman
+from tests.support.podman import (
+    RUN_LIMITS,
+    ApiService,
+    api_service,
+    private_podman,
+    write_start_hook,
+)
 from tests.support.prerequisites import require_root
 from tests.support.services import stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED_HOOK = REPO / "packaging" / "podman" / "nvidia-docker-start-hook.json"
 IMAGE = "nvd-start-hook/busybox:1"
 GPU = 3
 DEVICE = ("--device", f"/dev/nvidia{GPU}")
 GRACE_S = 2.0  # a stopped container's lease ends this long after it stopped
-
-
-def hook_program() -> str:
-    """This checkout's ``nvidia-docker-start-hook``, beside the tests' Python."""
-    program = Path(sys.executable).parent / "nvidia-docker-start-hook"
-    if not program.exists():
-        pytest.fail(f"{program} is missing: pip install -e . (scripts/test-all does)")
-    return str(program)
-
-
-def write_hooks_dir(hooks_dir: Path, socket_path: Path) -> None:
-    """The shipped hook file, its program and socket those of this test."""
-    hook = json.loads(SHIPPED_HOOK.read_text())
-    hook["hook"]["path"] = hook_program()
-    hook["hook"]["args"] = ["nvidia-docker-start-hook", "--socket", str(socket_path)]
-    hooks_dir.mkdir(parents=True)
-    (hooks_dir / SHIPPED_HOOK.name).write_text(json.dumps(hook))
 
 
 def podman_agent(base: Path, service: ApiService, socket_dir: Path, *args: str) -> AgentProcess:
@@ -132,7 +119,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     require_root()
     base = tmp_path_factory.mktemp("start-hook")
     socket_dir = base / "plugins"
-    write_hooks_dir(base / "hooks.d", socket_dir / "nvidia-docker.sock")
+    write_start_hook(base / "hooks.d", socket_dir / "nvidia-docker.sock")
     with (
         nvidia_nodes(wanted_nodes([GPU], uvm=False)),
         private_podman(hooks_dir=base / "hooks.d") as podman,

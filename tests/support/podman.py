@@ -27,9 +27,11 @@ service restarts: the socket goes away while it is down.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ from tests.support.dockerd import BUSYBOX
 from tests.support.prerequisites import unavailable
 from tests.support.services import machine_lock, stop_process, wait_until
 
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_START_HOOK = REPO / "packaging" / "podman" / "nvidia-docker-start-hook.json"
 LOCK = "podman"  # machine_lock names: one podman test run at a time on the machine
 CDI_LOCK = "cdi"  # and one writer of the machine-wide CDI directories
 MACHINE_PATHS = (Path("/var/lib/containers"), Path("/run/containers"))
@@ -241,3 +245,17 @@ def api_service(podman: Podman, socket_path: Path | None = None) -> Iterator[Api
         yield service
     finally:
         service.stop()
+
+
+def write_start_hook(hooks_dir: Path, socket_path: Path) -> None:
+    """Podman's start gate in ``hooks_dir`` (a Podman's ``--hooks-dir``): the hook file the
+    package ships, naming this checkout's ``nvidia-docker-start-hook`` (beside the tests'
+    Python) and the agent's plugin socket ``socket_path``."""
+    program = Path(sys.executable).parent / "nvidia-docker-start-hook"
+    if not program.exists():
+        unavailable(f"{program} is missing: pip install -e . (scripts/test-all does)")
+    hook = json.loads(SHIPPED_START_HOOK.read_text())
+    hook["hook"]["path"] = str(program)
+    hook["hook"]["args"] = ["nvidia-docker-start-hook", "--socket", str(socket_path)]
+    hooks_dir.mkdir(parents=True, exist_ok=True)
+    (hooks_dir / SHIPPED_START_HOOK.name).write_text(json.dumps(hook))
