@@ -629,13 +629,16 @@ def test_the_engine_socket_through_the_role(fleet: Fleet, rolled_out: Run) -> No
 
 HOOK_FILE = "nvidia-docker-start-hook.json"
 # The hook as Podman's runtime runs it (as root, an empty environment): the state of a
-# container given /dev/nvidia0 whose annotations name lease-99 (ended, unknown to the table).
+# container given /dev/nvidia0 whose annotations name lease-99 of GPU 0 (ended: unknown to
+# the table), as the wrapper writes them (the devices are the units' UUIDs).
 HOOK_ASK = """
-import json, os, subprocess, tempfile
+import json, os, subprocess, tempfile, urllib.request
+table = json.load(urllib.request.urlopen("http://127.0.0.1:3476/leases/json", timeout=5))
+uuid = next(unit["UUID"] for unit in table["Units"] if unit["Name"] == "0")
 bundle = tempfile.mkdtemp()
 config = {
     "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]},
-    "annotations": {"nvidia-docker.lease": "lease-99", "nvidia-docker.lease.devices": "0"},
+    "annotations": {"nvidia-docker.lease": "lease-99", "nvidia-docker.lease.devices": uuid},
 }
 with open(os.path.join(bundle, "config.json"), "w") as f:
     json.dump(config, f)
