@@ -314,7 +314,9 @@ def test_the_start_hook_refuses_a_hand_made_run_of_a_leased_gpus_cdi_name(node: 
     assert by_hand.returncode != 0
     assert "nvidia-docker: container " in by_hand.stderr, by_hand.stderr
     assert "may not start: it names GPUs leased to others" in by_hand.stderr, by_hand.stderr
-    assert f"by container {leased[:12]} ({lease})" in by_hand.stderr, by_hand.stderr
+    # "by container", or "by stopped container" where the `sleep 600` exited meanwhile: seen
+    # once on Podman 5 in CI, as in the eight-runs test above (its lease is kept then)
+    assert f"container {leased[:12]} ({lease})" in by_hand.stderr, by_hand.stderr
 
     node.podman("rm", "--force", "--time", "0", leased)
     wait_until(lambda: not node.bound(), what="the lease gone")
