@@ -51,9 +51,9 @@ def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
         what = holder if holder.startswith("pid ") else f"foreign container {short_id(holder)}"
         how = f" ({taken.why})" if taken.why else ""
         return f"{unit} by {what}{how} since {when(taken.since_s)}{until}"
-    if taken.hold is Hold.STOPPED:
+    if taken.hold is Hold.STOPPED:  # created and not started yet, or stopped
         return (
-            f"{unit}{mode} by stopped container {short_id(holder)}{lease} since "
+            f"{unit}{mode} by container {short_id(holder)}{lease}, not running, since "
             f"{when(taken.since_s)}, until {when(taken.until_s)}"
         )
     return f"{unit}{mode} by container {short_id(holder)}{lease} since {when(taken.since_s)}{until}"

@@ -88,7 +88,8 @@ class Node(AgentLeases):
 
     def leased_run(self, *, annotations: bool = True) -> tuple[str, str]:
         """A lease of GPU 3 and a container running with its labels (and annotations) and
-        ``--device``: (the lease's id, the container's id), once the lease is bound to it."""
+        ``--device``: (the lease's id, the container's id), once the lease is bound to it and
+        the agent has seen it start."""
         grant = self.lease({"devices": str(GPU)})
         assert [d["GPU"] for d in grant["Devices"]] == [GPU]
         pairs = [f"{k}={v}" for k, v in grant["Labels"].items()]
@@ -102,8 +103,8 @@ class Node(AgentLeases):
         assert run.returncode == 0, run.stderr
         lease_id, container = grant["Lease"], run.stdout.strip()
         wait_until(
-            lambda: self.holder(lease_id) == container,
-            what=f"{lease_id} bound to its container",
+            lambda: self.bound_and_running(lease_id, container),
+            what=f"{lease_id} bound to its container, running",
             timeout_s=30,
             proc=self.agent.proc,
         )

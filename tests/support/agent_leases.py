@@ -35,6 +35,16 @@ class AgentLeases:
             table: dict[str, Any] = json.loads(resp.read())
         return table
 
+    def bound_and_running(self, lease_id: str, container_id: str) -> bool:
+        """Whether ``lease_id`` is bound to ``container_id`` and the agent has seen it start
+        (a create event binds a lease, its start event makes it ``running``)."""
+        return any(
+            lease["Lease"] == lease_id
+            and lease["Container"] == container_id
+            and lease["State"] == "running"
+            for lease in self.table()["Leases"]
+        )
+
     def holder(self, lease_id: str) -> str | None:
         """The container ``lease_id`` is bound to; "" for a lease the table no longer has."""
         leases: dict[str, str | None] = {

@@ -208,7 +208,7 @@ def test_stopped_containers_are_named_with_the_end_of_their_grace() -> None:
     table.died(cid(1), T0 + 10)
     refusal = _refused(table, Ask(devices="0"), T0 + 10)
     assert refusal.text == (
-        f"devices taken: GPU 0 by stopped container 0001abababab (lease-1) since {AT}, until "
+        f"devices taken: GPU 0 by container 0001abababab (lease-1), not running, since {AT}, until "
         f"{utc_text(T0 + 610)}; ask for other devices, for a count, or ask to wait"
     )
 

@@ -109,7 +109,7 @@ def test_started_again_after_its_gpus_went_elsewhere_is_no_and_says_who_has_them
     assert verdict.text == (
         "container 0001abababab may not start: its lease-1 has ended (stopped longer than 600 "
         "s, or unknown here) and its devices cannot be leased to it again: devices taken: GPU 2 "
-        f"by stopped container 0002abababab (lease-2) since {utc_text(T0 + 620)}, until "
+        f"by container 0002abababab (lease-2), not running, since {utc_text(T0 + 620)}, until "
         f"{utc_text(T0 + 1221)}; recreate it to get GPUs"
     )
     assert verdict.refusal is not None
