@@ -143,6 +143,22 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
                 stop_process(agent.proc)
 
 
+@pytest.fixture(autouse=True)
+def clean_node(node: Node) -> Iterator[None]:
+    """Each test starts on a node without containers or leases, whatever the last left."""
+    yield
+    node.podman("rm", "--all", "--force", "--time", "0")
+    for lease in node.table()["Leases"]:
+        if lease["State"] == "pending":  # granted, its container never made
+            node.release(lease["Lease"])
+    wait_until(
+        lambda: node.table()["Leases"] == [],
+        what="no lease left after the test",
+        timeout_s=30,
+        proc=node.agent.proc,
+    )
+
+
 def test_a_run_naming_a_gpu_leased_to_another_is_refused_with_the_tables_line(
     node: Node,
 ) -> None:

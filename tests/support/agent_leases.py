@@ -35,6 +35,14 @@ class AgentLeases:
             table: dict[str, Any] = json.loads(resp.read())
         return table
 
+    def release(self, lease_id: str) -> None:
+        """DELETE /leases/<id> (a pending lease, or a stopped container's)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.agent.port}/leases/{lease_id}", method="DELETE"
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200
+
     def bound_and_running(self, lease_id: str, container_id: str) -> bool:
         """Whether ``lease_id`` is bound to ``container_id`` and the agent has seen it start
         (a create event binds a lease, its start event makes it ``running``)."""
