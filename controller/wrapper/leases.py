@@ -39,6 +39,7 @@ from controller.record import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     from controller.transport.plain_http import BlockingAgent
@@ -230,6 +231,18 @@ def owner_labels(command: DockerCommand, options: Options) -> tuple[tuple[str, s
     )
 
 
+def annotation_args(labels: Iterable[tuple[str, str]]) -> list[str]:
+    """The lease's id, devices and mode among ``labels`` as Podman's ``--annotation`` flags,
+    which its start hook reads (a runtime config has no labels: ``plugin.start_hook``); the
+    devices joined by ``;``, as Podman 4 splits an ``--annotation`` value at commas and
+    Podman 5 does not."""
+    return [
+        f"--annotation={key}={value.replace(',', ';')}"
+        for key, value in labels
+        if key in ANNOTATED_LABELS
+    ]
+
+
 @record
 class Grant:
     """A ``201`` answer: the lease, its devices and what the container must carry."""
@@ -247,16 +260,10 @@ class Grant:
     def docker_args(self, *, annotations: bool = False) -> list[str]:
         """The labels, the cpuset flags (when the answer has them) and the NVIDIA runtime's
         variable, as ``docker run`` takes them. ``annotations`` (Podman): the lease's id,
-        devices and mode as OCI annotations too, which Podman's start hook reads (a runtime
-        config has no labels: ``plugin.start_hook``); the devices joined by ``;``, as Podman
-        4 splits an ``--annotation`` value at commas and Podman 5 does not."""
+        devices and mode as OCI annotations too (``annotation_args``)."""
         args = [f"--label={key}={value}" for key, value in self.labels]
         if annotations:
-            args += [
-                f"--annotation={key}={value.replace(',', ';')}"
-                for key, value in self.labels
-                if key in ANNOTATED_LABELS
-            ]
+            args += annotation_args(self.labels)
         if self.cpuset_cpus:
             args.append(f"--cpuset-cpus={self.cpuset_cpus}")
         if self.cpuset_mems:

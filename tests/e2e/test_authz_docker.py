@@ -61,7 +61,7 @@ class Node(AgentLeases):
     def leased_run(self) -> tuple[str, str]:
         """A lease of GPU 3 and a container running with its labels and ``--device``:
         (the lease's id, the container's id), once the lease is bound to it."""
-        grant = self.lease({"devices": str(GPU)})
+        grant = self.ask({"devices": str(GPU)})
         assert [d["GPU"] for d in grant["Devices"]] == [GPU]
         labels = [a for k, v in grant["Labels"].items() for a in ("--label", f"{k}={v}")]
         run = self.docker("run", "-d", *labels, *DEVICE, IMAGE, "sleep", "600")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.wrapper.leases import ANNOTATED_LABELS
+from controller.wrapper.leases import annotation_args
 from tests.support.agent_leases import AgentLeases
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
@@ -47,7 +47,6 @@ from tests.support.services import stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[2]
 IMAGE = "nvd-start-hook/busybox:1"
 GPU = 3
 DEVICE = ("--device", f"/dev/nvidia{GPU}")
@@ -90,15 +89,11 @@ class Node(AgentLeases):
         """A lease of GPU 3 and a container running with its labels (and annotations) and
         ``--device``: (the lease's id, the container's id), once the lease is bound to it and
         the agent has seen it start."""
-        grant = self.lease({"devices": str(GPU)})
+        grant = self.ask({"devices": str(GPU)})
         assert [d["GPU"] for d in grant["Devices"]] == [GPU]
         pairs = [f"{k}={v}" for k, v in grant["Labels"].items()]
         labels = [a for pair in pairs for a in ("--label", pair)]
-        notes = [
-            f"--annotation={k}={v.replace(',', ';')}"
-            for k, v in grant["Labels"].items()
-            if annotations and k in ANNOTATED_LABELS
-        ]
+        notes = annotation_args(grant["Labels"].items()) if annotations else []
         run = self.run("-d", *labels, *notes, *DEVICE, IMAGE, "sleep", "600")
         assert run.returncode == 0, run.stderr
         lease_id, container = grant["Lease"], run.stdout.strip()

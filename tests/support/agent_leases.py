@@ -1,10 +1,12 @@
 """The lease REST API of a test's agent on loopback (docs/leases.md, "The REST API"): ask
-for a lease, read the table, see which container holds a lease. A mixin for a test's node,
-which has the agent as ``agent``."""
+for a lease, read the table, release a lease, see which container holds one. A mixin for a
+test's node, which has the agent as ``agent`` (``tests.support.lease_node.LeaseNode`` and the
+start gates' end-to-end tests)."""
 
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -14,32 +16,36 @@ from tests.support.agent_process import AgentProcess
 class AgentLeases:
     agent: AgentProcess
 
-    def lease(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /leases: the 201 answer."""
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.agent.port}"
+
+    def ask(self, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
+        """POST /leases; its answer, of HTTP ``status``."""
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.agent.port}/leases",
+            f"{self.url}/leases",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
         )
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert resp.status == 201
-            answer: dict[str, Any] = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                code, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            code, raw = err.code, err.read()
+        assert code == status, raw
+        answer: dict[str, Any] = json.loads(raw)
         return answer
 
     def table(self) -> dict[str, Any]:
         """GET /leases/json."""
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.agent.port}/leases/json", timeout=10
-        ) as resp:
+        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
             table: dict[str, Any] = json.loads(resp.read())
         return table
 
     def release(self, lease_id: str) -> None:
         """DELETE /leases/<id> (a pending lease, or a stopped container's)."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.agent.port}/leases/{lease_id}", method="DELETE"
-        )
+        request = urllib.request.Request(f"{self.url}/leases/{lease_id}", method="DELETE")
         with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.status == 200
 

@@ -10,14 +10,12 @@ reconnection).
 
 from __future__ import annotations
 
-import json
 import signal
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.agent_leases import AgentLeases
 from tests.support.agent_process import AgentProcess, wait_ready
 from tests.support.services import wait_until
 
@@ -30,7 +28,7 @@ def one_line(stderr: str) -> str:
 
 
 @dataclass
-class LeaseNode:
+class LeaseNode(AgentLeases):
     """The agent of a simulated node (``agent``, its files under ``base``); restartable."""
 
     base: Path
@@ -44,16 +42,6 @@ class LeaseNode:
     def state_file(self) -> Path:
         return self.base / "state" / "leases.json"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
-
-    def table(self) -> dict[str, Any]:
-        """GET /leases/json."""
-        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
     def leases(self) -> dict[str, dict[str, Any]]:
         """Container id -> its lease (as /leases/json shows it), of every bound lease."""
         return {
@@ -65,20 +53,6 @@ class LeaseNode:
     def bound(self) -> dict[str, str]:
         """Container id -> lease id, of every lease bound to a container."""
         return {cid: lease["Lease"] for cid, lease in self.leases().items()}
-
-    def ask(self, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
-        """POST /leases; its answer, of HTTP ``status``."""
-        request = urllib.request.Request(
-            f"{self.url}/leases", data=json.dumps(body).encode(), method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                code, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            code, raw = err.code, err.read()
-        assert code == status, raw
-        answer: dict[str, Any] = json.loads(raw)
-        return answer
 
     def wait_bound(self, containers: list[str], what: str, timeout_s: float | None = None) -> None:
         """Until every container of ``containers`` (and no other) holds a lease."""

@@ -19,10 +19,10 @@ from plugin import start_hook
 from plugin.authz import HookAsk, HookDevice
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
+from tests.support.podman import SHIPPED_START_HOOK
 from tests.support.scripted_gate import ScriptedGate as Gate
 
 REPO = Path(__file__).resolve().parents[3]
-SHIPPED = REPO / "packaging" / "podman" / "nvidia-docker-start-hook.json"
 CID = "3f2a1b9c0d4e" + "ab" * 26
 REFUSAL = "container 3f2a1b9c0d4e may not start: it names GPUs leased to others: GPU 3 by ..."
 GPU3 = {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
@@ -202,7 +202,7 @@ async def test_a_call_that_is_not_a_runtimes_exits_1(
 def test_the_shipped_hook_file_runs_the_packaged_hook_for_podmans_containers_as_documented() -> (
     None
 ):
-    hook = json.loads(SHIPPED.read_text())
+    hook = json.loads(SHIPPED_START_HOOK.read_text())
     assert hook["version"] == "1.0.0"
     assert hook["hook"]["path"] == "/opt/nvidia-docker/venv/bin/nvidia-docker-start-hook"
     assert hook["hook"]["args"][1:] == ["--socket", start_hook.DEFAULT_SOCKET]
