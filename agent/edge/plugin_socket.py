@@ -41,8 +41,6 @@ from plugin.authz import Gate
 from plugin.protocol import create_app
 from plugin.volumes import VolumeStore
 
-DOCKER_SOCKET_DIR = Path("/run/docker/plugins")
-DEFAULT_SPEC_FILE = Path("/etc/docker/plugins/nvidia-docker.spec")
 SOCKET_MODE = 0o660
 SHUTDOWN_TIMEOUT_S = 5.0
 
@@ -197,11 +195,6 @@ def _remove_own_socket(path: Path, inode: int | None) -> None:
     """Remove the socket file unless someone else has put theirs there meanwhile."""
     if inode is not None and _inode(path) == inode:
         path.unlink(missing_ok=True)
-
-
-def spec_file_needed(socket_dir: Path) -> bool:
-    """dockerd only scans /run/docker/plugins for sockets; elsewhere it needs a spec file."""
-    return os.path.realpath(socket_dir) != os.path.realpath(DOCKER_SOCKET_DIR)
 
 
 def write_spec_file(spec_file: Path, socket_path: Path) -> None:

@@ -10,7 +10,6 @@ match exactly); the health rule's reasons (``agent.health.rule``) use their own 
 from __future__ import annotations
 
 UNKNOWN = "Unknown Error"  # a number past the end of the catalog
-NO_ERROR = 0  # the XID metric's value while a GPU reported none
 
 # Numbers the catalog lists without an error of their own.
 _UNUSED = frozenset({5, 10, 14, 15, 17, 23, 39, 40, 41, 49, 50, 51, 52, 53, 55})
@@ -173,7 +172,6 @@ XID_NAMES: dict[int, str] = {
     171: "Uncorrectable DRAM Error",
     172: "Uncorrectable SRAM Error",
 }
-LAST_XID = 172  # the highest number in the catalog
 
 
 def xid_message(xid: int) -> str:

@@ -33,9 +33,6 @@ class IdlePolicy(enum.StrEnum):
     OFF = "off"  # a container's opt-out
 
 
-NODE_POLICIES = (IdlePolicy.NOTIFY.value, IdlePolicy.RELEASE.value, IdlePolicy.STOP.value)
-
-
 @dataclass(frozen=True, slots=True)
 class IdleUnit:
     """A holder idle on a unit, and the policy that applies to it."""

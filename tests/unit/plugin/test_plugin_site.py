@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.edge.plugin_socket import PluginSiteError, spec_file_needed, start_plugin_site
+from agent.edge.plugin_socket import PluginSiteError, start_plugin_site
 from agent.node.drivers import prepare_volumes
 from plugin.volumes import VolumeStore
 from tests.support.fake_driver import FakeDriver
@@ -126,8 +126,3 @@ def test_prepare_volumes_finds_the_driver_and_logs_counts(
     line = next(r.getMessage() for r in caplog.records if "Driver files found" in r.getMessage())
     assert "2 binaries" in line
     assert f"{len(store.files.libraries_64)} 64-bit" in line
-
-
-def test_spec_file_needed_outside_the_docker_directory(tmp_path: Path) -> None:
-    assert spec_file_needed(tmp_path)
-    assert not spec_file_needed(Path("/run/docker/plugins"))
