@@ -234,11 +234,6 @@ def _build(files: TlsFiles, read: _Read) -> ReloadableContext:
     return context
 
 
-def build_context(files: TlsFiles) -> ReloadableContext:
-    """A server context from ``files``, as they are now; raises ``TlsConfigError``."""
-    return _build(files, _read_files(files))
-
-
 def _ssl_reason(err: ssl.SSLError) -> str:
     reason = getattr(err, "reason", None)
     return str(reason).replace("_", " ").lower() if reason else str(err)

@@ -14,7 +14,7 @@ from aiohttp import web
 from agent.config import Config, ListenAddress
 from agent.edge.access import RemoteAccess
 from agent.edge.loopback import is_loopback
-from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles, build_context
+from agent.edge.tls import ServerTls, TlsConfigError, TlsFiles
 from agent.edge.tokens import TokenFileError, TokenStore, read_tokens, require_token
 from agent.errors import StartupError
 from tests.support.certs import Pki, make_pki
@@ -177,10 +177,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def test_context_with_client_ca_requires_certificates(pki: Pki) -> None:
-    context = build_context(TlsFiles(pki.pem("server"), pki.key("server"), pki.pem("ca")))
+    context = ServerTls(TlsFiles(pki.pem("server"), pki.key("server"), pki.pem("ca"))).current
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.minimum_version == ssl.TLSVersion.TLSv1_2
-    plain = build_context(TlsFiles(pki.pem("server"), pki.key("server")))
+    plain = ServerTls(TlsFiles(pki.pem("server"), pki.key("server"))).current
     assert plain.verify_mode == ssl.CERT_NONE
 
 
@@ -203,7 +203,7 @@ def test_unusable_tls_files_say_which(
 
     cert, key, ca = files
     with pytest.raises(TlsConfigError, match=message):
-        build_context(TlsFiles(pem(cert), pki.key(key), pem(ca) if ca is not None else None))
+        ServerTls(TlsFiles(pem(cert), pki.key(key), pem(ca) if ca is not None else None))
 
 
 async def test_reload_keeps_the_previous_context_when_the_new_files_are_broken(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.edge.tls import TlsFiles, build_context
+from agent.edge.tls import ServerTls, TlsFiles
 from controller.errors import Failure, NodeError
 from controller.transport.endpoint import parse_endpoint
 from controller.transport.fleet_http import AgentConnection
@@ -30,10 +30,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _server_context(pki: Pki, *, client_ca: bool = False) -> ssl.SSLContext:
-    """The agent's own server context (``--tls-cert``, ``--tls-key``, ``--tls-client-ca``):
-    it sends the alert of a refused client certificate, which asyncio alone does not."""
+    """The agent's own server context (``--tls-cert``, ``--tls-key``, ``--tls-client-ca``), as
+    its TCP sites hold it: it sends the alert of a refused client certificate, which asyncio
+    alone does not."""
     client = pki.pem("ca") if client_ca else None
-    return build_context(TlsFiles(pki.pem("server"), pki.key("server"), client))
+    return ServerTls(TlsFiles(pki.pem("server"), pki.key("server"), client)).listening
 
 
 def _app() -> web.Application:
