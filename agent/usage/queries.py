@@ -26,9 +26,6 @@ not a ledger of ours, or that cannot be read, is a ``LedgerUnreadable`` (one lin
 Rows come sorted by GPU-seconds, most first, then by key; at most ``limit`` of them
 (``truncated`` says there were more); ``totals`` adds up every row, those cut off too.
 
-``read_holds(path, since_s=..., until_s=..., limit=...)`` lists the holds that overlap the
-range, the latest started first: who used what, one hold per unit.
-
 ``newest_lease_number(path)`` is the highest lease number the newest holds name (the agent's
 start numbers new leases above it).
 """
@@ -44,7 +41,7 @@ from pathlib import Path
 
 from agent.leases.holders import lease_number
 from agent.usage import schema
-from agent.usage.records import Hold, hour_of
+from agent.usage.records import hour_of
 
 BUSY_TIMEOUT_S = 0.5
 SEEK_GROUPS = 512  # up to this many values, a grouping is read value by value
@@ -114,36 +111,6 @@ def read_usage(
             else:
                 rows = list(_by_hour(conn, dim, int(since_s), int(until_s)))
     return _answer(since_s, until_s, by, rows, limit, holds=dim is None)
-
-
-def read_holds(path: Path, *, since_s: float, until_s: float, limit: int) -> tuple[Hold, ...]:
-    """The holds that overlap [since_s, until_s), the latest started first, at most
-    ``limit``; ``ValueError`` for a range that does not go forward or a limit under 1."""
-    _check_range(since_s, until_s)
-    if limit < 1:
-        raise ValueError(f"limit must be 1 or more, not {limit}")
-    with _reading(path) as conn:
-        if conn is None:
-            return ()
-        low = since_s - _longest_s(conn)
-        columns = schema.HOLD_COLUMNS
-        ended = conn.execute(
-            f"SELECT {columns} FROM holds WHERE ended_s IS NOT NULL "  # noqa: S608
-            "AND started_s >= ? AND started_s < ? "
-            "AND (ended_s > ? OR (ended_s <= started_s AND started_s >= ?)) "
-            "ORDER BY started_s DESC, id DESC LIMIT ?",
-            (low, until_s, since_s, since_s, limit),
-        ).fetchall()
-        still = conn.execute(
-            f"SELECT {columns} FROM holds WHERE ended_s IS NULL "  # noqa: S608
-            "AND started_s < ? "
-            "AND (last_seen_s > ? OR (last_seen_s <= started_s AND started_s >= ?)) "
-            "ORDER BY started_s DESC, id DESC LIMIT ?",
-            (until_s, since_s, since_s, limit),
-        ).fetchall()
-        found = sorted([*ended, *still], key=lambda row: (-row[12], -row[0]))[:limit]
-        labels = schema.labels_by_hold(conn, [int(row[0]) for row in found])
-        return tuple(schema.hold_from_row(row, labels.get(int(row[0]), ())) for row in found)
 
 
 # -- the groupings ----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ Then, one line per figure (the median of ``--runs`` runs where it is a time):
   (160 values) over the whole range;
 - ``by="container"`` over the last 30 days, the last day and its last hour (read from the
   holds, prorated);
-- ``read_holds`` of the last hour;
 - the file's size, and per year of this load (MB);
 - ``LedgerStore.open`` on it (``PRAGMA quick_check`` reads the whole file);
 - a typical batch (8 open holds updated, 40 hourly deltas): ``submit`` alone and ``submit``
@@ -45,7 +44,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from agent.usage.queries import read_holds, read_usage
+from agent.usage.queries import read_usage
 from agent.usage.records import Batch, Hold, HolderKind, HourDelta, hour_of
 from agent.usage.store import LedgerStore
 
@@ -353,9 +352,6 @@ def main() -> None:
             ms = timed(args.runs, partial(read_usage, path, by=by, **span))
             ratio = f" ({ms / target:.2f}x the {target:.0f} ms target)" if target else ""
             print(f"  read_usage by {name}: {ms:.1f} ms, {len(answer.rows)} rows{ratio}")
-        listed = len(read_holds(path, limit=1000, **last_hour))
-        ms = timed(args.runs, partial(read_holds, path, limit=1000, **last_hour))
-        print(f"  read_holds, last hour: {ms:.1f} ms, {listed} holds")
         submit_us, written_us, wal_kib = writes(path, end - 1800.0, args.batches)
         print(
             f"  a typical batch (8 holds, 40 deltas): submit {submit_us:.0f} us, submit until "

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.usage import queries
-from agent.usage.queries import LedgerUnreadable, UsageAnswer, UsageRow, read_holds, read_usage
+from agent.usage.queries import LedgerUnreadable, UsageAnswer, UsageRow, read_usage
 from agent.usage.records import Batch, HolderKind
 from tests.unit.usage import DAY, GPUS, HOUR, T0, batch, delta, hold, open_store
 
@@ -201,20 +201,6 @@ def test_a_hold_of_no_length_counts_where_it_began(ledger: Path) -> None:
     assert read_usage(ledger, since_s=T0 + 10.5, until_s=T0 + 20, by="container").rows == ()
 
 
-def test_read_holds_lists_the_holds_of_the_range_latest_first(ledger: Path) -> None:
-    holds = [
-        hold("lease-1", ended=T0 + 100, labels=(("team", "ml"),)),
-        hold("lease-2", started=T0 + 50, last_seen=T0 + 500, busy=3.5, peak=100),
-        hold("lease-3", started=T0 + 60, ended=T0 + 70),
-        hold("lease-4", started=T0 + 1000, ended=T0 + 1100),
-    ]
-    written(ledger, batch(*holds))
-    found = read_holds(ledger, since_s=T0, until_s=T0 + 200, limit=10)
-    assert found == (holds[2], holds[1], holds[0])
-    assert read_holds(ledger, since_s=T0, until_s=T0 + 200, limit=2) == (holds[2], holds[1])
-    assert read_holds(ledger, since_s=T0 + 200, until_s=T0 + 600, limit=10) == (holds[1],)
-
-
 def test_newest_lease_number_is_the_highest_lease_the_newest_holds_name(
     ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,7 +228,6 @@ def test_no_file_or_a_file_not_set_up_yet_is_an_empty_answer(ledger: Path) -> No
     assert answer == UsageAnswer(
         T0, T0 + DAY, "container", (), False, UsageRow("total", 0, 0, None, 0)
     )
-    assert read_holds(ledger, since_s=T0, until_s=T0 + DAY, limit=5) == ()
     ledger.touch()
     assert read_usage(ledger, since_s=T0, until_s=T0 + DAY, by="gpu").rows == ()
     assert queries.newest_lease_number(ledger) == 0
@@ -296,11 +281,9 @@ def test_a_reader_reads_while_a_writer_holds_a_long_transaction(ledger: Path) ->
         writer.execute("UPDATE holds SET held_s = 1e9")
         gpus = read_usage(ledger, since_s=T0, until_s=T0 + HOUR, by="gpu")
         containers = read_usage(ledger, since_s=T0, until_s=T0 + HOUR, by="container")
-        holds = read_holds(ledger, since_s=T0, until_s=T0 + HOUR, limit=10)
         # (a reader that waited for the writer's lock would have failed, after its timeout)
         assert [(r.key, r.gpu_seconds) for r in gpus.rows] == [(GPUS[0], 60.0)]  # committed only
         assert [(r.key, r.gpu_seconds) for r in containers.rows] == [("done", 60.0)]
-        assert [h.held_s for h in holds] == [60.0]
         writer.execute("COMMIT")
     finally:
         writer.close()
