@@ -100,8 +100,6 @@ class UsageLedger:
         # Prometheus counters (agent.metrics.usage_families).
         self.by_owner: dict[tuple[str, str], list[float]] = {}
         self.actions: dict[tuple[str, str], str] = {}  # (unit key, holder): what was done
-        self.ticks = 0
-        self.last_tick_s: float | None = None  # how long the last tick took (perf_counter)
         self._task: asyncio.Task[None] | None = None
         self._acting: set[asyncio.Task[None]] = set()
         if store is not None:
@@ -191,7 +189,6 @@ class UsageLedger:
 
     async def tick(self) -> None:
         """One sweep accounted, written and checked for idle GPUs."""
-        began = time.perf_counter()
         try:
             sweep = await self.status.sweep(quiet=True)
         except StatusUnavailable:
@@ -215,8 +212,6 @@ class UsageLedger:
         for found in newly_idle:
             self._act(found)
         self._release_stopped()
-        self.ticks += 1
-        self.last_tick_s = time.perf_counter() - began
 
     async def _lease_containers(
         self, view: TableView, owners: dict[int, ProcessOwner]
