@@ -271,7 +271,7 @@ class Accounting:
         )
         self._dirty.clear()
         self._deltas.clear()
-        return Batch(self._last_t or 0.0, holds, deltas)
+        return Batch(holds, deltas)
 
 
 def _slot(ident: str, unit_key: str) -> str:

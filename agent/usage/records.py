@@ -73,7 +73,6 @@ class Batch:
     """One write: the holds that changed (their figures now) and the hourly deltas since the
     last batch; one transaction."""
 
-    taken_s: float  # the newest sweep in it (Unix seconds)
     holds: tuple[Hold, ...]
     deltas: tuple[HourDelta, ...]
 

@@ -238,7 +238,7 @@ def typical_batch(n: int, now_s: float) -> Batch:
             (f"label:{LABEL_KEYS[2]}", team),
         }
     deltas = tuple(HourDelta(hour, dim, value, 10.0, 5.0, 3000.0) for dim, value in sorted(groups))
-    return Batch(now_s, holds, deltas)
+    return Batch(holds, deltas)
 
 
 def writes(path: Path, end_s: float, batches: int) -> tuple[float, float, float]:
@@ -281,7 +281,7 @@ def retention_of_a_day(path: Path, days: int) -> tuple[float, int]:
         path, retention_s=(days - 1) * DAY, max_bytes=1 << 40, clock=lambda: clock_now
     )
     opened = time.perf_counter()
-    store.submit(Batch(clock_now, (), ()))
+    store.submit(Batch((), ()))
     store.flush(600)  # the first turn: retention, then this empty batch
     done = time.perf_counter()
     store.close()

@@ -88,8 +88,8 @@ def delta(
     return HourDelta(hour_s, dim, value, held, busy, energy)
 
 
-def batch(*holds: Hold, deltas: tuple[HourDelta, ...] = (), taken: float = T0) -> Batch:
-    return Batch(taken, holds, deltas)
+def batch(*holds: Hold, deltas: tuple[HourDelta, ...] = ()) -> Batch:
+    return Batch(holds, deltas)
 
 
 def open_store(path: Path, clock: Clock | None = None, **options: Any) -> LedgerStore:

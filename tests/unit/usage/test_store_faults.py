@@ -344,7 +344,7 @@ n = 0
 while True:
     holds = tuple(hold(f"lease-{n}-{j}", gpu=j, started=T0 + n, last_seen=T0 + n + 1)
                   for j in range(4))
-    store.submit(Batch(T0 + n, holds, (HourDelta(T0, "gpu", "all", 1.0, 0.5, 0.0),)))
+    store.submit(Batch(holds, (HourDelta(T0, "gpu", "all", 1.0, 0.5, 0.0),)))
     if n % 5 == 4 and store.flush(10):
         print(n, flush=True)
     n += 1
