@@ -117,17 +117,13 @@ class LedgerBusy(LedgerUnavailable):
 @dataclass(frozen=True, slots=True)
 class LedgerStatus:
     """Where the writer stands: ``behind`` while writes fail (``reason``: SQLite's words),
-    what waits to be written, what was dropped (``lost``: hold rows and hourly totals), the
-    last successful write (Unix seconds) and the file's size with its WAL."""
+    what waits to be written, what was dropped (``lost``: hold rows and hourly totals)."""
 
-    path: Path
     behind: bool
     reason: str | None
     pending_holds: int
     pending_deltas: int
     lost: int
-    last_write_s: float | None
-    size_bytes: int
 
 
 @dataclass(slots=True)
@@ -205,7 +201,6 @@ class LedgerStore:
         self._failures = 0
         self._retry_at = 0.0  # monotonic
         self._lost = 0
-        self._last_write_s: float | None = None
         self._next_retention_s = clock()  # the first turn of the writer runs it
         self._closed = False
         self._stopping = False
@@ -274,18 +269,14 @@ class LedgerStore:
             self._cond.notify_all()
 
     def status(self) -> LedgerStatus:
-        size = _size_on_disk(self.path)
         with self._cond:
             in_flight = self._in_flight or _Pending()
             return LedgerStatus(
-                path=self.path,
                 behind=self._reason is not None,
                 reason=self._reason,
                 pending_holds=len(self._pending.holds) + len(in_flight.holds),
                 pending_deltas=len(self._pending.deltas) + len(in_flight.deltas),
                 lost=self._lost,
-                last_write_s=self._last_write_s,
-                size_bytes=size,
             )
 
     def flush(self, timeout_s: float) -> bool:
@@ -366,7 +357,6 @@ class LedgerStore:
 
     def _wrote(self, upto: int) -> None:
         self._written = upto
-        self._last_write_s = self._clock()
         if self._reason is None:
             return
         batches = upto - self._behind_written

@@ -108,6 +108,15 @@ def sql(path: Path, query: str, params: tuple[object, ...] = ()) -> list[tuple[A
         conn.close()
 
 
+def on_disk(path: Path) -> int:
+    """The sizes of the ledger at ``path`` and of its WAL, added up (bytes)."""
+    return sum(
+        (path.parent / name).stat().st_size
+        for name in (path.name, f"{path.name}-wal")
+        if (path.parent / name).exists()
+    )
+
+
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
     """Poll ``condition`` every 10 ms until it is true; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

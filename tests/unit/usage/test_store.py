@@ -27,6 +27,7 @@ from tests.unit.usage import (
     batch,
     delta,
     hold,
+    on_disk,
     open_store,
     read_line,
     sql,
@@ -229,14 +230,11 @@ def test_status_says_what_was_written_and_close_releases_the_file(
     clock = Clock()
     store = open_store(ledger, clock)
     first = store.status()
-    assert (first.path, first.behind, first.reason, first.lost) == (ledger, False, None, 0)
+    assert (first.behind, first.reason, first.lost) == (False, None, 0)
     store.submit(batch(hold(), deltas=(delta(T0, "gpu", "a", 1),)))
     assert store.flush(5)
     status = store.status()
-    assert (status.pending_holds, status.pending_deltas, status.last_write_s) == (0, 0, clock.now)
-    assert (
-        status.size_bytes == ledger.stat().st_size + (ledger.parent / "usage.db-wal").stat().st_size
-    )
+    assert (status.pending_holds, status.pending_deltas) == (0, 0)
     store.close()
     store.close()  # idempotent
     store.submit(batch(hold("late")))
@@ -314,11 +312,11 @@ def test_past_its_size_the_ledger_deletes_the_oldest_ended_holds_and_shrinks(
             store.submit(batch(*holds, deltas=deltas))
         store.submit(batch(hold("still-open", started=T0)))
         assert store.flush(10)
-        assert store.status().size_bytes > max_bytes
+        assert on_disk(ledger) > max_bytes
         clock.now += HOUR
         store.submit(batch())
         assert store.flush(10)
-        assert store.status().size_bytes <= max_bytes
+        assert on_disk(ledger) <= max_bytes
     finally:
         store.close()
     kept = sql(
