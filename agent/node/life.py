@@ -112,7 +112,6 @@ class NodeLife:
         self._tracked = False  # the installed files matched the running driver
         self._module_known = False  # the loaded module's version can be read here
         self._released_at: float | None = None
-        self._why_released: str | None = None
         self._driver_error: int | None = None
         self._waiting: str | None = None  # the last "waiting because" logged
         self._lock = asyncio.Lock()
@@ -243,7 +242,6 @@ class NodeLife:
         self.health.forget()
         self.worker = None
         self._released_at = time.monotonic()
-        self._why_released = answer
         self._waiting = None
         await worker.stop()
         tell_systemd(f"{answer}: {why}")
@@ -319,7 +317,7 @@ class NodeLife:
             )
         else:
             log.warning("GPU worker restarted (%s), %.1f s after it stopped", worker.name, took)
-        self._released_at = self._why_released = self._waiting = None
+        self._released_at = self._waiting = None
         tell_systemd(f"serving {len(node.devices)} GPU(s), driver {node.driver_version}")
 
     async def _refresh_volumes(self, node: NodeInfo) -> None:
