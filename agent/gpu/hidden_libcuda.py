@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
-EMPTY_LIBCUDA_DIR = str(Path(__file__).with_name("empty_libcuda"))
+EMPTY_LIBCUDA_DIR = os.path.join(os.path.dirname(__file__), "empty_libcuda")
 VARIABLE = "LD_LIBRARY_PATH"
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from agent.gpu import architecture, cuda_probe, nvml_health, nvml_mig
@@ -129,7 +129,7 @@ class NvmlBackend:
         info: NodeInfo,
         handles: tuple[Any | None, ...],
         nvml_version: str,
-        proc: Path = Path("/proc"),
+        proc: str | os.PathLike[str] = "/proc",
     ) -> None:
         self._info = info
         self._proc = proc
@@ -155,8 +155,8 @@ class NvmlBackend:
         cls,
         *,
         cuda: Callable[[Sequence[str]], CudaFacts | None] | None = None,
-        sysfs: Path = Path("/sys"),
-        proc: Path = Path("/proc"),
+        sysfs: str | os.PathLike[str] = "/sys",
+        proc: str | os.PathLike[str] = "/proc",
     ) -> NvmlBackend:
         """Initialise NVML and read the node's static facts; ``GpuBackendError`` if impossible.
 
@@ -175,7 +175,10 @@ class NvmlBackend:
 
     @classmethod
     def _read_node(
-        cls, open_cuda: Callable[[Sequence[str]], CudaFacts | None], sysfs: Path, proc: Path
+        cls,
+        open_cuda: Callable[[Sequence[str]], CudaFacts | None],
+        sysfs: str | os.PathLike[str],
+        proc: str | os.PathLike[str],
     ) -> NvmlBackend:
         try:
             driver = str(nvml.call("nvmlSystemGetDriverVersion"))
@@ -302,7 +305,9 @@ class NvmlBackend:
 
     def _process_name(self, pid: int) -> str | None:
         try:
-            name = (self._proc / str(pid) / "comm").read_text(encoding="utf-8", errors="replace")
+            path = os.path.join(self._proc, str(pid), "comm")
+            with open(path, encoding="utf-8", errors="replace") as file:
+                name = file.read()
         except OSError:  # another pid namespace, or the process just ended
             return _text(nvml.query("nvmlSystemGetProcessName", pid))
         return name.strip() or None
@@ -403,7 +408,7 @@ def _bus_id(handle: Any | None) -> str:
     return normalize_bus_id(bus_id) if bus_id else ""
 
 
-def _numa_node(handle: Any, bus_id: str, sysfs: Path) -> int | None:
+def _numa_node(handle: Any, bus_id: str, sysfs: str | os.PathLike[str]) -> int | None:
     """NUMA node of the CPUs closest to the GPU (the old tool's ``CPUAffinity``); -1 -> 0.
 
     The kernel's ``numa_node`` of the PCI device first (what ``nvidia-smi topo -m`` shows
@@ -413,8 +418,9 @@ def _numa_node(handle: Any, bus_id: str, sysfs: Path) -> int | None:
     """
     if bus_id:
         try:
-            path = sysfs / "bus" / "pci" / "devices" / cuda_bus_id(bus_id) / "numa_node"
-            text = path.read_text()
+            path = os.path.join(sysfs, "bus", "pci", "devices", cuda_bus_id(bus_id), "numa_node")
+            with open(path) as file:
+                text = file.read()
             return max(int(text.strip()), 0)
         except (OSError, ValueError):
             pass
@@ -435,7 +441,7 @@ def _device_info(
     bus_id: str,
     topology: tuple[PeerLink, ...],
     cuda: CudaFacts | None,
-    sysfs: Path,
+    sysfs: str | os.PathLike[str],
     mig_minors: Mapping[str, int] | None = None,
 ) -> DeviceInfo:
     if handle is None:

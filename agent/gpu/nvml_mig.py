@@ -18,8 +18,8 @@ Only reads: nothing here changes a GPU's MIG mode or its instances.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from agent.gpu import nvml_query as nvml
@@ -27,17 +27,18 @@ from agent.gpu.model import MigDevice
 
 log = logging.getLogger(__name__)
 
-MIG_MINORS = Path("driver/nvidia-caps/mig-minors")  # under /proc
+MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under /proc
 CAPS_DIR = "/dev/nvidia-caps"
 DEVICE_MIG_ENABLE = 1  # nvmlDeviceGetMigMode: NVML_DEVICE_MIG_ENABLE
 MIB = 1024 * 1024
 
 
-def read_mig_minors(proc: Path) -> dict[str, int]:
+def read_mig_minors(proc: str | os.PathLike[str]) -> dict[str, int]:
     """The capability minors, ``{"gpu0/gi1/access": 12, ...}``; empty when the file is
     missing (a driver without MIG support) or unreadable. Malformed lines are skipped."""
     try:
-        text = (proc / MIG_MINORS).read_text(encoding="utf-8", errors="replace")
+        with open(os.path.join(proc, MIG_MINORS), encoding="utf-8", errors="replace") as file:
+            text = file.read()
     except OSError:
         return {}
     minors: dict[str, int] = {}

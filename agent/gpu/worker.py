@@ -24,6 +24,10 @@ The worker exits when the daemon says ``stop`` or when its end of the pipe close
 daemon died). SIGINT and SIGTERM are the daemon's to handle: a terminal's Ctrl-C and
 systemd's stop reach the whole process group or unit, and the daemon, which decides when
 NVML goes, stops its worker as part of its own shutdown.
+
+The worker lives as long as the agent and every module it imports stays resident, so its
+NVML path (this module, ``nvml_backend`` and what they import) reads the kernel's files with
+``os.path`` rather than ``pathlib`` (which brings ``urllib.parse`` and ``ipaddress``: 0.5 MB).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +40,8 @@ from tests.unit.gpu.fake_nvml import (
     FakeCuda,
     FakeNvml,
 )
+
+REPO = Path(__file__).resolve().parents[3]
 
 Served = tuple[WorkerClient, threading.Thread]
 Serve = Callable[..., Any]
@@ -294,3 +299,31 @@ async def test_a_slow_answer_within_the_deadline_is_not_taken_for_a_hang(tmp_pat
         assert not client.closed.is_set()
     finally:
         await client.stop()
+
+
+# --- memory: the worker imports what reading NVML needs ---------------------------------------
+
+# pathlib, and what it brings (urllib.parse, ipaddress and the Windows path module): 0.5 MB.
+NOT_IN_THE_WORKER = ("pathlib", "ntpath", "urllib", "urllib.parse", "ipaddress")
+
+
+def test_the_nvml_worker_leaves_out_what_it_does_not_need() -> None:
+    """The worker lives as long as the agent and keeps every module it imported resident,
+    so its NVML path (``python -m agent.gpu.worker`` through ``NvmlBackend.start``, which
+    imports nothing more lazily) reads the kernel's files with ``os.path``, not pathlib."""
+    probe = (
+        "import sys\n"
+        "import agent.gpu.worker, agent.gpu.nvml_backend\n"
+        f"print(sorted(m for m in {NOT_IN_THE_WORKER!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(  # -S: the development venv's site loads its editable install's
+        [sys.executable, "-S", "-c", probe],  # finder, which imports pathlib; a node's doesn't
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{sysconfig.get_path('purelib')}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == "[]\n", (
+        f"the GPU worker imports {done.stdout.strip()}: every module stays resident in a "
+        "process that lives as long as the agent (pathlib and what it brings: 0.5 MB)"
+    )
