@@ -32,8 +32,6 @@ from collections.abc import Callable, Mapping
 
 from agent.errors import StartupError
 
-CHOICES = ("auto", "asyncio", "uvloop")
-
 
 def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """The event loop to serve with: uvloop when asked for or, with ``auto``, when installed."""

@@ -69,13 +69,14 @@ from aiohttp import web
 
 from agent.api.docker_cli import control_devices
 from agent.api.routes import Handler, Wrapper, create_app
+from agent.config import EVENT_LOOPS
 from agent.gpu.simulated import SimulatedBackend
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
 from agent.node.state import NodeState
 from agent.node.status import StatusService
-from agent.process import CHOICES, loop_factory
+from agent.process import loop_factory
 from tests.benchmarks.proc_usage import cpu_seconds
 from tests.support.readers import ThreadReader
 from tests.support.services import python_path, stop_process, wait_until
@@ -238,7 +239,7 @@ def main() -> None:
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--event-loop", choices=CHOICES, default="asyncio")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio")
     args = parser.parse_args()
     tls = None
     if args.tls_cert is not None:
