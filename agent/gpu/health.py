@@ -24,7 +24,6 @@ from typing import Protocol
 
 XID = "xid"
 DOUBLE_BIT_ECC = "double_bit_ecc"
-EVENT_KINDS = (XID, DOUBLE_BIT_ECC)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,8 +44,7 @@ P2P_CAPS_INDEX_WRITE = 1
 P2P_CAPS_INDEX_NVLINK = 2
 P2P_STATUS_OK = 0
 
-# nvmlNvLinkDeviceType_t
-NVLINK_DEVICE_TYPE_GPU = 0
+# nvmlNvLinkDeviceType_t (0 is a GPU: those links are told apart by their bus id)
 NVLINK_DEVICE_TYPE_IBMNPU = 1
 NVLINK_DEVICE_TYPE_SWITCH = 2
 

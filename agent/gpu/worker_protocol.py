@@ -8,7 +8,7 @@ hot path). The conversation (docs/gpu-backends.md, "The GPU worker"):
   node's static facts), or ``{"failed": {"message", "nvml_code"}}`` and it exits;
 - the daemon asks ``{"id": N, "op": OP, ...}``; the worker answers ``{"id": N, "ok": VALUE}``
   or ``{"id": N, "error": MESSAGE}``, in any order (slow PCIe samples do not hold up
-  status). ``OP`` is one of ``OPS``;
+  status). ``OP`` is ``status_all``, ``pcie_all``, ``ping`` or ``stop``;
 - the worker pushes, unasked, ``{"push": "event", "event": ...}`` (an NVML event),
   ``{"push": "checks", "checks": [...]}`` (a health sweep that found something new) and
   ``{"push": "driver_error", "code": N}`` (NVML says the driver went away).
@@ -32,7 +32,6 @@ STATUS_ALL = "status_all"  # every device's status, in index order: one round tr
 PCIE_ALL = "pcie_all"  # every device's PCIe throughput (the slow sample, ~40 ms a GPU)
 PING = "ping"  # is the worker's reader alive
 STOP = "stop"  # shut NVML down and exit (answered just before)
-OPS = (STATUS_ALL, PCIE_ALL, PING, STOP)
 
 PUSH_EVENT = "event"
 PUSH_CHECKS = "checks"
