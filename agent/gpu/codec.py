@@ -69,11 +69,6 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     return tuple(found)
 
 
-def json_keys(cls: type) -> tuple[str, ...]:
-    """The JSON keys of a model type, in declaration order (for documentation and tests)."""
-    return tuple(f.key for f in _fields(cls) if f.key is not None)
-
-
 # --- writing --------------------------------------------------------------------------------
 
 

@@ -121,12 +121,6 @@ def take_driver_error() -> int | None:
     return code
 
 
-def reset_warnings() -> None:
-    """Forget which warnings were given (for tests and after a driver reload)."""
-    with _warned_lock:
-        _warned.clear()
-
-
 def decode(value: Any) -> Any:
     """Bytes from old pynvml versions become ``str``; lists and tuples are decoded inside."""
     if isinstance(value, bytes):

@@ -15,12 +15,12 @@ MakeFake = Callable[[str], FakeNvml]
 
 
 @pytest.fixture
-def make_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeFake]:
+def make_fake(monkeypatch: pytest.MonkeyPatch) -> MakeFake:
     """Install a fake pynvml built from a fixture capture (``h200`` or ``h200x2``)."""
     # A user's CUDA settings, which start() must leave as they are.
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DISABLE_UNIFIED_MEMORY", "CUDA_CACHE_DISABLE"):
         monkeypatch.setenv(name, "test-value")
-    nvml_query.reset_warnings()
+    monkeypatch.setattr(nvml_query, "_warned", set())  # every test warns once afresh
     monkeypatch.setattr(nvml_topology, "_ambiguous_warned", set())
 
     def make(name: str) -> FakeNvml:
@@ -28,8 +28,7 @@ def make_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeFake]:
         monkeypatch.setattr(nvml_query, "pynvml", fake.module)
         return fake
 
-    yield make
-    nvml_query.reset_warnings()
+    return make
 
 
 StartBackend = Callable[..., NvmlBackend]

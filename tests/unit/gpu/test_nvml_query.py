@@ -18,7 +18,7 @@ def fake_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = types.ModuleType("pynvml")
     module.NVMLError = pynvml.NVMLError  # type: ignore[attr-defined]
     monkeypatch.setattr(nvml_query, "pynvml", module)
-    nvml_query.reset_warnings()
+    monkeypatch.setattr(nvml_query, "_warned", set())
     return module
 
 
