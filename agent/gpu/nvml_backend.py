@@ -331,6 +331,11 @@ class NvmlBackend:
     def _read_bar1_used(handle: Any) -> int | None:
         return _mib(_field(nvml.query("nvmlDeviceGetBAR1MemoryInfo", handle), "bar1Used"))
 
+    @staticmethod
+    def take_driver_error() -> int | None:
+        """The last driver-wide NVML error code since the previous call (``nvml_query``)."""
+        return nvml.take_driver_error()
+
     def health_check(self, index: int) -> DeviceCheck:
         """One health sweep of GPU ``index`` (``agent.gpu.nvml_health``)."""
         return nvml_health.check_device(self._handles[index])

@@ -27,7 +27,9 @@ NVML goes, stops its worker as part of its own shutdown.
 
 The worker lives as long as the agent and every module it imports stays resident, so its
 NVML path (this module, ``nvml_backend`` and what they import) reads the kernel's files with
-``os.path`` rather than ``pathlib`` (which brings ``urllib.parse`` and ``ipaddress``: 0.5 MB).
+``os.path`` rather than ``pathlib`` (which brings ``urllib.parse`` and ``ipaddress``: 0.5 MB),
+and a simulated node's worker does not import pynvml: NVML's driver-wide errors come from the
+backend (``NvmlBackend.take_driver_error``), not from ``nvml_query`` directly.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from agent.gpu import nvml_query
 from agent.gpu import worker_protocol as wp
 from agent.gpu.backend import GpuBackend, GpuBackendError
 from agent.gpu.backends import open_backend
@@ -87,6 +88,10 @@ class Worker:
         self._sampler = ThreadPoolExecutor(1, thread_name_prefix="sample")
         self._threads: list[threading.Thread] = []
         self._resets = ResetCounter(self._count)
+        # NVML's driver-wide errors (NvmlBackend.take_driver_error); a simulation has none.
+        self._take_driver_error: Callable[[], int | None] = getattr(
+            backend, "take_driver_error", _no_driver_error
+        )
 
     # -- the conversation ------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class Worker:
         self._report_driver_error()
 
     def _report_driver_error(self) -> None:
-        code = nvml_query.take_driver_error()
+        code = self._take_driver_error()
         if code is not None:
             self.send({"push": wp.PUSH_DRIVER_ERROR, "code": code})
 
@@ -257,6 +262,10 @@ def _one_line(err: BaseException) -> str:
     """``Type: message`` of an exception on one line, cut to 200 characters."""
     text = " ".join(f"{type(err).__name__}: {err}".split())
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _no_driver_error() -> int | None:
+    return None
 
 
 def _health_source(backend: GpuBackend) -> HealthSource | None:

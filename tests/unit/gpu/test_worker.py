@@ -307,14 +307,23 @@ async def test_a_slow_answer_within_the_deadline_is_not_taken_for_a_hang(tmp_pat
 NOT_IN_THE_WORKER = ("pathlib", "ntpath", "urllib", "urllib.parse", "ipaddress")
 
 
-def test_the_nvml_worker_leaves_out_what_it_does_not_need() -> None:
+@pytest.mark.parametrize(
+    ("backend", "absent"),
+    [
+        ("agent.gpu.nvml_backend", NOT_IN_THE_WORKER),
+        # A simulated node (--simulate) has no NVML: pynvml and ctypes are 2.4 MB there.
+        ("agent.gpu.simulated", ("pynvml", "ctypes", "ctypes.util")),
+    ],
+)
+def test_the_worker_leaves_out_what_it_does_not_need(backend: str, absent: tuple[str]) -> None:
     """The worker lives as long as the agent and keeps every module it imported resident,
     so its NVML path (``python -m agent.gpu.worker`` through ``NvmlBackend.start``, which
-    imports nothing more lazily) reads the kernel's files with ``os.path``, not pathlib."""
+    imports nothing more lazily) reads the kernel's files with ``os.path``, not pathlib, and
+    a simulated node's worker leaves NVML out."""
     probe = (
         "import sys\n"
-        "import agent.gpu.worker, agent.gpu.nvml_backend\n"
-        f"print(sorted(m for m in {NOT_IN_THE_WORKER!r} if m in sys.modules))\n"
+        f"import agent.gpu.worker, {backend}\n"
+        f"print(sorted(m for m in {absent!r} if m in sys.modules))\n"
     )
     done = subprocess.run(  # -S: the development venv's site loads its editable install's
         [sys.executable, "-S", "-c", probe],  # finder, which imports pathlib; a node's doesn't
@@ -325,5 +334,5 @@ def test_the_nvml_worker_leaves_out_what_it_does_not_need() -> None:
     )
     assert done.stdout == "[]\n", (
         f"the GPU worker imports {done.stdout.strip()}: every module stays resident in a "
-        "process that lives as long as the agent (pathlib and what it brings: 0.5 MB)"
+        "process that lives as long as the agent"
     )
