@@ -4,9 +4,9 @@
   ``/gpu/health/json``) and per node that did not answer, in the order of the nodes;
 - ``problem_lines``: what ``nvidia-docker-ctl health`` prints, one whole line per problem
   (never cut to the terminal: the reason is the point);
-- ``status_notes``: the lines ``nvidia-docker-ctl status`` prints after its table: each
-  unhealthy GPU with its reason, and the driver versions when the fleet is not uniform
-  (``drivers: 580.159.04 on 998 nodes, 575.64.05 on 2``).
+- ``StatusNotes``: the lines ``nvidia-docker-ctl status`` prints after its table, gathered
+  as nodes answer: each unhealthy GPU with its reason, and the driver versions when the
+  fleet is not uniform (``drivers: 580.159.04 on 998 nodes, 575.64.05 on 2``).
 """
 
 from __future__ import annotations
@@ -96,16 +96,6 @@ def driver_version(result: NodeResult) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def driver_summary(results: Sequence[NodeResult]) -> str | None:
-    """``580.159.04 on 998 nodes, 575.64.05 on 2`` when the answering nodes differ."""
-    versions: Counter[str] = Counter()
-    for result in results:
-        version = driver_version(result)
-        if version is not None:
-            versions[version] += 1
-    return summary_of_drivers(versions)
-
-
 def summary_of_drivers(versions: Counter[str]) -> str | None:
     """The drivers line from a count of nodes per driver version; None when uniform."""
     if len(versions) < 2:
@@ -150,11 +140,3 @@ class StatusNotes:
         if summary is not None:
             notes.append(f"drivers: {summary}")
         return notes
-
-
-def status_notes(results: Sequence[NodeResult]) -> list[str]:
-    """What ``status`` says after its table: unhealthy GPUs, then differing drivers."""
-    notes = StatusNotes()
-    for result in results:
-        notes.add(result)
-    return notes.lines()

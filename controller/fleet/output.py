@@ -1,13 +1,15 @@
-"""What a fleet query shows: one table across the fleet, one JSON document, JSON lines.
+"""What a fleet query shows of each node: its table rows, its JSON entry, and the progress.
 
-- ``table_lines(query, results, width)``: one row per GPU (``info``, ``status``), per unit
-  (``leases``: ``lease_view``) or per node (``docker-cli``); a node that failed gets one
-  row with its reason in a few words (and the agent's own one-line reason when it answered
-  an error: ``error: HTTP 409: GPU 3 is unhealthy ...``). Fits ``width`` columns on a
-  terminal (node and model names cut with ``…``); ``width`` None (not a terminal) cuts
-  nothing.
-- ``json_document(query, results)``: ``{"command", "nodes": {name: {"endpoint", <the agent's
-  JSON as-is under its key>, "error", "reason", "elapsed_s"}}, "summary"}``.
+- ``status_rows``, ``status_process_rows`` (``--processes``), ``info_rows``, ``docker_rows``
+  (with their ``*_COLUMNS``): one row per GPU (``info``, ``status``) or per node
+  (``docker-cli``); ``leases`` has its own (``lease_view``). A node that failed gets one row
+  with its reason in a few words (and the agent's own one-line reason when it answered an
+  error: ``error: HTTP 409: GPU 3 is unhealthy ...``). ``controller.fleet.report.TableSink``
+  prints them, fitted to the terminal's width (node and model names cut with ``…``; not a
+  terminal: nothing cut).
+- ``node_entry(result)``: a node's entry in the ``--json`` document
+  (``controller.fleet.report.JsonDocumentSink``): ``{"endpoint", <the agent's JSON as-is
+  under its key>, "error", "reason", "elapsed_s"}``.
 - ``json_line(result)``: the same entry for one node, with ``"node"``, on one line.
 - ``Progress``: ``status [####....] 312/1000 nodes  3 failed`` redrawn on stderr, a
   terminal only; ``ProgressAware`` clears it before any row is written to stdout (both may
@@ -22,9 +24,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from controller.fleet.health_view import problem_lines, problems
-from controller.fleet.query import NodeResult, Query, json_int
-from controller.fleet.table import Column, Row, Span, render
+from controller.fleet.query import NodeResult, json_int
+from controller.fleet.table import Column, Row, Span
 
 MIB_PER_GIB = 1024
 
@@ -255,29 +256,6 @@ def number_ranges(numbers: Iterable[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def table_lines(
-    query: Query, results: Sequence[NodeResult], width: int | None, ellipsis: str = "…"
-) -> list[str]:
-    columns: tuple[Column, ...]
-    if query.name == "health":  # the problems only, whole lines; nothing when there are none
-        return problem_lines(results)
-    if query.name == "leases":
-        from controller.fleet.lease_view import LEASE_COLUMNS, lease_rows  # noqa: PLC0415 (a cycle)
-
-        columns, make = LEASE_COLUMNS, lease_rows
-        return render(columns, [row for r in results for row in make(r)], width, ellipsis=ellipsis)
-    if query.name == "status" and any(r.key == "processes" for r in query.requests):
-        columns, make = STATUS_PROCESS_COLUMNS, status_process_rows
-    elif query.name == "status":
-        columns, make = STATUS_COLUMNS, status_rows
-    elif query.name == "info":
-        columns, make = INFO_COLUMNS, info_rows
-    else:
-        columns, make = DOCKER_COLUMNS, docker_rows
-    rows = [row for result in results for row in make(result)]
-    return render(columns, rows, width, ellipsis=ellipsis)
-
-
 def node_entry(result: NodeResult) -> dict[str, Any]:
     entry: dict[str, Any] = {"endpoint": result.node.endpoint.uri()}
     entry.update(result.answers)
@@ -301,27 +279,6 @@ def gpu_count(result: NodeResult) -> int:
         return len({_get(u, "GPU") for u in units}) if isinstance(units, list) else 0
     devices = _devices(result.answers.get("docker_cli"))
     return sum(1 for d in devices if isinstance(d, str) and d[len("/dev/nvidia") :].isdigit())
-
-
-def summary(results: Sequence[NodeResult]) -> dict[str, int]:
-    answered = sum(1 for r in results if r.ok)
-    return {
-        "nodes": len(results),
-        "answered": answered,
-        "failed": len(results) - answered,
-        "gpus": sum(gpu_count(r) for r in results),
-    }
-
-
-def json_document(query: Query, results: Sequence[NodeResult]) -> str:
-    document: dict[str, Any] = {
-        "command": query.name,
-        "nodes": {r.node.name: node_entry(r) for r in results},
-        "summary": summary(results),
-    }
-    if query.name == "health":
-        document["problems"] = [problem.json() for problem in problems(results)]
-    return json.dumps(document, indent=2) + "\n"
 
 
 def json_line(result: NodeResult) -> str:

@@ -3,7 +3,7 @@
 ::
 
     nodes = [FleetNode("node1", parse_endpoint("node1:")), ...]
-    results = await query_fleet(nodes, STATUS, parallel=64, timeout_s=10, on_result=print)
+    await ask_fleet(nodes, STATUS, lambda index, result: print(result), parallel=64, timeout_s=10)
 
 - At most ``parallel`` nodes are asked at a time (that many workers take nodes in turn), so a
   fleet of ten thousand costs no more memory than ``parallel`` nodes in flight.
@@ -18,10 +18,9 @@
   nodes share one TLS context per CA and certificate. SSH nodes each get one SSH connection
   (``controller.transport.ssh_tunnel``, logins bounded in number), and the node's requests
   go through it.
-- ``ask_fleet`` hands each result on as it comes and keeps none (the streaming output);
-  ``query_fleet`` keeps them all, in order, for callers that want the list. ``ask_node``
-  asks one node; ``controller.fleet.workers`` runs it in worker processes for a large fleet
-  (TLS handshakes are CPU work: one process per CPU).
+- ``ask_fleet`` hands each result on as it comes and keeps none (the output streams).
+  ``ask_node`` asks one node; ``controller.fleet.workers`` runs it in worker processes for
+  a large fleet (TLS handshakes are CPU work: one process per CPU).
 - A node never raises: its ``NodeResult`` carries the answers, or ``error`` (one line, what
   failed and what to try) and ``reason`` (a few words for the table: ``connection refused``,
   ``timeout``, ``unknown host``, ``SSH host key unknown``, ``HTTP 500``, ``HTML, not JSON``...);
@@ -29,7 +28,8 @@
   line of its body: ``GPU 3 is unhealthy: ...``) too: that node was reached.
 - ``tls`` and ``ssh`` are the edge's (``TlsOptions.from_options``, ``SshOptions.from_options``);
   an inventory host's own TLS settings win over ``tls``.
-- ``on_result`` is called in the event loop as each node finishes (``--jsonl``, progress).
+- ``on_result(index, result)`` is called in the event loop as each node finishes (the
+  output, the progress line).
 """
 
 from __future__ import annotations
@@ -138,33 +138,6 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def query_fleet(
-    nodes: Sequence[FleetNode],
-    query: Query,
-    *,
-    parallel: int = DEFAULT_PARALLEL,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    ssh: SshOptions | None = None,
-    on_result: Callable[[NodeResult], None] | None = None,
-    tls: TlsOptions | None = None,
-) -> list[NodeResult]:
-    """Ask every node; the results come back in the order of ``nodes`` (all kept: for a
-    large fleet, ``ask_fleet`` hands each on instead).
-
-    ``tls``: the CA, client certificate and token for every node (``--ca``, ``--cert``,
-    ``--key``, ``--token-file``); a node's own (inventory) settings win over them.
-    """
-    results: list[NodeResult | None] = [None] * len(nodes)
-
-    def keep(index: int, result: NodeResult) -> None:
-        results[index] = result
-        if on_result is not None:
-            on_result(result)
-
-    await ask_fleet(nodes, query, keep, parallel=parallel, timeout_s=timeout_s, ssh=ssh, tls=tls)
-    return [r for r in results if r is not None]
-
-
 async def ask_fleet(
     nodes: Sequence[FleetNode],
     query: Query,
@@ -179,6 +152,9 @@ async def ask_fleet(
     """Ask every node, handing each result on as it comes (``on_result(index, result)``),
     keeping none. ``admit(index)``, when given, is awaited before node ``index`` is asked
     (an ordered printer holds the query back so that what waits for it stays bounded).
+
+    ``tls``: the CA, client certificate and token for every node (``--ca``, ``--cert``,
+    ``--key``, ``--token-file``); a node's own (inventory) settings win over them.
     """
     raise_fd_limit()
     base_ssh, base_tls = base_transports(nodes, timeout_s, ssh, tls)

@@ -14,7 +14,7 @@ it prints as soon as the node is done, and drops the answer:
 - The table's column widths are fitted to the first ``TABLE_LOOKAHEAD`` nodes (and the
   longest node name of all), then kept: on a terminal a later value that is longer is cut
   with ``…`` where its column may shrink; without a width (not a terminal) it is kept
-  whole. Up to that many nodes the table is exactly ``output.table_lines``'s.
+  whole. Up to that many nodes the table is exactly ``table.render``'s of all its rows.
 - ``CountingSink``: only the summary, for ``free``, whose table is sorted and so printed
   once every node is done (``free_view.FreeTally`` keeps the qualifying nodes' few facts);
   ``JsonDocumentSink`` takes its list (a ``Digest``) to end the document with.

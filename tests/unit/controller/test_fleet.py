@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import socket
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
 
-from controller.fleet.output import Progress, json_document, number_ranges, table_lines
-from controller.fleet.query import INFO, STATUS, FleetNode, NodeResult, query_fleet
+from controller.fleet.output import Progress, number_ranges
+from controller.fleet.query import INFO, STATUS, FleetNode, NodeResult
 from controller.fleet.table import Column, Row, Span, cut, render
 from controller.transport.endpoint import parse_endpoint
+from tests.support.fleet_output import ask_all, json_document, table
 
 INFO_BODY = {
     "Version": {"Driver": "580.159.04", "CUDA": "13.0"},
@@ -86,7 +86,7 @@ def node(port: int, name: str | None = None) -> FleetNode:
 async def test_parallel_bounds_nodes_in_flight(slow_agents: tuple[list[int], Counter]) -> None:
     ports, counter = slow_agents
     seen: list[str] = []
-    results = await query_fleet(
+    results = await ask_all(
         [node(p) for p in ports],
         STATUS,
         parallel=3,
@@ -105,7 +105,7 @@ async def test_timeout_is_per_node(slow_agents: tuple[list[int], Counter]) -> No
     # two sequential 500 ms answers do not fit in 800 ms: every node times out, on its own,
     # while waiting for an answer (connecting on loopback takes far less, even under load)
     counter.answer_delay_s = 0.5
-    results = await query_fleet([node(p) for p in ports], STATUS, parallel=10, timeout_s=0.8)
+    results = await ask_all([node(p) for p in ports], STATUS, parallel=10, timeout_s=0.8)
     assert {r.reason for r in results} == {"timeout"}
     assert all("waiting for GET /gpu/" in (r.error or "") for r in results), results
     assert all(r.elapsed_s < 2 for r in results)
@@ -121,7 +121,7 @@ async def test_connection_refused_and_http_error() -> None:
     dead = closed.getsockname()[1]
     closed.close()
     try:
-        results = await query_fleet([node(port), node(dead)], INFO, timeout_s=5)
+        results = await ask_all([node(port), node(dead)], INFO, timeout_s=5)
     finally:
         await runner.cleanup()
     assert [r.reason for r in results] == ["HTTP 503", "connection refused"]
@@ -142,7 +142,7 @@ def test_status_table_fits_80_columns_with_long_names() -> None:
         result(long_name, info=INFO_BODY, status=STATUS_BODY),
         failed("node2:", "SSH host key unknown"),
     ]
-    lines = table_lines(STATUS, results, 80)
+    lines = table(STATUS, results, 80)
     assert max(map(len, lines)) <= 80
     assert lines[1].split()[1:] == ["0", "H200", "118/140", "97%", "512/700", "580.159.04", "13.0"]
     assert lines[1].startswith("gpu-node-0017.rack-07")
@@ -154,7 +154,7 @@ def test_status_table_fits_80_columns_with_long_names() -> None:
 
 
 def test_info_table_and_narrow_terminal() -> None:
-    lines = table_lines(INFO, [result("node1:", info=INFO_BODY)], 80, ellipsis="~")
+    lines = table(INFO, [result("node1:", info=INFO_BODY)], 80, ellipsis="~")
     assert lines[0].split() == [
         "NODE",
         "GPU",
@@ -180,10 +180,8 @@ def test_info_table_and_narrow_terminal() -> None:
 
 
 def test_json_document_keeps_answers_and_errors() -> None:
-    document = json.loads(
-        json_document(
-            STATUS, [result("a:", info=INFO_BODY, status=STATUS_BODY), failed("b:", "timeout")]
-        )
+    document = json_document(
+        STATUS, [result("a:", info=INFO_BODY, status=STATUS_BODY), failed("b:", "timeout")]
     )
     assert document["nodes"]["a:"]["info"] == INFO_BODY
     assert document["nodes"]["a:"]["error"] is None

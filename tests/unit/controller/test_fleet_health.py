@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 
 from controller.ctl.main import main
-from controller.fleet.health_view import driver_summary, problems, status_notes
-from controller.fleet.output import table_lines
-from controller.fleet.query import HEALTH, STATUS, FleetNode, NodeResult, query_fleet
+from controller.fleet.health_view import problems
+from controller.fleet.query import STATUS, FleetNode, NodeResult
 from controller.transport.endpoint import parse_endpoint
 from tests.support.cli import cli_runner
+from tests.support.fleet_output import ask_all, problem_lines, status_notes
 from tests.unit.controller.test_fleet import INFO_BODY, STATUS_BODY, serve
 
 UPGRADING = "driver upgrade in progress"
@@ -56,22 +56,22 @@ def test_problems_are_unhealthy_gpus_and_failed_nodes() -> None:
         ("e:", None, "its agent has no /gpu/health (an older release: upgrade it to see GPU "
          "health)", None, None),
     ]  # fmt: skip
-    lines = table_lines(HEALTH, results, 80)
+    lines = problem_lines(results)
     assert lines[0] == (
         "a:  GPU 1  unhealthy: XID 79 (GPU has fallen off the bus)  since 2026-11-30T13:17:38Z"
     )  # whole, whatever the terminal's width
     assert lines[1] == "c:  driver upgrade in progress"
     assert len(lines) == 4
-    assert table_lines(HEALTH, [results[1]], 80) == []  # nothing to say
+    assert problem_lines([results[1]]) == []  # nothing to say
 
 
 def test_the_driver_summary_only_when_the_fleet_is_not_uniform() -> None:
     uniform = [result(f"n{i}:") for i in range(3)]
-    assert driver_summary(uniform) is None
+    assert status_notes(uniform) == []
     mixed = [result(f"n{i}:") for i in range(998)]
     mixed += [result("old1:", "575.64.05"), result("old2:", "575.64.05")]
     mixed.append(failed("x:", "timeout", "no answer"))
-    assert driver_summary(mixed) == "580.159.04 on 998 nodes, 575.64.05 on 2"
+    assert status_notes(mixed) == ["drivers: 580.159.04 on 998 nodes, 575.64.05 on 2"]
     notes = status_notes([result("a:", health={"Devices": [WELL, SICK]}), *mixed[-3:]])
     assert notes == [
         "a: GPU 1 unhealthy: XID 79 (GPU has fallen off the bus) since 2026-11-30T13:17:38Z",
@@ -114,7 +114,7 @@ async def test_status_reads_health_where_the_agent_has_it(agents: tuple[int, int
         FleetNode(name, parse_endpoint(f"http://127.0.0.1:{p}"))
         for name, p in (("new", port), ("old", old_port))
     ]
-    new, old = await query_fleet(nodes, STATUS, timeout_s=5)
+    new, old = await ask_all(nodes, STATUS, timeout_s=5)
     assert new.ok
     assert old.ok  # an older agent is not a failure of status
     assert new.answers["health"] == {"Devices": [WELL, SICK]}

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from controller.fleet.output import json_document, table_lines
 from controller.fleet.query import INFO, STATUS, FleetNode, NodeResult
 from controller.fleet.report import (
     MAX_ERROR_LINES,
@@ -19,6 +18,7 @@ from controller.fleet.report import (
     TableSink,
 )
 from controller.transport.endpoint import parse_endpoint
+from tests.support.fleet_output import whole_table
 
 INFO_BODY: dict[str, Any] = {
     "Version": {"Driver": "580.159.04", "CUDA": "13.0"},
@@ -55,7 +55,7 @@ def test_small_table_is_the_whole_table(count: int) -> None:
     for result in results:
         sink.add(result)
     sink.close()
-    assert out.getvalue() == "\n".join(table_lines(STATUS, results, 80)) + "\n"
+    assert out.getvalue() == "\n".join(whole_table(STATUS, results, 80)) + "\n"
 
 
 def test_large_table_streams_after_the_first_nodes() -> None:
@@ -72,7 +72,7 @@ def test_large_table_streams_after_the_first_nodes() -> None:
         assert out.getvalue().endswith("\n")  # each node's row as it comes
     sink.close()
     lines = out.getvalue().splitlines()
-    assert lines == table_lines(INFO, results, 80)  # same names and values: same table
+    assert lines == whole_table(INFO, results, 80)  # same names and values: same table
     assert sink.summary.as_dict() == {
         "nodes": 1000,
         "answered": 857,
@@ -107,7 +107,25 @@ def test_json_document_streams_one_line_per_node() -> None:
         sink.add(result)
     sink.close()
     text = out.getvalue()
-    assert json.loads(text) == json.loads(json_document(STATUS, results))
+    document = json.loads(text)
+    assert list(document) == ["command", "nodes", "summary"]
+    assert document["command"] == "status"
+    assert list(document["nodes"]) == [r.node.name for r in results]  # in the nodes' order
+    assert document["nodes"]["gpu00000"] == {
+        "endpoint": "http://gpu00000:3476",
+        "info": INFO_BODY,
+        "status": STATUS_BODY,
+        "error": None,
+        "reason": None,
+        "elapsed_s": 0.01,
+    }
+    assert document["nodes"]["gpu00003"] == {
+        "endpoint": "http://gpu00003:3476",
+        "error": "gpu00003 is down",
+        "reason": "timeout",
+        "elapsed_s": 0.02,
+    }
+    assert document["summary"] == {"nodes": 20, "answered": 17, "failed": 3, "gpus": 17}
     assert text.count("\n") == 20 + 6  # one line per node around the document's frame
     empty = io.StringIO()
     JsonDocumentSink(INFO, empty).close()
