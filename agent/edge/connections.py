@@ -104,7 +104,6 @@ class ConnectionGuard:
         self.limits = limits
         self._on_answer = on_answer
         self.dropped = 0  # at the bound, since start
-        self.timed_out = 0
         self._connections: OrderedDict[asyncio.BaseTransport, _Connection] = OrderedDict()
         # Aborted, their descriptor not given back yet (connection_lost not seen).
         self._releasing: set[asyncio.BaseTransport] = set()
@@ -301,7 +300,6 @@ class ConnectionGuard:
         if now < due:
             self._arm(conn, due)
             return
-        self.timed_out += 1
         log.debug("%s: closing a connection from %s: %s", self.name, _peer(conn), what)
         self._abort(conn)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from agent.node.state import NodeState
 from agent.node.status import StatusService
 from tests.support.services import free_port
 from tests.unit.agent.conftest import CONTROL, CountingBackend
+from tests.unit.agent.test_connection_guard import GUARD_LOG, timeouts
 
 FAST_PATHS = [
     "/gpu/info",
@@ -279,7 +281,10 @@ async def test_a_connection_that_needs_a_token_gets_aiohttps_refusal(tmp_path: P
         await both.close()
 
 
-async def test_the_guard_times_out_a_fast_connection_that_stalls_mid_head() -> None:
+async def test_the_guard_times_out_a_fast_connection_that_stalls_mid_head(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, GUARD_LOG)
     both = await _serve(limits=ConnectionLimits(0.3, 60, 64))
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", both.fast_port)
@@ -288,7 +293,7 @@ async def test_the_guard_times_out_a_fast_connection_that_stalls_mid_head() -> N
         assert head.startswith(b"HTTP/1.1 200 OK")
         await asyncio.wait_for(reader.read(), 5)  # the rest of the answer, then the end
         assert reader.at_eof()
-        assert both.guard.timed_out == 1
+        assert timeouts(caplog) == ["request header not complete"]
         writer.close()
     finally:
         await both.close()
