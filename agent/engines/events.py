@@ -183,8 +183,6 @@ class EngineEvents:
         self._down = False  # the events stopped, and that was logged
         self._ever_followed = False
         self._callback_lines = RateLimiter(steady_s, clock=clock)
-        self.resyncs = 0  # streams opened and resynced
-        self.events = 0  # followed events handed to on_event
 
     @property
     def following(self) -> bool:
@@ -288,7 +286,6 @@ class EngineEvents:
             return None
 
     def _resynced(self, containers: list[Container]) -> None:
-        self.resyncs += 1
         self._following = True
         count = f"{len(containers)} container{'' if len(containers) == 1 else 's'}"
         if self._down:
@@ -307,7 +304,6 @@ class EngineEvents:
             self._callback_failed("resync", f"the resync with {count}", err)
 
     def _call_on_event(self, event: EngineEvent) -> None:
-        self.events += 1
         try:
             self.on_event(event.kind, event.container_id)
         except Exception as err:

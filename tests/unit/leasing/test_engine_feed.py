@@ -291,7 +291,7 @@ async def _restart_while_podman_is_absent(
         assert f"by container {cid(3)[:12]} ({leases[2].id})" in refused.text
 
         await podman.start()
-        await eventually(lambda: podmans.resyncs == 1, "podman listed once it answers")
+        await eventually(lambda: podmans.following, "podman listed once it answers")
         await feed.drained()
         assert [state_of(again, x) for x in leases] == [
             (LeaseState.RUNNING, cid(1)),
@@ -323,7 +323,7 @@ async def test_a_lease_of_an_engine_not_followed_waits_for_an_engines_list(
     after_start = service.lease(lease.id)
     assert after_start is not None
     assert after_start.engine is None  # followed: not an engine of this feed
-    await eventually(lambda: events.resyncs == 1, "the engine listed")
+    await eventually(lambda: events.following, "the engine listed")
     await feed.drained()
     listed = service.lease(lease.id)
     assert listed is not None
