@@ -165,6 +165,11 @@ class StatusService:
         with contextlib.suppress(StatusUnavailable):
             await self.sample_pcie()
 
+    @property
+    def sampler_resting(self) -> bool:
+        """The PCIe sampler rests: nobody read status for ``rest_after_s``."""
+        return self._resting
+
     def add_sweep_listener(self, listener: Callable[[float], None]) -> None:
         """Call ``listener(seconds)`` after every sweep, with how long it took (metrics)."""
         self._sweep_listeners.append(listener)
