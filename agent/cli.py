@@ -138,9 +138,9 @@ MACHINE_WIDE = ("socket_dir", "volume_dir", "cdi_spec_dir", "ldcache", "state_di
 
 def _keep_simulation_private(ctx: click.Context, settings: dict[str, Any]) -> Path | None:
     """With ``--simulate``, every machine-wide setting left at its default is made private:
-    the plugin socket and the volumes in a new temporary directory (returned, removed at
-    exit), no CDI spec, no driver files (the node is fake; so would be what it hands out).
-    None when no directory had to be made."""
+    the plugin socket, the volumes and the state in a new temporary directory (returned,
+    removed at exit), no CDI spec, no driver files (the node is fake; so would be what it
+    hands out). None when no directory had to be made."""
     if settings["simulate"] is None:
         return None
     variables = {name: option.env_var for name, option, _ in options()}

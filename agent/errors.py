@@ -11,5 +11,5 @@ class StartupError(Exception):
 EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1  # driver absent, bad node file, address in use, ...
 EXIT_USAGE = 2  # bad flags (click's own code)
-EXIT_SERVER_STOPPED = 3  # one of the two servers stopped on its own
+EXIT_SERVER_STOPPED = 3  # the plugin socket file was removed while serving
 EXIT_FORCED = 130  # a second signal during shutdown

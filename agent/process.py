@@ -53,14 +53,14 @@ def import_aiohttp_to_serve() -> None:
     two TLS contexts its client uses by default, so that no event loop waits on the disk for
     them later; the verifying one loads the system's CA file (OpenSSL's default, or
     ``$SSL_CERT_FILE``), about 2 MB of memory for as long as the process lives (measured:
-    docs/performance.md, "Memory"). The daemon serves HTTP; the sockets of Docker and Podman
-    it asks are unix sockets spoken by its own clients. So its first import of aiohttp runs
-    with ``SSL_CERT_FILE`` naming an empty file, and the variable is put back as it was at
-    once: a TLS context made later in the process (and every child process) sees the
-    environment as it was given. Had the daemon ever used aiohttp's default verifying
-    context, it would trust no certificate authority and refuse the connection: a failure,
-    never a connection left unchecked. Nothing happens when aiohttp is already imported (the
-    tests' processes).
+    docs/performance.md, "The house in order: status speed, memory and idle CPU"). The
+    daemon serves HTTP; the sockets of Docker and Podman it asks are unix sockets spoken by
+    its own clients. So its first import of aiohttp runs with ``SSL_CERT_FILE`` naming an
+    empty file, and the variable is put back as it was at once: a TLS context made later in
+    the process (and every child process) sees the environment as it was given. Had the
+    daemon ever used aiohttp's default verifying context, it would trust no certificate
+    authority and refuse the connection: a failure, never a connection left unchecked.
+    Nothing happens when aiohttp is already imported (the tests' processes).
     """
     if "aiohttp" in sys.modules:
         return

@@ -3,12 +3,15 @@
 Start-up, each step logged on one line (docs/agent.md, "Start-up"): bind the REST API's
 address (an address in use is the first thing said), read the TLS and token files, make
 sure the UVM device exists, start the GPU worker (NVML, or the simulated node) and discover
-the GPUs, find the driver files of each volume, serve Docker's volume plugin API on the unix
-socket, write the CDI spec (only once this agent owns its socket directory), serve the REST
-API on TCP, check that both answer, then follow the node. Each part is built once, given
+the GPUs, find the driver files of each volume, start the PCIe sampler, serve Docker's
+volume plugin API on the unix socket, write the CDI spec (only once this agent owns its
+socket directory), open the lease table and follow the engines, open the usage ledger,
+serve the REST API on TCP, check that both servers answer, serve ``--engine-socket`` (when
+given), then follow the node and start the ledger's ticks. Each part is built once, given
 what it needs when it is built; each registers its own cleanup on the ``AsyncExitStack``
 that ``run`` holds, so a start that fails half-way undoes what it did, and a stop ends the
-parts in the reverse order. If either server stops, the other is stopped too. The first
+parts in the reverse order. If the plugin socket file is removed (checked every
+``WATCH_INTERVAL_S``), the agent stops with ``EXIT_SERVER_STOPPED``. The first
 SIGINT/SIGTERM shuts down gracefully (the socket file is removed); a second one exits at
 once; SIGHUP re-reads what can change (``Agent.reload``).
 """
@@ -513,7 +516,8 @@ class Agent:
 
 
 async def run(config: Config) -> int:
-    """Start, serve until a signal (or a server's end), stop; returns the exit code."""
+    """Start, serve until a signal (or the plugin socket's removal), stop; returns the exit
+    code."""
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception_handler)
     stopping = asyncio.Event()
