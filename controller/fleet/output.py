@@ -286,7 +286,8 @@ def json_line(result: NodeResult) -> str:
 
 
 class Progress:
-    """``status  312/1000 nodes  3 failed  1.4 s`` on a terminal's stderr, at most 10 a second."""
+    """``status [####....] 312/1000 nodes  3 failed  1.4 s`` on stderr (a terminal's), redrawn
+    at most 10 times a second."""
 
     def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
         self.label = label

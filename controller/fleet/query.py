@@ -7,10 +7,12 @@
 
 - At most ``parallel`` nodes are asked at a time (that many workers take nodes in turn), so a
   fleet of ten thousand costs no more memory than ``parallel`` nodes in flight.
-- ``timeout_s`` bounds each node as a whole: connecting, the SSH login and every request.
+- ``timeout_s`` bounds each node as a whole: connecting, the SSH login and every request
+  (an SSH node's clock starts again when its login starts: waiting for a login slot is not
+  counted).
 - Each node gets one connection (``controller.transport.fleet_http``, a lean HTTP/1.1 client:
-  aiohttp's per-request cost would be most of a 10,000-node query's time); its requests
-  follow one another on it and the last one closes it, so no idle socket is kept. A request
+  aiohttp's per-request cost would be most of a 10,000-node query's time); its requests go
+  in one write (pipelined) and the last one closes it, so no idle socket is kept. A request
   with ``instead`` that the agent does not have (HTTP 404 or 405: an older agent) is
   replaced by those requests, on the same connection (kept open for them; this side closes
   it when the route answered): a new route for new agents, the old ones' routes for the

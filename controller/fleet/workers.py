@@ -43,7 +43,7 @@ and errors), and sends each node's result back to this process as it is done.
 
 ``workers_for(nodes, parallel)`` is how many workers a query gets: the CPUs this process may
 run on (no more than ``parallel``), when that is more than one and there are at least
-``MIN_NODES`` HTTP(S) nodes, else 0 (asked in this process, as before).
+``MIN_NODES`` HTTP(S) nodes and no other thread runs, else 0 (asked in this process).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def _frame(value: Any) -> bytes:
 
 
 class _Frames(asyncio.Protocol):
-    """Reads length-prefixed pickles from a socket; ``on_frame`` gets each, ``on_end`` the
-    end (with the error, if any). Writes go through ``send`` as whole frames."""
+    """Reads length-prefixed ``marshal`` frames from a socket; ``on_frame`` gets each,
+    ``on_end`` the end (with the error, if any). Writes go through ``send`` as whole frames."""
 
     def __init__(
         self, on_frame: Callable[[Any], None], on_end: Callable[[Exception | None], None]
