@@ -1,5 +1,5 @@
 """``GET /engines/json``: the container engines the agent follows, and what the node's Docker
-engine says of itself (docs/api.md, "Engines").
+engine says of itself (docs/api.md, "`/engines/json`").
 
 ::
 

@@ -15,7 +15,7 @@ UUID prefix starts ``GPU-``, a MIG device is ``MIG-<uuid prefix>`` or ``<gpu>:<m
 ``invalid device: X`` or ``invalid volume: X``, with X shown bounded and without control
 characters (agent.display). ``format`` is the route's own (a fixed list of names, checked
 by membership), and other parameters are ignored, as the old tool did, their size bounded
-by aiohttp's request line limit (8 KiB). docs/api.md ("Refused requests") lists the answers.
+by aiohttp's request line limit (8 KiB). docs/api.md ("Errors") lists the answers.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@
   ``limit`` rows (1000 by default, 10000 at most) with the totals of all of them;
 - ``GET /usage/idle/json``: the GPUs idle now, their holders, the policy and what was done.
 
-The ledger is read on a thread of its own (``agent.usage.queries``: a read-only connection
-that never blocks the writer), at most ``MAX_READERS`` at a time: a request beyond waits its
-turn. An agent without a ledger answers 404 saying why.
+Each read runs on a thread of asyncio's pool (``agent.usage.queries``: a read-only
+connection that never blocks the writer), at most ``MAX_READERS`` at a time: a request
+beyond waits its turn. An agent without a ledger answers 404 saying why; 503 while the
+ledger is being opened.
 """
 
 from __future__ import annotations
