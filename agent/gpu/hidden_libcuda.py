@@ -4,7 +4,8 @@
 for as long as NVML is open, only to answer ``nvmlSystemGetCudaDriverVersion``: 3.9 MB of
 the worker's resident memory on an H100 node with driver 580, and libcuda's initialisers
 running in a process that lives as long as the agent. Every other NVML call the agent makes
-works without it (docs/gpu-backends.md, "The GPU worker's NVML runs without libcuda").
+works without it (docs/gpu-backends.md, "Where each `/gpu/info` field comes from": "The GPU
+worker's NVML runs without libcuda").
 
 So the worker starts with ``EMPTY_LIBCUDA_DIR`` first on ``LD_LIBRARY_PATH``: a directory of
 this package holding an empty file named ``libcuda.so.1``. The loader, asked for that name,

@@ -11,7 +11,7 @@ the file (``NodeFileError``):
 
 - only a regular file, opened without blocking (``agent.files.read_regular``): a FIFO, a
   directory, a device (``/dev/zero`` behind a link) is refused at once, never read;
-- at most ``MAX_BYTES``: the built-in nodes are 2 to 17 KB, a 64-GPU node in MIG mode with
+- at most ``MAX_BYTES``: the built-in nodes are 2 to 20 KB, a 64-GPU node in MIG mode with
   every pair of GPUs linked would be about 600 KB; and parsed JSON costs Python up to about
   25 times its size (a list of ``{}``), in each of the two processes, so that at 1 MiB the
   agent stays well within 256 MB whatever the file holds;
@@ -66,7 +66,7 @@ class SimulatedDevice:
     status: DeviceStatus
     throughput: PcieThroughput
     lost: bool  # every live call fails, as for a GPU that fell off the bus
-    # What the health sweep's checks find (docs/node-file.md, "Health").
+    # What the health sweep's checks find (docs/node-file.md, "Events and health").
     row_remap_failure: bool = False
     row_remap_pending: bool = False
     retired_pages_pending: bool = False

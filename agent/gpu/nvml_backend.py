@@ -1,7 +1,8 @@
 """The real GPU backend: NVML (through ``nvml_query``) plus a few facts from the CUDA driver.
 
-``NvmlBackend.start()`` prepares the environment as the old tool did, initialises NVML,
-reads every static fact once (``/gpu/info``) and keeps one NVML handle per GPU. Live calls
+``NvmlBackend.start()`` initialises NVML, reads every static fact once (``/gpu/info``; the
+CUDA facts from a child process in the environment nvidia-docker 1.0 set for them:
+``cuda_probe``) and keeps one NVML handle per GPU. Live calls
 (``device_status``, ``pcie_throughput``) touch only that GPU's handle and may run in
 threads concurrently for different GPUs (NVML is thread-safe). A value NVML cannot give is
 ``None``; a GPU that stops answering ("GPU is lost") reports ``LOST_DEVICE_STATUS`` and

@@ -4,8 +4,8 @@ It is a real backend with the same model and the same threading contract as NVML
 whole agent (REST API, plugin, Mesos flags) runs on machines without a GPU. It can mimic
 NVML's call costs (``timing`` in the node file) so that benchmarks see realistic latencies.
 
-It follows its file as NVML follows the hardware (docs/node-file.md, "Following the
-file"): once ``event_watch`` is asked for (the GPU worker does), the file is polled, and a
+It follows its file as NVML follows the hardware (docs/node-file.md, "Events and
+health"): once ``event_watch`` is asked for (the GPU worker does), the file is polled, and a
 new version of it (renamed into place) updates the statuses, the health flags, and delivers
 the ``events`` it has not delivered yet, each once, as ``nvmlEventSetWait`` would. Events
 already in the file when the backend starts are history: NVML delivers only what happens

@@ -12,8 +12,9 @@ with one end of a socket pair as file descriptor ``N``; the conversation is
 instead of NVML, so that tests exercise the same processes as a real node.
 
 Threads: the main one reads requests and answers status reads (inline for one GPU, in a
-pool for more, as the daemon did before); PCIe samples run in their own thread, so a
-sample (about 40 ms a GPU) never delays a status read; one thread waits for NVML events
+pool of a thread per GPU for more); PCIe samples run on their own threads (one that takes
+the request, a pool of a thread per GPU that samples), so a sample (about 40 ms a GPU)
+never delays a status read; one thread waits for NVML events
 (an unexpected failure there is one log line, and it waits again after a pause that grows
 from ``EVENT_RETRY_FIRST_S`` to ``EVENT_RETRY_MAX_S``: it never ends for good); one sweeps
 health checks every ``--health-interval`` seconds and pushes what changed. Both count the

@@ -197,8 +197,8 @@ class WorkerClient:
             handler(message)
 
     async def call(self, op: str, **args: Any) -> Any:
-        """Ask the worker; its answer, or ``WorkerGone`` (it ended, or missed the deadline
-        and was killed)."""
+        """Ask the worker; its answer, or ``WorkerGone`` (it answered an error, ended, or
+        missed the deadline and was killed)."""
         if self.exit_reason is not None or self._transport is None:
             raise WorkerGone(self.exit_reason or "the GPU worker is not running")
         self._next_id += 1
