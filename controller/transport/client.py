@@ -31,15 +31,14 @@ Public API::
   with a JSON body; the answers whose status is one of ``answers`` come back as they are
   (status, body, headers), the rest raise as ``get`` does (the wrapper's lease ask: a 409
   is an answer to read, not a failure).
-- Timeouts: ``timeout_s`` (default 10 s) bounds each request, including connecting and the
-  SSH login; ``connect_timeout_s`` can be shorter (the wrapper probes the local agent with a
-  short one).
-- ``session``: an aiohttp ``ClientSession`` shared by many clients (HTTP nodes only), so that
-  a fleet query keeps one connection pool for a thousand nodes instead of one per node; the
+- Timeouts: ``timeout_s`` (default 10 s) bounds each request, connecting included; the SSH
+  login, made once at ``open``, gets ``timeout_s`` plus 5 s; ``connect_timeout_s`` can be
+  shorter (the wrapper probes the local agent with a short one).
+- ``session``: an aiohttp ``ClientSession`` several clients may share (HTTP nodes only); the
   client never closes a session it was given. SSH nodes always get their own (the tunnel).
 
 Many requests may run concurrently on one client: over SSH they share the one SSH connection.
-A fleet query makes one client per node and runs them concurrently (``asyncio.gather``).
+Fleet queries do not use this client (``fleet_http``, one lean connection per node).
 ``BlockingAgentClient`` drives one client from code without an event loop (the wrapper over
 HTTPS, with a token, or over SSH; over plain HTTP it uses ``plain_http`` instead).
 

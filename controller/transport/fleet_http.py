@@ -1,19 +1,21 @@
 """A lean HTTP/1.1 client for asking thousands of agents: one connection per node, no pool.
 
-Why not aiohttp here: a fleet query asks each node two small GETs over one connection and
+Why not aiohttp here: a fleet query asks each node a few small GETs over one connection and
 never again. Measured on the 2-core development machine, aiohttp's client costs about 0.25 ms
 of CPU per request (request and response objects, timers, the connection pool's book-keeping),
 which alone is more than the whole budget of a 10,000-node ``status`` in 5 s once the agents'
-own share of the two cores is counted; this client costs about a fifth of that. The wrapper and
-the Mesos helper, which ask one node, keep ``controller.transport.client`` (aiohttp).
+own share of the two cores is counted; this client costs about a fifth of that. The wrapper
+(over HTTPS, with a token or over SSH) and the Mesos helper, which ask one node, keep
+``controller.transport.client`` (aiohttp).
 
-``AgentConnection.open(endpoint, tls=..., unix_path=None)`` connects (TCP, or the unix socket
-of an SSH tunnel; TLS for ``https://`` spoken by ``_TlsReader`` over that connection rather
-than by asyncio's TLS transport, whose states and extra sends a fleet query never needs: 7%
-less CPU per HTTPS node, see its docstring); ``get(path, params)`` sends one request and
-reads its answer; requests follow one another on the connection (keep-alive) and the last one
-asks the agent to close it. Answers are read as HTTP/1.1 says: ``Content-Length``, ``chunked``,
-or until the connection closes; at most ``MAX_HEAD_BYTES`` of status line and headers and
+``AgentConnection.open(endpoint, node, tls=..., unix_path=None)`` connects (TCP, or the unix
+socket of an SSH tunnel; TLS for ``https://`` spoken by ``_TlsReader`` over that connection
+rather than by asyncio's TLS transport, whose states and extra sends a fleet query never needs:
+7% less CPU per HTTPS node, see its docstring); ``get(path, params)`` sends one request and
+reads its answer; ``get_all(requests)``, what a fleet query uses, sends them all in one write
+(pipelined) and reads the answers in order, the last request asking the agent to close the
+connection. Answers are read as HTTP/1.1 says: ``Content-Length``, ``chunked``, or until the
+connection closes; at most ``MAX_HEAD_BYTES`` of status line and headers and
 ``MAX_BODY_BYTES`` of body (an agent's answer is a few kilobytes).
 
 Every failure is a ``NodeError`` with the same one-line messages and ``Failure`` kinds as
