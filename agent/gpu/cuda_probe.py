@@ -5,8 +5,8 @@ them there; the agent needs the answers only once, at start. So a child process
 (``python -m agent.gpu.cuda_probe BUS_ID...``) opens libcuda, reads the facts of the given
 GPUs and their peer access, prints them as JSON and exits; the process that asked (the GPU
 worker, or ``--dump-node``) keeps the answers (``ProbedCuda``) and never maps libcuda
-itself. A crash or hang in the CUDA driver cannot take that process with it either: the child has a timeout, and any failure means the CUDA
-facts are null, with one log line.
+itself. A crash or hang in the CUDA driver cannot take that process with it either: the
+child has a timeout, and any failure means the CUDA facts are null, with one log line.
 
 The child also says the CUDA version (``cuDriverGetVersion``), which the GPU worker's NVML
 cannot (``agent.gpu.hidden_libcuda``). It prints two lines: first
