@@ -1,8 +1,8 @@
 """The ``dev`` and ``vol`` query parameters: which GPUs and which volumes a request means.
 
-Both are space separated lists (``+`` in a URL). ``dev`` entries are GPU indices or UUID
-prefixes starting ``GPU-``, or MIG devices: ``<gpu>:<mig>`` indices or UUID prefixes starting
-``MIG-``; ``vol`` entries are volume names. Empty or ``*`` means all.
+Both are space separated lists (``+`` in a URL; commas work too). ``dev`` entries are GPU
+indices or UUID prefixes starting ``GPU-``, or MIG devices: ``<gpu>:<mig>`` indices or UUID
+prefixes starting ``MIG-``; ``vol`` entries are volume names. Empty or ``*`` means all.
 
 A selection is a tuple of ``Target``: a whole GPU (with every MIG device it has), or one MIG
 device of a GPU. What serves whole GPUs only (``/gpu/info``, ``/gpu/status``) takes the GPUs

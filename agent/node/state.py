@@ -3,8 +3,8 @@
 The daemon builds one ``NodeState`` at start. Whatever follows the node's life (a driver
 change, a GPU's health) builds new ``NodeFacts`` and calls ``replace``; the REST handlers
 read ``state.facts`` at every request, so an answer is always rendered from one consistent
-snapshot. Listeners (the plugin's driver version, a spec file writer, ...) are called in
-the event loop, in the order they subscribed, after the swap.
+snapshot. Listeners (the CDI spec writer, the lease table) are called in the event loop, in
+the order they subscribed, after the swap.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ status stays fast").
   get from a sweep of its own, and back-to-back requests cost one worker round trip per
   2 ms instead of one each.
 - The two PCIe throughput counters (about 20 ms each, as NVML samples them) are read by a
-  background sampler (``read_throughputs``); requests are served its latest sample, whose
-  age is known. The sampler runs while someone reads status (a request, a scrape) and
+  background sampler (``read_throughputs``; the NVML backend refreshes BAR1 usage and its
+  other slow values on the same call); requests are served its latest sample, whose age is
+  known. The sampler runs while someone reads status (a request, a scrape) and
   rests once nobody has for ``SAMPLER_REST_AFTER_S``, so an idle node costs no sampling;
   the first read after a rest waits for a fresh sample (about 45 ms) rather than being
   served an old one.
