@@ -10,7 +10,7 @@ JSON, one entry per GPU in index order (``dev`` selects, as for the other routes
 the UTC time it became unhealthy. A GPU in MIG mode also has ``MIG``, one entry per MIG
 device (``Index``, ``UUID`` and the same four), so that a MIG device withdrawn on its own is
 seen while its GPU stays healthy; the text form adds a ``Device #0:1: unhealthy ...`` line
-for each such MIG device. The health model is in ``agent.gpu.health``; the routes
+for each such MIG device. The health model is in ``agent.health.rule``; the routes
 answer 503 while the driver is being replaced, as the status routes do (docs/api.md).
 """
 
