@@ -15,14 +15,15 @@ to docker untouched; ``version`` first prints ``NVIDIA Docker: <version>`` and a
 variables, then docker's help. Errors are one line,
 ``nvidia-docker | <date> <time> Error: <message>``, exit code 1.
 
-Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``version`` through
-this wrapper many times per task. That path imports only this module, ``docker_args`` and
-``errors`` (all stdlib-free) and execs docker: it never asks the daemon anything, so it also
-works while the daemon is down. run/create import the GPU step; it asks a node's agent over
-plain HTTP with the standard library (``controller.transport.plain_http``: a ``socket``, no
-aiohttp, asyncio or ``http.client``), and imports aiohttp and ssl only for HTTPS or a token,
-paramiko only for SSH, NVML only when no local agent answers, ``logging`` only where one of
-those may log or ``NV_DEBUG`` is on (``controller.logs.configure_when_needed``).
+Speed: Mesos runs ``docker ps``, ``inspect``, ``logs``, ``stop``, ``rm``, ``version``
+through this wrapper many times per task. That path imports only this module,
+``docker_args``, ``errors`` and ``env_text`` (none imports anything) and execs docker: it
+never asks the daemon anything, so it also works while the daemon is down. run/create import
+the GPU step; it asks a node's agent over plain HTTP with the standard library
+(``controller.transport.plain_http``: a ``socket``, no aiohttp, asyncio or ``http.client``),
+and imports aiohttp and ssl only for HTTPS or a token, paramiko only for SSH, NVML only when
+no local agent answers, ``logging`` only where one of those may log or ``NV_DEBUG`` is on
+(``controller.logs.configure_when_needed``).
 """
 
 from __future__ import annotations

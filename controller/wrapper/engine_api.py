@@ -10,7 +10,7 @@ their versions). So when the docker CLI would talk to a unix socket, the wrapper
 socket itself (``engine_socket``), with the HTTP/1.1 client of
 ``controller.transport.plain_http``.
 
-``engine_socket(options, command)`` says which socket, or None (ask the CLI, as before):
+``engine_socket(options, command)`` says which socket, or None (ask the CLI):
 
 - the docker command is ``docker`` (``NV_DOCKER`` unset or ``docker``), found on ``PATH``
   as a program (ELF) whose real name is ``docker``: not ``sudo docker``, ``podman``, a

@@ -26,7 +26,7 @@ own CLI, a local unix socket), the same answer is read without starting the CLI:
    with ``-trimpath``) is asked ``docker --version`` once, and its answer is remembered for
    that file (``cli_versions``: about 0.1 ms a run after the first).
 
-Anything not answered clearly is asked as before, so the answer stays the CLI's: no
+Anything not answered clearly is asked the slower way, so the answer stays the CLI's: no
 ``Docker/`` server (Podman's service says ``Libpod/4.3.1``) or no answer to ``/_ping``:
 ``GET /version`` of the socket, else ``docker version``; no clear ``/info``, or a CLI that
 says no version: ``docker info``.
@@ -34,7 +34,7 @@ says no version: ``docker info``.
 Podman (the docker command is one word, ``podman``: its client decides, as ``podman
 version``'s ``Client`` part does) is asked ``podman --version`` once per program file, and
 the answer remembered the same way, in place of ``podman version`` (20 to 100 ms) at every
-run; ``sudo podman`` and other commands of several words are asked ``version`` as before.
+run; ``sudo podman`` and other commands of several words are asked ``version`` (step 1) every run.
 
 Where the node's agent answers on this machine and follows that same socket's dockerd, steps
 1 and 2 are its word instead (``agent_engine_cdi``: ``GET /engines/json`` on the connection
