@@ -1,8 +1,9 @@
 """The agent's own metrics (``nvidia_docker_*``), kept in a registry of its own.
 
 What happens between scrapes is counted as it happens: REST requests (by route template
-and status code, through ``middleware``: a plain dictionary on the event loop, rendered
-by a collector at scrape time, because prometheus_client's ``labels(...).inc()`` costs
+and status code, through ``count``, the REST API's connection guard's ``on_answer``, and
+``count_resource``, the fast path's: a plain dictionary on the event loop, rendered by a
+collector at scrape time, because prometheus_client's ``labels(...).inc()`` costs
 about 4 us, a tenth of a cached answer's whole cost), and with prometheus_client's own
 metric types status sweeps and their duration (``observe_sweep``, a ``StatusService`` listener),
 driver volume builds (``observe_volume_build``, a ``VolumeStore`` listener, called from

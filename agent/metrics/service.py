@@ -5,8 +5,8 @@ and costs no more NVML time than a status request. What is derived from a sweep 
 once per sweep, however many scrapes share it: the GPU processes' owners (one cgroup read
 per process, the Docker engine only for containers it has not seen) and the GPU families'
 exposition text. The agent's own counters are rendered at every scrape (they move between
-scrapes that share a sweep), as are the few values read at scrape time (PCIe sample age,
-build info, the attribution cache).
+scrapes that share a sweep), as are the values read at scrape time (PCIe sample age, build
+info, the attribution cache, the lease table, the usage ledger).
 """
 
 from __future__ import annotations

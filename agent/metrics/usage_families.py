@@ -4,8 +4,8 @@
   (counters since the agent started): GPU-seconds held, and busy, by owner label:
   ``owner_label`` is the label's key (``team``, ``com.docker.compose.project``), ``owner``
   its value (empty for holders without it). Every holder counts once under each recorded
-  key, so the series of one key add up to the node's total. At most ``MAX_SERIES`` values;
-  beyond, ``(other)``.
+  key, so the series of one key add up to the node's total. At most
+  ``agent.usage.ledger.MAX_SERIES`` (1000) series in all; a value beyond counts as ``(other)``.
 - ``nvidia_docker_gpu_idle_seconds`` (a gauge): for each idle GPU unit and holder, how long
   it has been idle, with the policy that applies and what was done.
 - ``nvidia_docker_usage_ledger_behind``: 1 while the ledger cannot write (a full disk, say;
