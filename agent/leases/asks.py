@@ -1,4 +1,4 @@
-"""An ask for GPUs, as the REST API and the wrapper will send it, and its validation.
+"""An ask for GPUs, as the REST API and the wrapper send it, and its validation.
 
 An ask is one of three kinds: ``count`` whole GPUs (the default: one), ``count`` MIG devices
 of ``mig_profile``, or the ``devices`` it names (``dev`` entries: indices, ``GPU-``/``MIG-``

@@ -1,4 +1,4 @@
-"""The table as the REST API will list it: every unit with its state and holders, every
+"""The table as the REST API lists it: every unit with its state and holders, every
 lease, every foreign holder and every waiting ask."""
 
 from __future__ import annotations
