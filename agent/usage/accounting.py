@@ -227,7 +227,7 @@ class Accounting:
     ) -> None:
         """Spread the amounts of [start_s, end_s) over the UTC hours they fall in: into the
         hourly deltas, or, while the holder's labels are not known yet, into the hold's own
-        unsettled hours (``settle`` moves them, under the labels then known)."""
+        unsettled hours (``_settle`` moves them, under the labels then known)."""
         span = end_s - start_s
         at = start_s
         while at < end_s:

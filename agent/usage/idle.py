@@ -5,7 +5,7 @@ holders runs on it (``UnitSample.active``); a holder whose unit has not been act
 ``idle_since_s`` for ``idle_after_s`` is *idle*. The policy says what then happens, per node
 (``--idle-policy``), and per container through its ``nvidia-docker.idle`` label:
 
-- ``notify`` (the default): one log line and the metric ``nvidia_docker_gpu_idle``;
+- ``notify`` (the default): one log line and the metric ``nvidia_docker_gpu_idle_seconds``;
 - ``release``: as ``notify``, and a lease whose container is stopped ends at once (its
   grace time is not waited for);
 - ``stop``: as ``notify``, and the container is stopped through its engine's API;
