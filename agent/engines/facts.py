@@ -8,7 +8,7 @@ the lease table), so it reads the answers once each time the stream opens (the e
 started, an outage ended) and again at each ``daemon reload`` event (dockerd read its
 settings again: ``SIGHUP``), and forgets them when the stream ends. While it follows, its
 ``GET /engines/json`` says them (``agent.api.engines``), and the wrapper on the node uses
-them in place of asking (docs/nvidia-docker.md, "CDI or the volume form").
+them in place of asking (docs/nvidia-docker.md, "Engines that read CDI: Podman, Docker 25+").
 
 ``dockerd_version(engine)`` asks ``GET /version``: dockerd's version, or None for another
 engine behind the socket (Podman's service names its component ``Podman Engine``; it sends
