@@ -2,7 +2,7 @@
 
 ``cdi.others`` says where ours stands (``Standing``); this module words it for the log and
 the API, and keeps track of what was already said, so that a poll every few seconds says a
-thing once per episode (docs/cdi.md, "Beside NVIDIA's toolkit"):
+thing once per episode (docs/cdi.md, "Beside NVIDIA's toolkit: one producer per kind"):
 
 - ours is *aside* (another spec in its directory defines some of its devices): one warning
   naming the other file and the two ways out, again only when the set of files changes, and

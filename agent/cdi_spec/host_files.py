@@ -1,11 +1,11 @@
 """Find on this host the files of ``cdi.host_files`` that a GPU container gets, and each
 GPU's DRM nodes.
 
-Everything is looked up under the dev root (``--cdi-dev-root``, ``/`` unless the driver runs
-in a container, whose root then holds its files as well as its device nodes), with symbolic
-links resolved inside that root (``cdi.rooted``); only what is there goes into the spec, and
-each mount names the file as found (links resolved), where the container sees it. What is
-used, and checked before it is named:
+Everything but the driver's programs is looked up under the dev root (``--cdi-dev-root``,
+``/`` unless the driver runs in a container, whose root then holds its files as well as its
+device nodes), with symbolic links resolved inside that root (``cdi.rooted``); only what is
+there goes into the spec, and each mount names the file as found (links resolved), where the
+container sees it. What is used, and checked before it is named:
 
 - the driver's programs: the driver volume's ``bin/<name>`` (the very files the volume
   plugin serves at ``/usr/local/nvidia/bin``), regular files;

@@ -1,18 +1,18 @@
 """The node's CDI spec on disk (``<cdi spec dir>/nvidia-docker.json``), kept current.
 
-The daemon builds one ``CdiSpecWriter`` when ``--cdi-spec-dir`` is set, writes the spec
-once before it serves, and subscribes the writer to the node state: every
-``NodeState.replace`` (a driver upgrade, a GPU's health, MIG devices) rewrites it. A rewrite
-first makes sure the driver volume of the node's driver exists (the spec mounts it), then
-replaces the file through ``agent.files.write_atomically``: a temporary file with a random
-name, created inside the directory without following links (``O_EXCL | O_NOFOLLOW``),
-mode 0644, fsynced and renamed over the spec, so an engine reads the old spec or the new
-one, never a part, and nothing planted in the directory is ever opened or exposed. The spec
-on disk is read back (to leave an identical one alone) only when it is a regular file of at
-most ``MAX_SPEC_BYTES``, opened without following a link or blocking on a FIFO; anything
-else at its name is replaced. Rewrites run one at a time; node changes that arrive
-meanwhile fold into one more rewrite with the latest facts. A spec with the same bytes as
-the file is not rewritten.
+The daemon builds one ``CdiSpecWriter`` when ``--cdi-spec-dir`` is set, writes the spec once
+before it serves the REST API (a failure there is retried, as below), and subscribes the
+writer to the node state: every ``NodeState.replace`` (a driver upgrade, a GPU's health, MIG
+devices) rewrites it. A rewrite first makes sure the driver volume of the node's driver
+exists (the spec mounts it), then replaces the file through
+``agent.files.write_atomically``: a temporary file with a random name, created inside the
+directory without following links (``O_EXCL | O_NOFOLLOW``), mode 0644, fsynced and renamed
+over the spec, so an engine reads the old spec or the new one, never a part, and nothing
+planted in the directory is ever opened or exposed. The spec on disk is read back (to leave
+an identical one alone) only when it is a regular file of at most ``MAX_SPEC_BYTES``, opened
+without following a link or blocking on a FIFO; anything else at its name is replaced.
+Rewrites run one at a time; node changes that arrive meanwhile fold into one more rewrite
+with the latest facts. A spec with the same bytes as the file is not rewritten.
 
 Each rewrite also finds the host files containers get (``agent.cdi_spec.host_files``) and
 looks at the other specs in the directories engines read (``agent.cdi_spec.other_specs``;
@@ -23,16 +23,17 @@ leaves the kind to the other one, says so once (``agent.cdi_spec.beside``) and a
 ``/docker/cli?format=cdi`` with that spec's names (``naming``); its spec comes back when the
 other goes. Another spec elsewhere is only warned about: engines take each device from the
 later directory of their list, so one of the two serves it (docs/cdi.md, "Beside NVIDIA's
-toolkit").
+toolkit: one producer per kind").
 
 A rewrite that fails (a full disk, a directory at the spec's name, a volume that cannot be
 built) is one log line; it is tried again after ``RETRY_FIRST_S``, then after twice as long
 each time up to ``RETRY_MAX_S``, at once when the node changes, and at ``SIGHUP``
 (``reload``).
 
-When the agent stops, the spec stays: containers with a restart policy that name
-``nvidia.com/gpu`` devices must still start while the agent restarts, and the devices and
-the driver volume it names are still there. The next start rewrites it (docs/cdi.md).
+When the agent stops, the spec stays: containers with a restart policy that name devices of
+its kind (``--cdi-kind``, ``nvidia.com/gpu`` by default) must still start while the agent
+restarts, and the devices and the driver volume it names are still there. The next start
+rewrites it (docs/cdi.md).
 """
 
 from __future__ import annotations
