@@ -17,8 +17,8 @@ path, a query, a body, ``Upgrade``, a header that is not plainly valid, a head l
 as status while the driver is replaced) is handed over with every byte after it, and
 aiohttp's protocol is made for the connection only then. A start of a request that cannot
 become a fast one (a TLS hello on the plain port, a bad request line) is handed over at
-once, so aiohttp's 400 comes as soon as it did. An answer the client does not read stops
-reading until the transport's buffer drains.
+once, so aiohttp's 400 comes as soon as it would without the fast path. An answer the client
+does not read stops reading until the transport's buffer drains.
 
 The connection guard (``agent.edge.connections``) sees these connections as it sees
 aiohttp's: their opening, their first byte, each request being answered and each answer

@@ -2,9 +2,9 @@
 
 ``loop.create_server`` accepts up to its backlog (128) connections per wake-up before any of
 them reaches the connection guard, and a connection the guard drops keeps its descriptor
-until the event loop's next turn. Under a flood of new connections the REST API then held
-well over ``--max-connections`` descriptors for a moment, and the plugin socket's
-``accept()`` could fail with "Too many open files". ``GuardedAcceptor`` accepts the
+until the event loop's next turn. Under a flood of new connections a server accepted that
+way would hold well over ``--max-connections`` descriptors for a moment, and the plugin
+socket's ``accept()`` could fail with "Too many open files". ``GuardedAcceptor`` accepts the
 connections itself and asks ``gate.room()`` before each one. Without room, when the
 listening socket has just woken the loop (a client is waiting), the guard drops its oldest
 connection (``gate.make_room()``) and the acceptor waits for the next turn of the loop, when

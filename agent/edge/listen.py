@@ -32,8 +32,9 @@ BACKLOG = 128
 
 
 async def bind(host: str | None, port: int) -> list[socket.socket]:
-    """Listening sockets on every address of ``host`` (all interfaces for None) at ``port``;
-    ``StartupError`` (one line, with what to do) when none can be bound or one is in use."""
+    """Sockets bound (not yet listening) on every address of ``host`` (all interfaces for None)
+    at ``port``; ``StartupError`` (one line, with what to do) when none can be bound or one is
+    in use."""
     where = f"{host or '*'}:{port}"
     if host is None:
         addresses: list[str | None] = [None]

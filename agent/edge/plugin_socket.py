@@ -3,6 +3,8 @@
 The plugin app is served on ``<socket dir>/nvidia-docker.sock`` only, never on TCP: it builds
 and deletes files as root and has no authentication. The socket is bound under a temporary
 name, given mode 0660, then renamed into place, so it never exists with looser permissions.
+Its group is left as the daemon's: the only client is dockerd, which runs as root, and the
+``docker`` group needs no access to build volumes (its members reach them through dockerd).
 
 Who serves the socket is decided by an ``flock`` on ``<socket dir>/.nvidia-docker.sock.lock``,
 taken before anything else and held, by an open descriptor, for as long as the daemon
@@ -11,8 +13,6 @@ holder ever checks for a stale socket and renames its own into place. The loser 
 one line naming the holder's pid (written into the lock file). The lock file is left in
 place when the agent stops: removing it would let a third agent lock a new file while a
 second one still holds the old.
-Its group is left as the daemon's: the only client is dockerd, which runs as root, and the
-``docker`` group needs no access to build volumes (its members reach them through dockerd).
 
 dockerd finds ``.sock`` files only in ``/run/docker/plugins``; for a socket elsewhere it
 reads a spec file (``/etc/docker/plugins/nvidia-docker.spec`` containing
