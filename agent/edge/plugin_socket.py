@@ -197,11 +197,16 @@ def _remove_own_socket(path: Path, inode: int | None) -> None:
         path.unlink(missing_ok=True)
 
 
+def _spec_line(socket_path: Path) -> str:
+    """What the spec file says: ``unix://`` and the socket's absolute path, ``..`` resolved."""
+    return f"unix://{os.path.abspath(socket_path)}"
+
+
 def write_spec_file(spec_file: Path, socket_path: Path) -> None:
     """Write ``unix://<socket>`` atomically (temporary file, then rename)."""
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     temporary = spec_file.with_name(f".{spec_file.name}.{os.getpid()}")
-    temporary.write_text(f"unix://{os.path.abspath(socket_path)}\n", encoding="utf-8")
+    temporary.write_text(_spec_line(socket_path) + "\n", encoding="utf-8")
     temporary.chmod(0o644)
     temporary.rename(spec_file)
     log.info("Wrote the plugin spec file %s", spec_file)
@@ -210,5 +215,5 @@ def write_spec_file(spec_file: Path, socket_path: Path) -> None:
 def remove_spec_file(spec_file: Path, socket_path: Path) -> None:
     """Remove the spec file if it still points at our socket."""
     with contextlib.suppress(OSError):
-        if spec_file.read_text(encoding="utf-8").strip() == f"unix://{socket_path.absolute()}":
+        if spec_file.read_text(encoding="utf-8").strip() == _spec_line(socket_path):
             spec_file.unlink()

@@ -48,6 +48,21 @@ async def test_serves_on_a_0660_socket_and_cleans_up(store: VolumeStore, tmp_pat
     assert not spec.exists()
 
 
+async def test_a_socket_directory_given_with_dots_still_has_its_spec_file_removed(
+    store: VolumeStore, tmp_path: Path
+) -> None:
+    """``-s run/../plugins``: the spec file names the resolved path, and the stop that wrote
+    it recognises it as its own and removes it (dockerd would try a dead socket otherwise)."""
+    (tmp_path / "run").mkdir()
+    spec = tmp_path / "etc" / "nvidia-docker.spec"
+    runner = await start_plugin_site(store, tmp_path / "run" / ".." / "plugins", spec_file=spec)
+    try:
+        assert spec.read_text() == f"unix://{tmp_path / 'plugins' / 'nvidia-docker.sock'}\n"
+    finally:
+        await runner.cleanup()
+    assert not spec.exists()
+
+
 async def test_refuses_a_socket_another_agent_serves(store: VolumeStore, tmp_path: Path) -> None:
     runner = await start_plugin_site(store, tmp_path)
     try:
