@@ -161,7 +161,7 @@ class Config:
     cdi_spec_dir: Path | None = _setting(
         Path(CDI_SPEC_DIR),
         "--cdi-spec-dir",
-        help="Write the CDI spec of kind nvidia.com/gpu (nvidia-docker.json) into this "
+        help="Write the CDI spec of --cdi-kind's kind (nvidia-docker.json) into this "
         "directory and keep it current, for Podman and Docker 25+; empty: no spec.",
         parse=Path,
         empty_is_none=True,

@@ -96,7 +96,7 @@ class DockerEngine(EngineClient):
 
     access_hint = (
         " (this user may not use the socket: give it the socket's group, "
-        "see docs/metrics.md, 'Container names')"
+        "see docs/metrics.md, 'Container names: who may ask the engine')"
     )
 
     def __init__(
