@@ -34,8 +34,6 @@ Public API::
 - Timeouts: ``timeout_s`` (default 10 s) bounds each request, connecting included; the SSH
   login, made once at ``open``, gets ``timeout_s`` plus 5 s; ``connect_timeout_s`` can be
   shorter (the wrapper probes the local agent with a short one).
-- ``session``: an aiohttp ``ClientSession`` several clients may share (HTTP nodes only); the
-  client never closes a session it was given. SSH nodes always get their own (the tunnel).
 
 Many requests may run concurrently on one client: over SSH they share the one SSH connection.
 Fleet queries do not use this client (``fleet_http``, one lean connection per node).
@@ -92,6 +90,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
+SSH_LOGIN_EXTRA_S = 5.0  # the SSH login (once, at open) gets this much more than a request
 
 
 class AgentClient:
@@ -104,7 +103,6 @@ class AgentClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float | None = None,
         ssh: SshOptions | None = None,
-        session: aiohttp.ClientSession | None = None,
         tls: TlsOptions | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -116,7 +114,6 @@ class AgentClient:
         self._ssh_options = ssh
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._shared_session = session if endpoint.transport != "ssh" else None
         self._ssl: ssl.SSLContext | bool = True
         self._headers: dict[str, str] | None = None
 
@@ -145,9 +142,6 @@ class AgentClient:
         token = bearer_token(self.tls)
         if token is not None:
             self._headers = {"Authorization": f"Bearer {token}"}
-        if self._shared_session is not None:
-            self._session = self._shared_session
-            return
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
         connector: aiohttp.BaseConnector
         if self.endpoint.transport == "ssh":
@@ -155,12 +149,13 @@ class AgentClient:
 
             assert self._ssh_options is not None
             self._tunnel = SshTunnel(self.endpoint, self._ssh_options)
+            login_s = self.timeout_s + SSH_LOGIN_EXTRA_S
             try:
-                await asyncio.wait_for(self._tunnel.connect(), timeout=self.timeout_s + 5)
+                await asyncio.wait_for(self._tunnel.connect(), timeout=login_s)
             except TimeoutError:
                 await self.close()
                 raise NodeError(
-                    self.node, f"SSH login took longer than {self.timeout_s:g} s", Failure.TIMEOUT
+                    self.node, f"SSH login took longer than {login_s:g} s", Failure.TIMEOUT
                 ) from None
             except BaseException:
                 await self.close()
@@ -175,7 +170,7 @@ class AgentClient:
 
     async def close(self) -> None:
         session, self._session = self._session, None
-        if session is not None and session is not self._shared_session:
+        if session is not None:
             await session.close()
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
