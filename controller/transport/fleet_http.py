@@ -11,10 +11,10 @@ own share of the two cores is counted; this client costs about a fifth of that. 
 ``AgentConnection.open(endpoint, node, tls=..., unix_path=None)`` connects (TCP, or the unix
 socket of an SSH tunnel; TLS for ``https://`` spoken by ``_TlsReader`` over that connection
 rather than by asyncio's TLS transport, whose states and extra sends a fleet query never needs:
-7% less CPU per HTTPS node, see its docstring); ``get(path, params)`` sends one request and
-reads its answer; ``get_all(requests)``, what a fleet query uses, sends them all in one write
-(pipelined) and reads the answers in order, the last request asking the agent to close the
-connection. Answers are read as HTTP/1.1 says: ``Content-Length``, ``chunked``, or until the
+7% less CPU per HTTPS node, see its docstring); ``get_all(requests)`` sends a node's
+requests in one write (pipelined) and reads the answers in order, the last request asking
+the agent to close the connection (``last=False``: kept open for requests that depend on
+these answers). Answers are read as HTTP/1.1 says: ``Content-Length``, ``chunked``, or until the
 connection closes; at most ``MAX_HEAD_BYTES`` of status line and headers and
 ``MAX_BODY_BYTES`` of body (an agent's answer is a few kilobytes).
 
@@ -272,24 +272,6 @@ class AgentConnection:
 
     def close(self) -> None:
         self._reader.close()
-
-    async def get(
-        self, path: str, params: Mapping[str, str] | None = None, *, last: bool = False
-    ) -> Answer:
-        """``GET path``: the answer, whatever its status (the caller decides); ``last``: the
-        agent may close the connection after it. Raises ``NodeError`` when no answer came."""
-        if not self._reusable:
-            raise NodeError(self.node, f"GET {path}: the agent closed the connection")
-        self._reader.send(self._request(path, params, last))
-        try:
-            answer = await self._read_answer()
-        except EOFError:
-            raise self._ended(path) from None
-        except _BadAnswer as exc:
-            raise self._bad(path, exc) from None
-        if answer.headers.get("connection", "").lower() == "close" or last:
-            self._reusable = False
-        return answer
 
     async def get_all(
         self, requests: Sequence[tuple[str, Mapping[str, str] | None]], *, last: bool = True

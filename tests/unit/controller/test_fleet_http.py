@@ -20,9 +20,22 @@ from controller.errors import Failure, NodeError
 from controller.fleet.query import FleetNode, Query, Request, ask_node, base_transports
 from controller.transport.agent_errors import AgentHttpError, TokenRefusedError, os_reason
 from controller.transport.endpoint import parse_endpoint
-from controller.transport.fleet_http import AgentConnection, answer_error
+from controller.transport.fleet_http import AgentConnection, Answer, answer_error
 from controller.transport.tls import NO_TLS_OPTIONS, TlsOptions
 from tests.support.services import free_port, serve_on_loopback
+
+
+async def get(
+    connection: AgentConnection,
+    path: str,
+    params: dict[str, str] | None = None,
+    *,
+    last: bool = False,
+) -> Answer:
+    """One ``GET`` on ``connection`` through ``get_all``, the call fleet queries make."""
+    (answer,) = await connection.get_all([(path, params)], last=last)
+    return answer
+
 
 INFO = b'{"Version": {"Driver": "580.159.04"}, "Devices": []}'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,9 +91,9 @@ async def agent_port() -> AsyncIterator[int]:
 async def test_requests_follow_one_another_on_one_connection(agent_port: int) -> None:
     connection = await _connect(agent_port)
     try:
-        first = await connection.get("/gpu/info/json")
-        second = await connection.get("/docker/cli", {"dev": "0 GPU-1a", "vol": "nvidia_driver"})
-        third = await connection.get("/chunked", last=True)
+        first = await get(connection, "/gpu/info/json")
+        second = await get(connection, "/docker/cli", {"dev": "0 GPU-1a", "vol": "nvidia_driver"})
+        third = await get(connection, "/chunked", last=True)
     finally:
         connection.close()
     assert (first.status, first.body) == (200, INFO)
@@ -89,14 +102,14 @@ async def test_requests_follow_one_another_on_one_connection(agent_port: int) ->
     assert second.body == b"raw=/docker/cli?dev=0+GPU-1a&vol=nvidia_driver\n"
     assert (third.status, third.body) == (200, b'{"Devices": [1, 2]}')
     with pytest.raises(NodeError, match="the agent closed the connection"):
-        await connection.get("/gpu/info/json")
+        await get(connection, "/gpu/info/json")
 
 
 async def test_non_200_answers_become_the_agents_errors(agent_port: int) -> None:
     connection = await _connect(agent_port)
     try:
-        refused = await connection.get("/docker/cli", {"dev": "9"})
-        secret = await connection.get("/secret")
+        refused = await get(connection, "/docker/cli", {"dev": "9"})
+        secret = await get(connection, "/secret")
     finally:
         connection.close()
     error = answer_error("n", "/docker/cli", refused, NO_TLS_OPTIONS)
@@ -115,7 +128,7 @@ async def test_the_token_is_sent(agent_port: int, tmp_path: Path) -> None:
     token.write_text("# mine\nsecret-token-0123456789\n")
     connection = await _connect(agent_port, TlsOptions(token_file=str(token)))
     try:
-        assert (await connection.get("/gpu/info/json", last=True)).status == 200
+        assert (await get(connection, "/gpu/info/json", last=True)).status == 200
     finally:
         connection.close()
     assert SEEN == ["Bearer secret-token-0123456789"]
@@ -169,7 +182,7 @@ async def test_answers_as_http_frames_them(answer: bytes, status: int, body: byt
     server, port = await _raw_server(answer)
     try:
         connection = await _connect(port)
-        got = await connection.get("/x")
+        got = await get(connection, "/x")
         connection.close()
     finally:
         server.close()
@@ -193,7 +206,7 @@ async def test_what_is_not_an_answer(answer: bytes, failure: Failure, message: s
     try:
         connection = await _connect(port)
         with pytest.raises(NodeError) as info:
-            await connection.get("/gpu/info/json")
+            await get(connection, "/gpu/info/json")
         connection.close()
     finally:
         server.close()
@@ -218,7 +231,7 @@ async def test_a_silent_server_is_the_callers_timeout() -> None:
     wait: Callable[[], Awaitable[object]]
     try:
         connection = await _connect(port)
-        wait = lambda: connection.get("/gpu/info/json")  # noqa: E731
+        wait = lambda: get(connection, "/gpu/info/json")  # noqa: E731
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
                 await wait()
@@ -320,7 +333,7 @@ def test_each_failure_reads_the_same_on_asyncio_and_uvloop() -> None:
         ):
             try:
                 connection = await AgentConnection.open(parse_endpoint(url), url, tls=TlsOptions())
-                await connection.get("/gpu/info/json", last=True)
+                await get(connection, "/gpu/info/json", last=True)
             except NodeError as exc:
                 said.append(f"{exc.failure.value}: {exc}")
         return said

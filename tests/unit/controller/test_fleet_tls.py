@@ -20,6 +20,7 @@ from controller.transport.fleet_http import AgentConnection
 from controller.transport.tls import TlsOptions
 from tests.support.certs import Pki, make_pki
 from tests.support.services import free_port
+from tests.unit.controller.test_fleet_http import get
 
 INFO = b'{"Version": {"Driver": "580.159.04"}, "Devices": []}'
 
@@ -118,8 +119,8 @@ async def test_answers_over_tls_as_over_plain_http(pki: Pki, tls_port: int, tmp_
 async def test_requests_one_after_another_on_one_tls_connection(pki: Pki, tls_port: int) -> None:
     connection = await _open("127.0.0.1", tls_port, TlsOptions(ca=str(pki.pem("ca"))))
     try:
-        first = await connection.get("/gpu/info/json")
-        second = await connection.get("/chunked", last=True)
+        first = await get(connection, "/gpu/info/json")
+        second = await get(connection, "/chunked", last=True)
     finally:
         connection.close()
     assert (first.body, second.body) == (INFO, b'{"Devices": [1, 2]}')
