@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
-CDI_CHOICES = ("auto", "yes", "no")
 OUTPUTS = ("table", "json", "jsonl")
 MESOS_PREFIX = "MESOS_"  # the Mesos agent's own flags in its environment (mesos exec)
 

@@ -26,34 +26,6 @@ def isolators(value: str) -> list[str]:
     return [token for token in value.split(",") if token]
 
 
-def isolation_problems(value: str, mesos_version: tuple[int, int]) -> list[str]:
-    """Why a Mesos agent of ``mesos_version`` (major, minor) would refuse ``value`` for GPUs.
-
-    Empty when the ``gpu/nvidia`` isolator starts with this value.
-    """
-    tokens = isolators(value)
-    if mesos_version < (1, 0):
-        return [f"Mesos {_version(mesos_version)} has no GPU support (it came in 1.0)"]
-    if GPU_ISOLATOR not in tokens:
-        return [f"{GPU_ISOLATOR} is missing: the agent will not isolate or offer GPUs natively"]
-    gpu_at = tokens.index(GPU_ISOLATOR)
-    ordered = mesos_version < (1, 7)
-    needed = [[DEVICES_ISOLATOR] if ordered else [DEVICES_ISOLATOR, CGROUPS_ALL]]
-    if mesos_version >= (1, 2):
-        needed.append([FILESYSTEM_ISOLATOR])
-    problems: list[str] = []
-    for names in needed:
-        found_at = [tokens.index(name) for name in names if name in tokens]
-        label = " or ".join(names)
-        if not found_at:
-            problems.append(f"{label} is missing: Mesos {_version(mesos_version)} requires it")
-        elif ordered and min(found_at) > gpu_at:
-            problems.append(
-                f"{label} must come before {GPU_ISOLATOR} for Mesos {_version(mesos_version)}"
-            )
-    return problems
-
-
 def with_gpu_isolation(value: str | None) -> str:
     """``value`` (Mesos's default when None) with what ``gpu/nvidia`` needs, valid for 1.0+."""
     tokens = isolators(DEFAULT_ISOLATION if value is None else value)
@@ -64,7 +36,3 @@ def with_gpu_isolation(value: str | None) -> str:
         tokens.append(FILESYSTEM_ISOLATOR)
     tokens.append(GPU_ISOLATOR)
     return ",".join(dict.fromkeys(tokens))
-
-
-def _version(version: tuple[int, int]) -> str:
-    return f"{version[0]}.{version[1]}"
