@@ -64,8 +64,9 @@ class _Hijacked(Exception):
 
 
 class _Broken(Exception):
-    """A request whose body broke off or lost its framing after its head went on: the
-    connection is closed (the engine may have answered part already)."""
+    """A request whose body broke off or lost its framing after its head went on, or a
+    create whose client left while it waited for GPUs: the connection is closed (the engine
+    may have answered part already)."""
 
 
 def error_answer(status: int, text: str, *, close: bool = False) -> bytes:

@@ -334,8 +334,8 @@ async def _inspect_all(
     answers. A container the list shows not running is taken from it: of a container that
     does not run a resync reads its id, state and lease label, which the list has (its
     devices count when it runs, and its start event, which follows, is inspected). One the
-    list shows running fails the list with the inspect's timeout, as before: its devices
-    may make it a holder. So does a list that waits too (Podman's)."""
+    list shows running fails the list with the inspect's timeout: its devices may make it a
+    holder. So does a list that times out too (Podman's waits as its inspect does)."""
     slots = asyncio.Semaphore(INSPECTS_AT_ONCE)
 
     async def inspect(container_id: str) -> Container | None:

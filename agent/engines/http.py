@@ -495,7 +495,7 @@ def parse_answer(
 
     The scan removes the strings (an unterminated one runs to the end: what follows it is
     no JSON anyway, the parser stops there), then counts the commas and brackets left: in a
-    linear number of steps, without recursion, on at most ``max_items`` brackets.
+    linear number of steps, without recursion, on at most twice ``max_items`` brackets.
     """
     try:
         text = body.decode("utf-8")
