@@ -426,7 +426,7 @@ class TableState:
         engine: str | None = None,  # a running container's (CONTAINER) hold: its engine
     ) -> bool:
         """Record what ``holder`` holds without a lease; False when it held that already
-        (its engine, if it was unknown, is ``engine``'s now)."""
+        (the hold is then ``engine``'s, and an end it had as an unknown engine's is lifted)."""
         old = self._foreign.get((holder, source))
         if old is not None and old.units == keys and old.how == how:
             if old.engine != engine or old.until_s is not None:

@@ -157,7 +157,7 @@ class LeaseTable(TableState):
 
     def created(self, container: Container, now_s: float) -> Outcome[StartVerdict]:
         """The engine created ``container``: its label binds its pending lease (or re-leases
-        an ended one); it keeps the lease while it exists, ``grace_s`` at a time unstarted."""
+        an ended one), which it keeps for ``grace_s`` unless it starts (then while it runs)."""
         self._begin(now_s)
         decision = self._verdicts(container.id).decide(container)
         if decision.step is Step.BIND and decision.lease is not None:
@@ -173,14 +173,15 @@ class LeaseTable(TableState):
         return self._done(self._start(container))
 
     def died(self, container_id: str, now_s: float) -> Outcome[None]:
-        """``container`` stopped: its lease keeps its units for ``grace_s``."""
+        """Container ``container_id`` stopped: its lease keeps its units for ``grace_s``;
+        what it held without a lease while it ran is free."""
         self._begin(now_s)
         self._stop(container_id)
         self._drop_foreign(container_id, ForeignSource.CONTAINER, "stopped")
         return self._done(None)
 
     def destroyed(self, container_id: str, now_s: float) -> Outcome[None]:
-        """``container`` was removed: its lease ends, what it held is free."""
+        """Container ``container_id`` was removed: its lease ends, what it held is free."""
         self._begin(now_s)
         self._remove_container(container_id, "was removed")
         return self._done(None)
@@ -214,8 +215,9 @@ class LeaseTable(TableState):
         of ``engine``'s containers not in it end; those of other engines stay as they are;
         a container of an unknown engine that it lacks keeps what it holds for ``grace_s``
         more unless an engine lists it. Listed containers are ``engine``'s: running ones are
-        taken as started; stopped ones stop their leases' clocks; a stopped container whose
-        lease the table does not know holds nothing (started, it may get its units again)."""
+        taken as started; a stopped one's running lease starts its ``grace_s``, and a pending
+        lease its label names is bound to it; a stopped container whose lease the table does
+        not know holds nothing (started, it may get its units again)."""
         check_engine(engine)
         listed: dict[str, Container] = {}
         for c in containers:

@@ -209,7 +209,7 @@ class LeaseService:
 
     def _apply(self, outcome: Outcome[object]) -> None:
         if self._closed:
-            return  # closing: the last state is written; waiters woken by it change nothing
+            return  # closed: what the waiters it woke change is neither logged nor written
         for change in outcome.changes:
             self._log(change)
             self._answer_waiting(change)
@@ -297,7 +297,8 @@ class LeaseService:
             await asyncio.shield(self._save)
 
     async def close(self) -> None:
-        """Stop the timer, answer nobody more, and write the last state."""
+        """Stop the timer, cancel the asks that wait (nothing is applied after this), and
+        wait for the state file write in flight, which holds every change so far."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
