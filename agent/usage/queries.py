@@ -191,8 +191,9 @@ def _values_of(conn: sqlite3.Connection, dim: str, most: int) -> list[str]:
 
 # The holds of the range, grouped: the ended ones (those that started at most the longest
 # span before the range) and the open ones (few) apart, each branch one GROUP BY; {holds} is
-# the table, NOT INDEXED when the range covers most of the ledger (a plain scan of the table
-# reads it faster than the started_s index and a lookup per row).
+# the table, NOT INDEXED for the ended ones when the range (from the longest span before it)
+# covers more than _SCAN_SHARE of the ledger's time (a plain scan of the table reads it
+# faster than the started_s index and a lookup per row).
 _GROUPED = """
 SELECT grp, sum(held_s * f), sum(busy_s * f), sum(energy_j * f), count(*),
     max(CASE WHEN container_id IS NOT NULL THEN s END), container_id

@@ -791,8 +791,9 @@ _SET_LONGEST = """INSERT INTO meta (key, value) VALUES ('longest_hold_s', ?)
 
 
 def _write_batch(conn: sqlite3.Connection, work: _Pending, longest_s: float) -> None:
-    """One transaction: the holds upserted (only the columns that changed are written, so
-    that an index is rewritten only when its column changed), the deltas added."""
+    """One transaction: the holds upserted (``ended_s``, which ``holds_ended`` indexes, the
+    container and the labels only when they changed, so that an index is rewritten only
+    when its column changed; the other columns always), the deltas added."""
     conn.execute("BEGIN IMMEDIATE")
     for hold in work.holds.values():
         _upsert_hold(conn, hold)
