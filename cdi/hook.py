@@ -76,7 +76,8 @@ def container_root(state_text: str) -> Path:
 
 def write_conf(root: Path, folders: Sequence[str]) -> bool:
     """Write the conf file under ``root`` without following any symbolic link; False when
-    the image has no (real) ``/etc/ld.so.conf.d``."""
+    it cannot be opened there (no real ``/etc/ld.so.conf.d`` in the image, a read-only
+    root), which is not reported."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     fds: list[int] = []
     try:

@@ -25,8 +25,9 @@ ATTRIBUTE_NAME = "gpus"
 """Name of the Mesos attribute (and of the legacy resource) that carries the GPUs."""
 
 COMPRESSION_LEVEL = 9
-"""zlib level of the blob. The blob is computed once per driver and served from a cache, so
-the best ratio is worth its (sub-millisecond) cost: every offer of the node carries it."""
+"""zlib level of the blob. The agent encodes it once per ``/mesos/cli`` query form and serves
+it from a cache (``agent.api.mesos_cli``), so the best ratio is worth its (sub-millisecond)
+cost: every offer of the node carries it."""
 
 MAX_INFLATED_BYTES = 16 * 1024 * 1024
 """Refuse blobs that inflate beyond this: a GPU info document is a few KiB per GPU."""

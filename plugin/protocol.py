@@ -264,8 +264,9 @@ def create_app(
     """The plugin application. Serve it on a unix socket only.
 
     ``middlewares`` (the daemon's connection tracking) wrap the protocol checks, which stay
-    the innermost. ``authz_gate``: also serve Docker's authorization plugin protocol, with
-    it answering container starts and creates.
+    the innermost. ``authz_gate``: also serve Docker's authorization plugin protocol and
+    Podman's start hook (``authz.HOOK_ROUTE``), with it answering container starts and
+    creates.
     """
     app = web.Application(
         middlewares=[*middlewares, protocol_checks], client_max_size=MAX_BODY_BYTES
