@@ -1,10 +1,11 @@
 """The click options of ``nvidia-docker-ctl``, made from the declarations of ``controller.options``.
 
-Every flag of the tool is a ``Setting`` of a frozen dataclass: the operator's ``Options``
-(TLS, timeouts, concurrency, output format, ...) or a command's own request (``FleetNodes``,
-``MesosRequest``). This module turns each declaration into one click option (its flags,
-help with the default and the variable, and no conversion of its own: the declaration's is
-the only one), and hands the command one object instead of loose parameters:
+Every flag of the tool is a ``Setting`` of a frozen class: the operator's ``Options`` (a
+``controller.record``: TLS, timeouts, concurrency, output format, ...) or a command's own
+request, a frozen dataclass (``FleetNodes``, ``FlagsRequest``). This module turns each
+declaration into one click option (its flags, help with the default and the variable, and no
+conversion of its own: the declaration's is the only one), and hands the command one object
+instead of loose parameters:
 
 - ``@operator_options("parallel", "timeout_s", ...)``: the command gets ``options``, the
   ``Options`` that ``controller.ctl.main``'s edge builds from the environment with the

@@ -109,7 +109,9 @@ _EPILOG = (
 def fleet_command(
     name: str | None = None, epilog: str = _EPILOG
 ) -> Callable[[Callable[..., Any]], click.Command]:
-    """The arguments and options every fleet command has (``ctl.health`` too)."""
+    """The arguments and options of the fleet commands (``info``, ``status``,
+    ``docker-cli``, ``health``, ``leases``, ``free``; ``usage`` and ``idle`` take them less
+    ``--json``/``--jsonl``: ``ctl.usage.report_command``)."""
 
     def decorate(function: Callable[..., Any]) -> click.Command:
         function = operator_options(*FLEET_OPTIONS)(function)
@@ -331,8 +333,9 @@ def ask_each(
     """Ask every node (``options.parallel`` at once, each within ``options.timeout_s``),
     ``on_result`` for each answer; the progress line closed at the end, whatever happens.
 
-    A fleet of HTTP(S) nodes is asked from one worker process per CPU
-    (``controller.fleet.workers``: TLS handshakes are CPU work), the output made here."""
+    A fleet of ``workers.MIN_NODES`` (32) or more HTTP(S) nodes is asked from worker
+    processes, one per CPU up to ``options.parallel`` (``controller.fleet.workers``: TLS
+    handshakes are CPU work), the output made here."""
     from controller.fleet.query import ask_fleet  # noqa: PLC0415
     from controller.fleet.workers import WorkerPool, workers_for  # noqa: PLC0415
 

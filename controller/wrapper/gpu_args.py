@@ -285,9 +285,10 @@ def _facts_from_agent(
     lease: LeaseAsk | None = None,
     terminal: bool = False,
 ) -> GpuFacts:
-    """The node's facts from its agent; ``probe``: the local agent (``localhost``, NVML if it
-    does not answer). An agent on this machine's loopback may also say whether this
-    machine's engine reads CDI (``cdi``)."""
+    """The node's facts from its agent; ``probe``: the local agent on ``localhost``, given
+    ``LOCAL_PROBE_CONNECT_S`` to connect (``_node_facts`` asks NVML when it does not
+    answer). An agent on this machine's loopback may also say whether this machine's engine
+    reads CDI (``cdi``)."""
     connect_s = LOCAL_PROBE_CONNECT_S if probe else None
     with open_agent(endpoint, reach or Reach(TlsOptions()), connect_s) as agent:
         info = agent.get_json("/gpu/info/json")
