@@ -58,7 +58,7 @@ def current_context(options: Options) -> str | None:
 def _joined(directory: str, name: str) -> str:
     """``str(pathlib.Path(directory) / name)`` without importing pathlib (with urllib.parse
     and fnmatch, about 3 ms): the path as pathlib spells it (no empty or ``.`` parts; a
-    leading ``//`` kept, as POSIX allows), so that messages name it as before."""
+    leading ``//`` kept, as POSIX allows), so that messages name it as pathlib would."""
     root = "//" if directory.startswith("//") and not directory.startswith("///") else ""
     root = root or ("/" if directory.startswith("/") else "")
     parts = [part for part in f"{directory}/{name}".split("/") if part and part != "."]

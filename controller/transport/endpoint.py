@@ -145,7 +145,7 @@ class Endpoint:
 
     @property
     def node(self) -> str:
-        """A short name of the node for messages: ``10.0.0.1``, ``admin@node2:2222``."""
+        """A short name of the node for messages: ``10.0.0.1:3476``, ``admin@node2:2222``."""
         if self.transport == "ssh":
             return f"{self.user}@{self.url_host}:{self.ssh_port}"
         if self.transport == "http":

@@ -279,7 +279,7 @@ class _Connection:
 
     def _up_to(self, size: int) -> bytes:
         """``size`` bytes, or fewer when the connection ends first (as ``http.client``'s
-        ``read(amt)``, which the client read bodies with, takes a short body)."""
+        ``read(amt)`` takes a short body)."""
         while len(self._buffer) < size and self._receive():
             pass
         data = bytes(self._buffer[:size])

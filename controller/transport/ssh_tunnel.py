@@ -31,8 +31,8 @@ Where the node is: ``~/.ssh/config`` is honoured (``controller.transport.ssh_con
 ``ProxyCommand``, ``UserKnownHostsFile``). Jump hosts are logged in to once per process and
 shared by every node behind them, each node one more channel of that connection.
 
-Authentication, in order: the SSH agent (``SSH_AUTH_SOCK``), the key files named in
-``NV_SSH_IDENTITY`` (colon separated) or by ``IdentityFile``, the default keys
+Authentication, in paramiko's order: the key files named in ``NV_SSH_IDENTITY`` (colon
+separated) or by ``IdentityFile``, the SSH agent (``SSH_AUTH_SOCK``), the default keys
 ``~/.ssh/id_*``, and last a password prompt, only when standard input is a terminal (never
 under Mesos or in a fleet query, never for a jump host).
 
