@@ -139,14 +139,17 @@ class ChangeKind(enum.StrEnum):
     QUEUED = "queued"
     CANCELLED = "cancelled"  # a waiting ask was withdrawn
     TIMED_OUT = "timed_out"  # a waiting ask waited as long as it asked
-    DROPPED = "dropped"  # a waiting ask can never be served now (its devices left the node)
+    # a waiting ask can never be served now (its devices left the node, or the node has too few)
+    DROPPED = "dropped"
     EXPIRED = "expired"  # a pending lease ended: no container was created with it in time
     REVOKED = "revoked"  # a pending lease ended: a unit became unhealthy or left the node
     BOUND = "bound"  # a pending lease was bound to its container
     RELET = "relet"  # a container whose lease had ended got its units again
     STARTED = "started"  # a lease's container runs (again)
     STOPPED = "stopped"  # a lease's container stopped: its grace time runs
-    GRACE_ENDED = "grace_ended"  # a stopped container's lease ended
+    # a stopped container's lease ended, or that of a container of an unknown engine that no
+    # engine listed within the grace time
+    GRACE_ENDED = "grace_ended"
     ENDED = "ended"  # a lease ended: released, or its container was removed
     FOREIGN = "foreign"  # a foreign holder took units
     FOREIGN_GONE = "foreign_gone"

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 Owner = tuple[tuple[str, str], ...]  # an ask's owner labels, (key, value) in the asker's order
 
 LEASE_ID = re.compile(r"lease-([1-9][0-9]{0,11})")  # the table's lease ids: lease-1, lease-2, …
-# An engine's container id (Docker and Podman: 64 hex digits); names are refused so that a
-# container can never pass for another by a look-alike.
+# A container as the table names it: its engine's id (Docker and Podman: 64 hex digits), or
+# a name where there is no id yet (a create the authorization plugin sees). ASCII letters,
+# digits and _.- only, so that no holder passes for a process (``pid 42``) or, by a
+# look-alike character, for another container.
 CONTAINER_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]{0,127}")
 
 
