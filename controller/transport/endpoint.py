@@ -349,8 +349,9 @@ def resolve(
     ``--context``/``-c``; docker's own order then applies (``--context``, ``-H``,
     ``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``docker context use``:
     ``controller.transport.docker_context``). ``docker_reads_docker_host``: False for an
-    engine that does not take its daemon from docker's settings (Podman), which then gets no
-    warning about ``DOCKER_HOST``.
+    engine that does not take its daemon from docker's settings (Podman): docker's address
+    then chooses nothing (the node is ``NV_HOST``'s, else the local one, where Podman runs
+    the container) and ``NV_HOST`` gets no warning about ``DOCKER_HOST``.
     """
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
@@ -368,6 +369,8 @@ def resolve(
                 "while the GPUs come from " + endpoint.node + "; set DOCKER_HOST or -H too"
             )
         return endpoint, warning
+    if not docker_reads_docker_host:
+        return LOCAL, None
     docker = docker_address(options, docker_host_option, docker_context_option)
     if docker is not None:
         address, source = docker

@@ -253,6 +253,18 @@ def test_an_engine_that_ignores_docker_host_gets_no_warning() -> None:
     assert (endpoint.host, warning) == ("10.0.0.1", None)
 
 
+def test_an_engine_that_ignores_docker_host_gets_the_local_gpus_without_nv_host() -> None:
+    """Podman runs the container on its own engine whatever DOCKER_HOST or docker's context
+    says: its GPUs are the local node's unless NV_HOST names another."""
+    options = env({"USER": "u", "DOCKER_HOST": "tcp://10.0.0.1:2376", "DOCKER_CONTEXT": "gpu7"})
+    assert resolve(options)[0].host == "10.0.0.1"  # docker: the node docker would use
+    assert resolve(options, docker_host_option="tcp://10.0.0.2:2376")[0].host == "10.0.0.2"
+    podman = resolve(
+        options, docker_host_option="tcp://10.0.0.2:2376", docker_reads_docker_host=False
+    )
+    assert podman == (LOCAL, None)
+
+
 def test_the_character_checks_are_the_grammar_s_regular_expressions() -> None:
     """parse_endpoint checks characters without re (docs/nvidia-docker.md, "Speed"): each
     check accepts exactly what its regular expression accepted (up to re's $, which also
