@@ -124,7 +124,7 @@ class UsageLedger:
         """The store is being opened (neither open nor given up)."""
         return self.store is None and self.off_reason is None
 
-    async def _open_store(self) -> bool:
+    async def _open_store(self) -> None:
         """Open the store; on failure, one line and the agent goes on without a ledger."""
         settings = self.settings
         try:
@@ -141,9 +141,12 @@ class UsageLedger:
         else:
             self.accounting.resume(store.open_holds())
             self.store = store
-            return True
-        log.warning("%s; the agent serves without a usage ledger", self.off_reason)
-        return False
+            return
+        log.warning(
+            "%s; the agent serves without a usage ledger (its GPU sweeps still feed the lease "
+            "table and the idle policies)",
+            self.off_reason,
+        )
 
     @property
     def path(self) -> Path:
@@ -176,8 +179,10 @@ class UsageLedger:
             await asyncio.to_thread(store.close)
 
     async def _run(self) -> None:
-        if self.store is None and not await self._open_store():
-            return
+        if self.store is None:
+            # without its file the ledger records nothing, but its sweeps still give the
+            # lease table each GPU's load and GPU processes, and the idle policies run
+            await self._open_store()
         interval = self.settings.interval_s
         while True:
             started = time.monotonic()

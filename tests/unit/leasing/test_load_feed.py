@@ -5,6 +5,7 @@ NVML boundary that answers what the node file says (or what a test changes it to
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -82,3 +83,27 @@ async def test_each_tick_replaces_the_last_ones_loads(agent: Agent) -> None:
     await agent.ledger.tick()
     assert await agent.picks(1) == [1]  # GPU 0 is busy now
     assert await agent.picks(2) == [1, 2]  # and GPU 2 idle again
+
+
+async def test_a_ledger_whose_file_cannot_be_opened_still_feeds_the_table(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """The usage ledger's file is only its record: without it (another agent holds it, a
+    read-only disk) the sweeps still give the table each GPU's load and GPU processes."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    settings = UsageSettings(blocker / "usage.db", interval_s=0.05)
+    ledger = UsageLedger.for_agent(
+        settings, agent.ledger.status, agent.leases, agent.ledger.attributor
+    )
+    ledger.start()
+    try:
+        for _ in range(200):  # the store given up, then a tick: well within 10 s
+            if ledger.off_reason is not None and await agent.picks(4) == [4, 5, 6, 7]:
+                break
+            await asyncio.sleep(0.05)
+        assert ledger.off_reason is not None
+        assert str(blocker) in ledger.off_reason
+        assert await agent.picks(4) == [4, 5, 6, 7]  # socket 0's busy GPUs avoided
+    finally:
+        await ledger.close()
