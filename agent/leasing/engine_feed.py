@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.engines.containers import inspect_container, list_containers, listed_container
-from agent.engines.events import EngineEvents, EventKind
+from agent.engines.events import FIRST_BACKOFF_S, MOST_BACKOFF_S, EngineEvents, EventKind
 from agent.engines.http import EngineClient, EngineError, EngineTimeout
 from agent.leases.containers import Container, check_engine
 from agent.leasing.service import LeaseService
@@ -105,10 +105,17 @@ class EngineFeed:
         self.applied = 0  # events and resyncs applied, since start
 
     def follow(
-        self, engine: EngineClient, *, name: str | None = None, **options: object
+        self,
+        engine: EngineClient,
+        *,
+        name: str | None = None,
+        with_facts: bool = False,
+        first_backoff_s: float = FIRST_BACKOFF_S,
+        most_backoff_s: float = MOST_BACKOFF_S,
     ) -> EngineEvents:
-        """Follow ``engine``'s events (``options``: ``EngineEvents``' keyword arguments);
-        its containers carry ``name`` (default: its socket path)."""
+        """Follow ``engine``'s events; its containers carry ``name`` (default: its socket
+        path). ``with_facts`` and the reconnection's pauses are ``EngineEvents``'; the stream
+        reads containers as the feed's own inspects and lists do (the engines' defaults)."""
         name = check_engine(str(engine.socket_path) if name is None else name)
         if name in self._names:
             raise ValueError(f"two engines named {name!r}: each engine needs a name of its own")
@@ -122,7 +129,14 @@ class EngineFeed:
         def on_resync(containers: list[Container]) -> None:
             self._put(_Resync(index, tuple(containers)))
 
-        events = EngineEvents(engine, on_event, on_resync, **options)  # type: ignore[arg-type]
+        events = EngineEvents(
+            engine,
+            on_event,
+            on_resync,
+            with_facts=with_facts,
+            first_backoff_s=first_backoff_s,
+            most_backoff_s=most_backoff_s,
+        )
         self._events.append(events)
         return events
 
