@@ -42,6 +42,10 @@ _VERSION_CHARACTERS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.+-_~"
 )
 _NAME_CHARACTERS = _VERSION_CHARACTERS | frozenset("/")  # what may come before an import path
+_QUOTES = frozenset("'\"")
+# what may follow an unquoted -X value: the end, a space, a quote (escaped or not) closing
+# the whole setting
+_ARGUMENT_ENDS = frozenset(("", " ", "\t", "'", '"', "\\'", '\\"'))
 
 
 def linked_value(path: str, variable: str) -> str | None:
@@ -140,10 +144,21 @@ def _value_of(ldflags: str, variable: str) -> str | None:
     found = None
     start = ldflags.find(key)
     while start >= 0:
-        if start == 0 or ldflags[start - 1] not in _NAME_CHARACTERS:
+        before = ldflags[start - 1] if start else ""
+        if before not in _NAME_CHARACTERS:
             end = start + len(key)
             while end < len(ldflags) and ldflags[end] in _VERSION_CHARACTERS:
                 end += 1
-            found = ldflags[start + len(key) : end] or None
+            # the word must end where the -X argument does: at its own closing quote when
+            # it was quoted, escaped or not ('...=28.2.2 beta' is not a plain word), else at
+            # a space, a quote closing the whole setting, or the end
+            after = (
+                ldflags[end : end + 2] if ldflags[end : end + 1] == "\\" else ldflags[end : end + 1]
+            )
+            if before in _QUOTES:
+                ends = after in (before, "\\" + before)
+            else:
+                ends = after in _ARGUMENT_ENDS
+            found = (ldflags[start + len(key) : end] or None) if ends else None
         start = ldflags.find(key, start + 1)
     return found

@@ -60,6 +60,8 @@ def test_a_real_docker_cli_says_what_it_prints(program: str) -> None:
         ("-X github.com/docker/cli/cli/version.GitCommit=abc", None),  # not set
         ("-X github.com/docker/cli/cli/version.Version=", None),  # set to nothing
         ('"-X github.com/docker/cli/cli/version.Version=\\"\\""', None),  # an odd word
+        ("\"-X 'github.com/docker/cli/cli/version.Version=28.2.2 beta'\"", None),  # two words
+        ("-X github.com/docker/cli/cli/version.Version=28.2.2#1", None),  # not a version word
         ("-X example.com/github.com/docker/cli/cli/version.Version=9.9", None),  # another's
         ("-X github.com/docker/cli/cli/version.VersionSuffix=x", None),
         (None, None),  # built with -trimpath: no -ldflags setting
