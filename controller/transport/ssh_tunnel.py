@@ -534,7 +534,8 @@ class SshTunnel:
 
     def _describe(self, exc: BaseException, hop: SshHop, where: str, timeout_s: float) -> NodeError:
         if isinstance(exc, _UnknownHostKey):
-            files = ", ".join(self.options.known_hosts)
+            route_files = self.route.known_hosts if self.route is not None else ()
+            files = ", ".join(dict.fromkeys((*self.options.known_hosts, *route_files)))
             return self._error(
                 f"unknown SSH host key {exc.key.get_name()} {fingerprint(exc.key)} for "
                 f"{exc.name} (not in {files}): check the fingerprint on the node "

@@ -129,6 +129,8 @@ async def test_unknown_host_key_is_refused_with_its_fingerprint(
     sshd_server: SshServer, agent_port: int, home: Path
 ) -> None:
     sshd_server.client_home(home, knows_host=False)
+    team_hosts = home / ".ssh" / "team_known_hosts"  # checked too, so the line names it
+    (home / ".ssh" / "config").write_text(f"Host 127.0.0.1\n  UserKnownHostsFile {team_hosts}\n")
     listing = await asyncio.to_thread(
         subprocess.run,
         ["ssh-keygen", "-lf", str(sshd_server.host_key_pub)],
@@ -144,6 +146,7 @@ async def test_unknown_host_key_is_refused_with_its_fingerprint(
     assert f"unknown SSH host key ssh-ed25519 {fingerprint}" in message
     assert f"ssh-keyscan -p {sshd_server.port} 127.0.0.1 >> ~/.ssh/known_hosts" in message
     assert "NV_SSH_STRICT_HOST_KEY_CHECKING=no" in message
+    assert f"known_hosts, {team_hosts})" in message
 
 
 async def test_opt_out_of_host_key_checking(
