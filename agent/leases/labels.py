@@ -2,10 +2,11 @@
 
 A leased container carries four labels (``labels_for``): the lease id, its units' keys
 (UUIDs where known), exclusive or shared, and the owner labels (a JSON object). They are what
-the table is rebuilt from after a restart, and what lets a container whose lease ended get
-its units again. Labels are anybody's to write: ``read_label`` takes only what has the
-table's own form and bounds, and the table checks a label against its leases. A label is
-not a secret: it names a lease, it does not prove the right to it.
+a restarted table rebuilds the leases of running containers from when its snapshot is lost,
+and what lets a container whose lease ended get its units again. Labels are anybody's to
+write: ``read_label`` takes only what has the table's own form and bounds, and the table
+checks a label against its leases. A label is not a secret: it names a lease, it does not
+prove the right to it.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ def units_text(units: Sequence[Unit]) -> str:
 
 
 def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
-    """One holder in words: ``GPU 0 by container 3f2a1b9c0d4e (lease-4) since …Z``;
-    ``units``: the dev names it holds, when more than ``taken.unit``."""
+    """One holder (or ill health) in words: ``GPU 0 by container 3f2a1b9c0d4e (lease-4)
+    since …Z``; ``units``: the dev names it holds, said instead of ``taken.unit`` when given."""
     unit = ", ".join(unit_label(u) for u in (units or (taken.unit,)))
     lease = f" ({taken.lease_id})" if taken.lease_id else ""
     mode = "" if taken.exclusive else " shared"

@@ -2,9 +2,10 @@
 
 A GPU not in MIG mode is one unit; a GPU in MIG mode is its MIG devices, one unit each, and
 is not a unit itself: naming it (``0``, ``GPU-…``, ``/dev/nvidia0``) names all its MIG
-devices, as a whole-GPU ``dev`` entry does (``agent.node.selection``). A GPU in MIG mode
-without MIG devices has no unit. A unit's key is its UUID (``GPU-…``, ``MIG-…``), which a
-renumbering keeps; without one, its ``dev`` name (``3``, ``0:1``).
+devices, as a whole-GPU ``dev`` entry does (``agent.node.selection``); its device file names
+only the MIG devices whose capability files are named too, when any is (``given``). A GPU
+in MIG mode without MIG devices has no unit. A unit's key is its UUID (``GPU-…``, ``MIG-…``),
+which a renumbering keeps; without one, its ``dev`` name (``3``, ``0:1``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from agent.gpu.model import DeviceInfo, NodeInfo
 from agent.node.selection import Target, select_targets
 
-# A CDI name of a GPU kind: NVIDIA's ``nvidia.com/gpu=`` or the agent's own under
-# ``--cdi-kind`` (``nvidia-docker.com/gpu=``): vendor, then the class ``gpu``.
+# A CDI name of a GPU kind: NVIDIA's ``nvidia.com/gpu=`` or the agent's own under a
+# ``--cdi-kind`` of class ``gpu`` (``nvidia-docker.com/gpu=``): a lowercase vendor (letters,
+# digits, ``.-``), then the class ``gpu``. Names of any other kind are not read as GPUs.
 CDI_GPU_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/gpu=(?P<name>.+)")
 
 

@@ -1,7 +1,7 @@
 """May a container be created or started: the answer, and what the table does when it is.
 
 - A container bound to a lease may start while its units are on the node, healthy and held
-  by nobody else; otherwise no, and why.
+  by no foreign holder but itself; otherwise no, and why.
 - A container whose lease label names a pending lease binds it (the label's units must be
   the lease's).
 - A container whose label names a lease that has ended (its container stopped longer than
@@ -10,7 +10,7 @@
   do not, no: the container would share them silently with their new holder.
 - A label naming a lease bound to another container: no (a lease serves one container).
 - A container with no lease label may run unless a device it names is leased to another
-  (foreign containers may share GPUs among themselves, as they did before leases).
+  (foreign containers may share GPUs among themselves, as on a node without leases).
 - Devices a leased container names beyond its lease are checked as a foreign container's.
 """
 
@@ -167,7 +167,8 @@ class Verdicts:
         return Decision(verdict, Step.RELET, None, wanted, plan)
 
     def _extras(self, c: Container, own: tuple[str, ...]) -> StartVerdict:
-        """Whether the devices ``c`` names beyond ``own`` are leased to anyone."""
+        """Whether the devices ``c`` names beyond ``own`` are leased to anyone else (a pending
+        lease, or another container's)."""
         given = [u for u in self._units.given(c.devices) if u.key not in own]
         leased = [
             t
