@@ -172,11 +172,12 @@ class Planner:
         found = [(key, self._units.get(key)) for key in wanted.keys]
         gone = [name for (_, unit), name in zip(found, wanted.names, strict=True) if unit is None]
         if gone or not found:
-            labels = ", ".join(unit_label(n) for n in gone) or "they"
-            text = (
-                f"{labels} of {wanted.text} no longer on this node (driver reload or MIG "
-                "change); ask again"
-            )
+            if gone:
+                labels = ", ".join(unit_label(n) for n in gone)
+                what = f"{labels} of {wanted.text} {'is' if len(gone) == 1 else 'are'}"
+            else:  # a GPU named that is in MIG mode now, without MIG devices
+                what = f"the devices of {wanted.text} are"
+            text = f"{what} no longer on this node (driver reload or MIG change); ask again"
             return Refused(Refusal.GONE, text)
         units = tuple(unit for _, unit in found if unit is not None)
         sick = [t for u in units if not self._occ.healthy(u) for t in self._occ.taken(u)[:1]]

@@ -416,7 +416,7 @@ def test_a_waiting_ask_for_devices_that_left_the_node_is_dropped() -> None:
     assert dropped is not None
     assert dropped.kind is Refusal.GONE
     assert dropped.text == (
-        "wait-1 dropped: MIG 0:1 of devices 0:1 no longer on this node (driver reload or MIG "
+        "wait-1 dropped: MIG 0:1 of devices 0:1 is no longer on this node (driver reload or MIG "
         "change); ask again"
     )
 
