@@ -45,18 +45,22 @@ def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
             f"{unit} pending{mode} for {taken.lease_id}{owner} since {when(taken.since_s)}, "
             f"until {when(taken.until_s)}"
         )
-    holder = taken.container_id or "an unknown container"
+    holder = taken.container_id
     until = f", until {when(taken.until_s)}" if taken.until_s is not None else ""
     if taken.hold is Hold.FOREIGN:
-        what = holder if holder.startswith("pid ") else f"foreign container {short_id(holder)}"
+        if holder is not None and holder.startswith("pid "):
+            what = holder
+        else:
+            what = f"foreign container {short_id(holder)}" if holder else "an unknown holder"
         how = f" ({taken.why})" if taken.why else ""
         return f"{unit} by {what}{how} since {when(taken.since_s)}{until}"
+    who = f"container {short_id(holder)}" if holder else "an unknown container"
     if taken.hold is Hold.STOPPED:  # created and not started yet, or stopped
         return (
-            f"{unit}{mode} by container {short_id(holder)}{lease}, not running, since "
+            f"{unit}{mode} by {who}{lease}, not running, since "
             f"{when(taken.since_s)}, until {when(taken.until_s)}"
         )
-    return f"{unit}{mode} by container {short_id(holder)}{lease} since {when(taken.since_s)}{until}"
+    return f"{unit}{mode} by {who}{lease} since {when(taken.since_s)}{until}"
 
 
 def taken_list(taken: Sequence[Taken]) -> str:
