@@ -60,13 +60,12 @@ class Occupancy:
         """Leases on it now (of any mode)."""
         return len(self.leases.get(unit.key, ()))
 
-    def fits(self, unit: Unit, exclusive: bool, ignore: str | None = None) -> bool:
+    def fits(self, unit: Unit, exclusive: bool) -> bool:
         """Whether ``unit`` can take one more lease of that mode now (healthy, and free, or
-        shared by fewer shared leases than its sharing count); ``ignore``: a lease id not
-        to count (a lease asking for its own units again)."""
+        shared by fewer shared leases than its sharing count)."""
         if not self.healthy(unit) or self.foreign.get(unit.key):
             return False
-        leases = [lease for lease in self.leases.get(unit.key, ()) if lease.id != ignore]
+        leases = self.leases.get(unit.key, ())
         if exclusive:
             return not leases
         return all(not lease.exclusive for lease in leases) and len(leases) < self.sharing(unit)
