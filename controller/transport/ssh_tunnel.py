@@ -345,10 +345,16 @@ class SshTunnel:
 
     # --- logging in -------------------------------------------------------------------------
 
+    def _known_hosts(self, route: SshRoute | None) -> tuple[str, ...]:
+        """The known_hosts files a login checks: ``NV_SSH_KNOWN_HOSTS``'s (or the
+        defaults), then the route's ``UserKnownHostsFile``, each once."""
+        route_files = route.known_hosts if route is not None else ()
+        return tuple(dict.fromkeys((*self.options.known_hosts, *route_files)))
+
     def _new_client(self, route: SshRoute) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         if self.options.strict_host_key_checking:
-            for path in (*self.options.known_hosts, *route.known_hosts):
+            for path in self._known_hosts(route):
                 full = Path(path)
                 if full.is_file():
                     try:
@@ -534,8 +540,7 @@ class SshTunnel:
 
     def _describe(self, exc: BaseException, hop: SshHop, where: str, timeout_s: float) -> NodeError:
         if isinstance(exc, _UnknownHostKey):
-            route_files = self.route.known_hosts if self.route is not None else ()
-            files = ", ".join(dict.fromkeys((*self.options.known_hosts, *route_files)))
+            files = ", ".join(self._known_hosts(self.route))
             return self._error(
                 f"unknown SSH host key {exc.key.get_name()} {fingerprint(exc.key)} for "
                 f"{exc.name} (not in {files}): check the fingerprint on the node "
