@@ -199,6 +199,7 @@ class Connection:
         self._creates = creates
         self._head_timeout_s = head_timeout_s
         self._engine: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._status = 0  # the status of the engine's latest answer, once its head is read
 
     async def serve(self) -> None:
         try:
@@ -276,11 +277,13 @@ class Connection:
         return _keeps_alive(head, answer)
 
     async def _answer(self, method: bytes) -> Head:
-        """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``."""
+        """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``.
+        Its status is kept (``_status``) before it is relayed."""
         engine_reader, _ = await self._connect()
         while True:
             raw = await engine_reader.readuntil(END)
             answer = parse_response_head(raw, method=method)
+            self._status = answer.status
             await _write(self._writer, raw)
             if answer.status == 101 or answer.framing.body is Body.UNTIL_CLOSE:
                 raise _Hijacked
@@ -312,14 +315,14 @@ class Connection:
             if lease is not None:  # granted, never sent on: given back now, not at its expiry
                 self._creates.release(lease)
             raise
-        created = False
+        self._status = 0
         try:
             _, engine_writer = await self._connect()
             await _write(engine_writer, head.with_body_length(len(raw)) + raw)
             answer = await self._answer(head.method)
-            created = 200 <= answer.status < 300
         finally:
-            if lease is not None and not created:
+            # the engine's answer decides, even when its client left before it was relayed
+            if lease is not None and not 200 <= self._status < 300:
                 self._creates.release(lease)
         return _keeps_alive(head, answer)
 

@@ -405,3 +405,33 @@ async def test_an_engine_that_is_down_is_said_in_one_line(tmp_path: Path) -> Non
     assert answer.startswith(b"HTTP/1.1 502 ")
     assert b"Cannot connect to the Docker daemon at unix://" in answer
     assert not (tmp_path / "ours.sock").exists()
+
+
+async def test_a_client_that_leaves_while_the_engine_creates_keeps_the_lease(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """The docker CLI killed (Ctrl-C) after its create went on: the engine still creates
+    the container, whose GPUs stay leased (not given to the next create)."""
+    engine, site, leases = world
+    client_left = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await client_left.wait()
+        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
+        await writer.drain()
+        await reader.read()
+
+    engine.handler = handler
+    _reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(create(GPUS_2))
+    for _ in range(500):
+        if leases.view().leases:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    await writer.wait_closed()
+    client_left.set()
+    for _ in range(50):  # the proxy relays the answer to nobody, then ends the connection
+        await asyncio.sleep(0.01)
+    assert len(leases.view().leases) == 1
