@@ -41,10 +41,11 @@ MIG_OPTION = "mig-profile"  # a GPU request's option: Count MIG devices of this 
 
 
 class CreateError(ValueError):
-    """A create the socket answers itself: ``status``, ``str()`` the one line."""
+    """A create the socket answers itself: ``status``, ``str()`` the one line (``text``
+    after ``nvidia-docker: ``, so that whoever reads it knows who refused it)."""
 
     def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
+        super().__init__(f"nvidia-docker: {text}")
         self.status = status
 
 

@@ -60,7 +60,7 @@ class GpuCreates:
             targets = self._facts().usable(None)
             devices = " ".join(str(t.gpu.index) for t in targets if t.mig is None)
             if not devices:
-                raise CreateError(409, "nvidia-docker: this node has no healthy GPU to give")
+                raise CreateError(409, "this node has no healthy GPU to give")
         else:
             return Ask(
                 count=request.count,
@@ -77,17 +77,15 @@ class GpuCreates:
         try:
             answer = await self._leases.ask(self._ask(request, name))
         except InvalidAsk as err:
-            raise CreateError(400, f"nvidia-docker: {err}") from None
+            raise CreateError(400, str(err)) from None
         if not isinstance(answer, Granted):
-            raise CreateError(409, f"nvidia-docker: {answer.text}")
+            raise CreateError(409, answer.text)
         try:
             naming = await self._cdi.naming() if self._cdi is not None else None
             return answer, self._addition(answer, naming)
         except (InvalidParameter, UnhealthyDevice) as err:
             self.release(answer.lease.id)
-            raise CreateError(
-                409, f"nvidia-docker: the leased GPUs cannot be given: {err}"
-            ) from None
+            raise CreateError(409, f"the leased GPUs cannot be given: {err}") from None
         except BaseException:  # its client left meanwhile: given back now, not at its expiry
             self.release(answer.lease.id)
             raise

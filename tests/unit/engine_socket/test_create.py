@@ -114,6 +114,7 @@ def test_malformed_gpu_requests_are_400(bad: dict[str, Any]) -> None:
     with pytest.raises(CreateError) as caught:
         gpu_request(bad)
     assert caught.value.status == 400
+    assert str(caught.value).startswith("nvidia-docker: "), caught.value  # who refused it
 
 
 @pytest.mark.parametrize("raw", [b"{nope", b"[1]", b'"x"', b"[" * 100 + b"]" * 100, b"\xff"])
@@ -121,6 +122,7 @@ def test_bodies_that_are_not_objects_are_400(raw: bytes) -> None:
     with pytest.raises(CreateError) as caught:
         read_body(raw)
     assert caught.value.status == 400
+    assert str(caught.value).startswith("nvidia-docker: the container's create body"), caught.value
 
 
 def test_the_rewrite() -> None:

@@ -384,7 +384,7 @@ async def test_a_wait_label_that_is_not_seconds_is_refused_in_one_line(
     answer = await exchange(site, waiting_create(seconds))
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
     message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
-    assert "nvidia-docker.lease.wait" in message
+    assert message.startswith("nvidia-docker: the label nvidia-docker.lease.wait="), message
     assert "0 to 600" in message, message
     assert engine.connections == 0
     assert not leases.view().leases
