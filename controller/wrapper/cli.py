@@ -103,7 +103,14 @@ def _terminal(stream: object) -> bool:
 
 
 def exec_docker(argv: Sequence[str]) -> None:
-    """Replace this process with docker (only returns by raising)."""
+    """Replace this process with docker (only returns by raising), with ``SIGPIPE`` and
+    ``SIGXFSZ`` back at their defaults: Python ignores both at start, and an ignored signal
+    stays ignored across ``exec``, so docker would otherwise get ``EPIPE`` where a docker
+    started by the shell dies of ``SIGPIPE`` (``nvidia-docker logs -f c | head -1``)."""
+    import _signal  # type: ignore[import-not-found]  # noqa: PLC0415 (loaded at start; signal imports enum)
+
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     try:
         os.execvp(argv[0], list(argv))  # noqa: S606 (exec in place: same pid)
     except FileNotFoundError:

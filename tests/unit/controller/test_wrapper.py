@@ -236,6 +236,16 @@ async def test_docker_missing(docker: Docker) -> None:
     assert "the docker command '/nonexistent/docker' was not found" in result.error()
 
 
+async def test_docker_gets_sigpipe_and_sigxfsz_at_their_defaults(docker: Docker) -> None:
+    """Python ignores both at start; docker must not inherit that (a docker writing into a
+    closed pipe dies of SIGPIPE, as it does when the shell starts it)."""
+    result = await nvidia_docker(docker, "SigIgn", "/proc/self/status", NV_DOCKER="grep")
+    assert result.code == 0, result.stderr
+    ignored = int(result.stdout.split()[1], 16)
+    assert ignored & (1 << (13 - 1)) == 0  # SIGPIPE
+    assert ignored & (1 << (25 - 1)) == 0  # SIGXFSZ
+
+
 # --- run/create -----------------------------------------------------------------------------
 
 
