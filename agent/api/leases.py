@@ -282,19 +282,25 @@ def _from_the_node(request: web.Request) -> bool:
     return isinstance(local, tuple) and bool(local) and is_loopback(str(local[0]))
 
 
+def _hung_up(request: web.Request) -> bool:
+    """Whether the client of ``request`` has closed its connection."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 async def _while_connected(request: web.Request, asking: Awaitable[T]) -> T | None:
     """``asking``'s result, or None once the client has hung up (``asking`` is then
     cancelled: a waiting ask leaves the queue). aiohttp does not cancel a handler whose
     client goes away unless the server asks it to, for every route; this watches the one
-    route that can wait for minutes, every ``DISCONNECT_POLL_S``."""
+    route that can wait for minutes, every ``DISCONNECT_POLL_S``. A result that comes
+    between a hang-up and the next look is returned: the caller checks ``_hung_up``."""
     task = asyncio.ensure_future(asking)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
                 return task.result()
-            transport = request.transport
-            if transport is None or transport.is_closing():
+            if _hung_up(request):
                 return None
     finally:
         if not task.done():
@@ -333,6 +339,11 @@ def make_routes(
         except InvalidAsk as err:
             return _error(400, str(err), Field=err.field)
         if answer is None:  # the client went away while its ask waited: it left the queue
+            return web.Response(status=499)
+        if isinstance(answer, Granted) and _hung_up(request):
+            # Served after its client went away, before the next look: nobody gets the
+            # answer, so the lease is given back rather than held until it expires.
+            service.release(answer.lease.id)
             return web.Response(status=499)
         if isinstance(answer, Granted):
             return _granted(answer, sets)

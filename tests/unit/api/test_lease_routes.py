@@ -335,6 +335,38 @@ async def test_a_client_that_goes_away_leaves_the_queue_of_the_agents_runner(
         await runner.cleanup()
 
 
+async def test_a_client_that_hangs_up_just_before_the_queue_serves_it_holds_nothing(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue serves the ask after its client hung up, before the handler looks again:
+    the grant is given back at once, not held by nobody for the pending time."""
+    monkeypatch.setattr("agent.api.leases.DISCONNECT_POLL_S", 60.0)  # only the grant wakes it
+    runner = web.AppRunner(node.app)  # as agent/server.py's: no handler_cancellation given
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        first = await granted(node, Ask(count=2))
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"count": 1, "wait_s": 30, "owner": {"user": "gone"}}'
+        writer.write(
+            b"POST /leases HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        await eventually(lambda: len(node.leases.view().waiting) == 1, "the ask waits")
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.sleep(0.2)  # the server sees the connection end
+        node.leases.release(first.lease.id)  # the queue serves the ask now
+        await eventually(lambda: node.leases.view().leases == (), "the grant was given back", 3)
+        assert node.leases.view().waiting == ()
+    finally:
+        await node.leases.close()
+        await runner.cleanup()
+
+
 # -- DELETE /leases/{lease} ----------------------------------------------------------------
 
 
@@ -534,6 +566,9 @@ class Transport:
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         return self.sockname if name == "sockname" else default
+
+    def is_closing(self) -> bool:
+        return False
 
 
 def _request(
