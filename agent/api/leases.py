@@ -325,8 +325,12 @@ def make_routes(
         if (refused := refused_from_afar(request)) is not None:
             return refused
         service = request.app[LEASES]
-        body = await request.read()
-        if len(body) > MAX_ASK_BYTES:
+        body: bytes | None
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # past aiohttp's own bound (client_max_size)
+            body = None
+        if body is None or len(body) > MAX_ASK_BYTES:
             return _error(413, f"the ask is larger than {MAX_ASK_BYTES} bytes", Field="")
         try:
             the_ask = _ask_of(parse_json(body) if body.strip() else {})

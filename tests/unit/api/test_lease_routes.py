@@ -6,6 +6,7 @@ them over a lease service of the simulated h200x2 node: through aiohttp's test c
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -245,6 +246,16 @@ async def test_an_ask_over_the_bound_is_413(node: Node, client: Client) -> None:
     fits = b'{"count": 1}' + b" " * (MAX_ASK_BYTES - 12)
     assert len(fits) == MAX_ASK_BYTES
     await answer(await client.post("/leases", data=fits), 201)
+
+
+async def test_an_ask_past_the_servers_body_limit_is_413_in_json(
+    node: Node, client: Client
+) -> None:
+    """Beyond aiohttp's 1 MiB bound too, the answer is the JSON 413 naming the ask's bound."""
+    body = io.BytesIO(b"{}" + b" " * (2 * 1024 * 1024))
+    doc = await answer(await client.post("/leases", data=body), 413)
+    assert str(MAX_ASK_BYTES) in doc["Error"]
+    assert node.leases.view().leases == ()
 
 
 # -- POST /leases: refused ---------------------------------------------------------------------
