@@ -112,8 +112,8 @@ def _key_name(by: str) -> str:
 def _row(row: UsageRow, by: str) -> dict[str, Any]:
     body: dict[str, Any] = {_key_name(by): row.key}
     body.update(dict(row.extra))
-    if by == "gpu" and "index" in body:
-        body["index"] = int(body["index"])
+    if by == "gpu":  # null for a GPU that none of the ledger's newest holds was on
+        body["index"] = int(body["index"]) if "index" in body else None
     body.update(
         gpu_seconds=round(row.gpu_seconds, 3),
         busy_gpu_seconds=round(row.busy_gpu_seconds, 3),

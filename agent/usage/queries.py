@@ -15,7 +15,8 @@ not a ledger of ours, or that cannot be read, is a ``LedgerUnreadable`` (one lin
   rounded out to hours. A group with at most ``SEEK_GROUPS`` values is read value by value,
   each value's hours found by one seek of the table's key (``dim``, ``value``, ``hour_s``):
   the rows in the range and no others; a grouping with more values is read in one pass over
-  its rows.
+  its rows. A ``gpu`` row's ``extra`` has the GPU's ``index``, as the newest of the
+  ledger's ``NEWEST_HOLDS`` newest holds on it recorded it (none when none of them is on it).
 - ``container``: from the ``holds`` that overlap [since, until) (exactly, no rounding): each
   hold's ``held_s``, ``busy_s`` and ``energy_j`` count by the fraction of its span
   (``started_s`` to ``ended_s``, or to ``last_seen_s`` while it lasts) that lies in the
@@ -36,7 +37,7 @@ import contextlib
 import math
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.leases.holders import lease_number
@@ -45,7 +46,7 @@ from agent.usage.records import hour_of
 
 BUSY_TIMEOUT_S = 0.5
 SEEK_GROUPS = 512  # up to this many values, a grouping is read value by value
-NEWEST_HOLDS = 10_000  # how many of the newest holds newest_lease_number reads
+NEWEST_HOLDS = 10_000  # how many of the newest holds newest_lease_number and gpu indexes read
 TOTAL_KEY = "total"
 
 
@@ -110,6 +111,8 @@ def read_usage(
                 rows = list(_by_container(conn, since_s, until_s))
             else:
                 rows = list(_by_hour(conn, dim, int(since_s), int(until_s)))
+                if dim == "gpu":
+                    rows = _with_gpu_indexes(conn, rows)
     return _answer(since_s, until_s, by, rows, limit, holds=dim is None)
 
 
@@ -174,6 +177,20 @@ def _by_hour(conn: sqlite3.Connection, dim: str, low: int, high: int) -> Iterato
         ).fetchone()
         if count:
             yield UsageRow(value, held, busy, energy, None)
+
+
+def _with_gpu_indexes(conn: sqlite3.Connection, rows: list[UsageRow]) -> list[UsageRow]:
+    """``rows`` of the ``gpu`` grouping, each with its GPU's index in ``extra`` where one of
+    the ``NEWEST_HOLDS`` newest holds is on that GPU (the newest of them says it)."""
+    found: dict[str, int] = {}
+    for uuid, index in conn.execute(
+        "SELECT gpu_uuid, gpu_index FROM holds ORDER BY id DESC LIMIT ?", (NEWEST_HOLDS,)
+    ):
+        found.setdefault(str(uuid), int(index))
+    return [
+        replace(row, extra=(("index", str(found[row.key])),)) if row.key in found else row
+        for row in rows
+    ]
 
 
 def _values_of(conn: sqlite3.Connection, dim: str, most: int) -> list[str]:

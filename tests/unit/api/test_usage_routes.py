@@ -1,0 +1,67 @@
+"""The usage routes (agent.api.usage) over a real ledger file: what ``GET /usage/json`` and
+``GET /usage/idle/json`` answer (docs/usage.md, "The REST API")."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from agent.api.usage import USAGE, make_routes
+from agent.usage.ledger import UsageLedger, UsageSettings
+from tests.unit.usage import GPUS, T0, batch, delta, hold, open_store
+
+Client = TestClient[web.Request, web.Application]
+AiohttpClient = Callable[[web.Application], Awaitable[Client]]
+
+
+def ledger_of(path: Path, *, with_store: bool) -> UsageLedger:
+    """A ledger whose sweeps are not run: its store, its accounting and idle tracker as the
+    routes read them."""
+    store = open_store(path) if with_store else None
+    return UsageLedger(
+        UsageSettings(path=path),
+        cast(Any, None),
+        cast(Any, None),
+        cast(Any, None),
+        store,
+    )
+
+
+async def client_of(ledger: UsageLedger, aiohttp_client: AiohttpClient) -> Client:
+    app = web.Application()
+    app[USAGE] = ledger
+    for method, path, handler in make_routes("node-1"):
+        app.router.add_route(method, path, handler)
+    return await aiohttp_client(app)
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[UsageLedger]:
+    made = ledger_of(tmp_path / "usage.db", with_store=True)
+    yield made
+    await made.close()
+
+
+async def test_by_gpu_rows_carry_the_gpus_index(
+    ledger: UsageLedger, aiohttp_client: AiohttpClient
+) -> None:
+    assert ledger.store is not None
+    ledger.store.submit(
+        batch(
+            hold("lease-1", gpu=3, started=T0, ended=T0 + 600),
+            deltas=(delta(T0, "gpu", GPUS[3], 600), delta(T0, "gpu", GPUS[5], 60)),
+        )
+    )
+    client = await client_of(ledger, aiohttp_client)
+    resp = await client.get("/usage/json", params={"since": str(T0), "until": str(T0 + 3600)})
+    answer = await resp.json()
+    assert resp.status == 200, answer
+    assert [(row["gpu"], row["index"]) for row in answer["rows"]] == [
+        (GPUS[3], 3),
+        (GPUS[5], None),  # no hold of the ledger says its index
+    ]
