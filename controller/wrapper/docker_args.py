@@ -16,8 +16,10 @@ know the flags that take *no* value, because everything else takes one:
   level) or the image (``run``/``create``), since docker stops parsing options there.
 
 An option missing from the boolean lists is taken to need a value (the safe guess for a flag
-added after this list: most docker flags take one). ``tests/unit/controller/test_docker_args``
-compares the lists with ``docker --help`` and ``docker run --help`` of the installed client.
+added after this list: most docker flags take one). The lists also hold Podman's own options
+without a value (``--replace``, ``--rmi``, ``--remote``, ...: ``NV_DOCKER=podman``).
+``tests/unit/controller/test_docker_args`` compares the lists with ``docker --help`` and
+``docker run --help`` of the installed client, and with Podman's where it is installed.
 
 This module is on the wrapper's fast path (every ``docker ps`` through ``nvidia-docker``): it
 imports nothing and uses a plain slotted class rather than a dataclass (``dataclasses``
@@ -53,6 +55,30 @@ RUN_BOOL_LONG = frozenset(
     }
 )
 RUN_BOOL_SHORT = frozenset("diPqt")  # note: -h is --hostname in run/create and takes a value
+
+# `podman --help` / `podman run --help`, Podman 4.3 and 5.4 (NV_DOCKER=podman): the options
+# without a value that docker does not have. Read this way for docker too, which refuses them
+# as unknown flags.
+PODMAN_GLOBAL_BOOL_LONG = frozenset({"noout", "remote", "syslog", "transient-store"})
+PODMAN_GLOBAL_BOOL_SHORT = frozenset("r")  # -r: --remote
+PODMAN_RUN_BOOL_LONG = frozenset(
+    {
+        "env-host",
+        "http-proxy",
+        "no-hostname",  # 5.0+
+        "no-hosts",
+        "passwd",
+        "read-only-tmpfs",
+        "replace",
+        "rmi",
+        "rootfs",
+        "tls-verify",
+        "unsetenv-all",
+    }
+)
+_GLOBAL_BOOL_LONG = GLOBAL_BOOL_LONG | PODMAN_GLOBAL_BOOL_LONG
+_GLOBAL_BOOL_SHORT = GLOBAL_BOOL_SHORT | PODMAN_GLOBAL_BOOL_SHORT
+_RUN_BOOL_LONG = RUN_BOOL_LONG | PODMAN_RUN_BOOL_LONG
 
 GPU_COMMANDS = frozenset({"run", "create"})
 
@@ -179,7 +205,7 @@ def _skip_options(
             for at in range(1, len(arg)):
                 letter = arg[at]
                 if letter in bool_short:
-                    if letter == "h" and bool_short is GLOBAL_BOOL_SHORT:
+                    if letter == "h" and bool_short is _GLOBAL_BOOL_SHORT:
                         wants_help = True
                     continue
                 rest = arg[at + 1 :]
@@ -201,7 +227,7 @@ def scan(args: list[str]) -> DockerCommand:
     found = DockerCommand(args)
     global_options: dict[str, str] = {}
     at, found.global_help = _skip_options(
-        args, 0, GLOBAL_BOOL_LONG, GLOBAL_BOOL_SHORT, _SHORT_ALIASES, global_options
+        args, 0, _GLOBAL_BOOL_LONG, _GLOBAL_BOOL_SHORT, _SHORT_ALIASES, global_options
     )
     found.global_end = at
     found.docker_host = global_options.get("host")
@@ -217,7 +243,7 @@ def scan(args: list[str]) -> DockerCommand:
     image_at, found.help = _skip_options(
         args,
         command_index + 1,
-        RUN_BOOL_LONG,
+        _RUN_BOOL_LONG,
         RUN_BOOL_SHORT,
         _RUN_SHORT_ALIASES,
         found.options,

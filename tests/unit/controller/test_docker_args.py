@@ -11,6 +11,9 @@ from controller.wrapper import cli_versions
 from controller.wrapper.docker_args import (
     GLOBAL_BOOL_LONG,
     GLOBAL_BOOL_SHORT,
+    PODMAN_GLOBAL_BOOL_LONG,
+    PODMAN_GLOBAL_BOOL_SHORT,
+    PODMAN_RUN_BOOL_LONG,
     RUN_BOOL_LONG,
     RUN_BOOL_SHORT,
     scan,
@@ -118,6 +121,26 @@ def test_options_with_values_are_recorded() -> None:
     assert scan(["-H=tcp://h:2", "ps"]).docker_host == "tcp://h:2"
 
 
+@pytest.mark.parametrize(
+    ("line", "image", "name"),
+    [
+        ("run --replace --name job -d cuda", "cuda", "job"),
+        ("run --rmi --rm --name job cuda", "cuda", "job"),
+        ("create --no-hosts --passwd --http-proxy=false --name job cuda", "cuda", "job"),
+        ("--remote run --name job cuda", "cuda", "job"),
+        ("-r --syslog --noout container run --name job cuda", "cuda", "job"),
+    ],
+)
+def test_podman_s_own_flags_without_a_value(line: str, image: str, name: str) -> None:
+    """NV_DOCKER=podman: ``--replace`` takes no value, so ``job`` is the name, not the image."""
+    command = scan(line.split())
+    assert (command.command, command.image, command.options.get("name")) == (
+        "run" if "run" in line else "create",
+        image,
+        name,
+    )
+
+
 def test_help_is_not_a_run() -> None:
     assert not scan(["run", "--help", "cuda"]).wants_gpus_check
     assert scan(["run", "--rm", "cuda"]).wants_gpus_check
@@ -142,9 +165,11 @@ def _cli_major() -> int:
     return int(said[1].split(".", 1)[0])
 
 
-def _help_flags(*args: str) -> tuple[set[str], set[str]]:
-    """(long boolean flags, short boolean flags) from ``docker ... --help``."""
-    docker = require_command("docker", "the Docker CLI: scripts/test-all expects Docker 28")
+def _help_flags(*args: str, program: str | None = None) -> tuple[set[str], set[str]]:
+    """(long boolean flags, short boolean flags) from ``docker ... --help`` (or ``program``'s)."""
+    docker = program or require_command(
+        "docker", "the Docker CLI: scripts/test-all expects Docker 28"
+    )
     text = subprocess.run(
         [docker, *args, "--help"], capture_output=True, text=True, check=True
     ).stdout
@@ -176,3 +201,20 @@ def test_global_boolean_flags_match_docker_help() -> None:
     long_bools, short_bools = _help_flags()
     assert long_bools == GLOBAL_BOOL_LONG - {"help"}  # --help is not listed at the top level
     assert short_bools == GLOBAL_BOOL_SHORT - {"h"}
+
+
+def test_podman_s_boolean_flags_are_known() -> None:
+    podman = require_command("podman", "Podman: scripts/test-all expects Podman 4.3")
+    for args, known_long, known_short in (
+        (
+            (),
+            GLOBAL_BOOL_LONG | PODMAN_GLOBAL_BOOL_LONG,
+            GLOBAL_BOOL_SHORT | PODMAN_GLOBAL_BOOL_SHORT,
+        ),
+        (("run",), RUN_BOOL_LONG | PODMAN_RUN_BOOL_LONG, RUN_BOOL_SHORT),
+        (("create",), RUN_BOOL_LONG | PODMAN_RUN_BOOL_LONG, RUN_BOOL_SHORT),
+    ):
+        long_bools, short_bools = _help_flags(*args, program=podman)
+        assert len(long_bools) > 3  # the parser of the help text works
+        assert long_bools <= known_long, f"unknown {args}: {long_bools - known_long}"
+        assert short_bools <= known_short, f"unknown {args}: {short_bools - known_short}"
