@@ -64,9 +64,9 @@ class _Hijacked(Exception):
 
 
 class _Broken(Exception):
-    """A request whose body broke off or lost its framing after its head went on, or a
-    create whose client left while it waited for GPUs: the connection is closed (the engine
-    may have answered part already)."""
+    """A request whose body broke off or lost its framing after its head went on, an
+    answer whose body did, or a create whose client left while it waited for GPUs: the
+    connection is closed (the engine may have answered part already)."""
 
 
 def error_answer(status: int, text: str, *, close: bool = False) -> bytes:
@@ -278,7 +278,8 @@ class Connection:
 
     async def _answer(self, method: bytes) -> Head:
         """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``.
-        Its status is kept (``_status``) before it is relayed."""
+        Its status is kept (``_status``) before it is relayed. A body that breaks off is
+        ``_Broken``: the client gets what came, then the connection's end."""
         engine_reader, _ = await self._connect()
         while True:
             raw = await engine_reader.readuntil(END)
@@ -289,7 +290,10 @@ class Connection:
                 raise _Hijacked
             if not 100 <= answer.status < 200:
                 break
-        await copy_body(engine_reader, self._writer, answer.framing)
+        try:
+            await copy_body(engine_reader, self._writer, answer.framing)
+        except HeadError as err:  # its head went on: no answer of ours inside its body
+            raise _Broken(f"the engine's answer: {err}") from None
         return answer
 
     async def _create(self, head: Head) -> bool:

@@ -435,3 +435,21 @@ async def test_a_client_that_leaves_while_the_engine_creates_keeps_the_lease(
     for _ in range(50):  # the proxy relays the answer to nobody, then ends the connection
         await asyncio.sleep(0.01)
     assert len(leases.view().leases) == 1
+
+
+async def test_a_stream_the_engine_breaks_off_reaches_the_client_as_it_was_sent(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """dockerd stopped during ``docker events`` or ``logs -f``: the client gets the chunks
+    the engine sent, then the end of the connection (as from the engine itself), never an
+    answer of the socket's own inside the stream."""
+    engine, site, _ = world
+    sent = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(sent)
+        await writer.drain()
+
+    engine.handler = handler
+    assert await exchange(site, b"GET /v1.41/events HTTP/1.1\r\nHost: docker\r\n\r\n") == sent
