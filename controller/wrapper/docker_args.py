@@ -3,7 +3,8 @@
 ``scan(args)`` reads the arguments after ``docker`` (Docker 20.10 to 28) and returns a
 ``DockerCommand``: where the global options end, the command (``run``, ``create``, also
 ``container run|create``), the index of the command word (GPU arguments go right after it),
-the image and its index, and the ``-H``/``--host`` and ``-c``/``--context`` values if any.
+the image and its index, and the ``-H``/``--host``, ``-c``/``--context`` and ``--config``
+values if any.
 Nothing is changed.
 
 Docker's flag parser (pflag) decides what is a value by knowing every flag; we only need to
@@ -90,6 +91,7 @@ class DockerCommand:
         "args",
         "command",
         "command_index",
+        "docker_config",
         "docker_context",
         "docker_host",
         "global_end",
@@ -110,6 +112,7 @@ class DockerCommand:
         self.image_index = -1
         self.docker_host: str | None = None  # last -H/--host value
         self.docker_context: str | None = None  # last -c/--context value
+        self.docker_config: str | None = None  # last --config value (docker's settings directory)
         self.options: dict[str, str] = {}  # run/create long options with a value (last wins)
         # run/create long options with a value, each as (name, first index, end index)
         self.spans: list[tuple[str, int, int]] = []
@@ -232,6 +235,7 @@ def scan(args: list[str]) -> DockerCommand:
     found.global_end = at
     found.docker_host = global_options.get("host")
     found.docker_context = global_options.get("context")
+    found.docker_config = global_options.get("config")
     if at >= len(args):
         return found
     command, command_index = args[at], at

@@ -6,7 +6,8 @@ imports it only for run/create; ``options`` are the ones its edge built: ``NV_GP
 
 1. the node (``controller.transport.endpoint.resolve``: ``NV_HOST``, else the daemon of
    ``--context``, ``-H``, ``DOCKER_HOST``, ``DOCKER_CONTEXT`` or ``docker context use``, in
-   docker's order), first: a bad ``NV_HOST`` is said before docker is asked anything;
+   docker's order, its contexts read from ``--config`` when given, as docker reads them),
+   first: a bad ``NV_HOST`` is said before docker is asked anything;
 2. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
    output goes to stderr so that stdout stays the container's); when the docker CLI would
    ask a local unix socket, the wrapper asks that socket itself (``engine_api``: the same
@@ -542,8 +543,12 @@ class CdiChoice:
 def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     """What to change in the command line (nothing inserted: run unchanged), and warnings."""
     docker = options.docker
+    # docker --config DIR reads its config.json (docker context use) and contexts there
+    settings = options
+    if command.docker_config is not None:
+        settings = replace(options, docker_config=command.docker_config)
     endpoint, warning = resolve(
-        options,
+        settings,
         docker_host_option=command.docker_host,
         docker_context_option=command.docker_context,
         docker_reads_docker_host=not is_podman(docker),

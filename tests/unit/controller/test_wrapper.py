@@ -5,6 +5,7 @@ dockerd, sshd and agent)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -402,6 +403,25 @@ async def test_warns_when_nv_host_set_without_docker_host(docker: Docker, agent:
     assert re.match(
         r"^nvidia-docker \| \S+ \S+ Warning: NV_HOST is set but DOCKER_HOST is not", result.stderr
     )
+
+
+async def test_docker_s_config_option_names_where_its_contexts_are(
+    docker: Docker, agent: Agent, tmp_path: Path
+) -> None:
+    """``docker --config DIR`` reads config.json and the contexts in DIR, not ~/.docker."""
+    config = tmp_path / "elsewhere"
+    meta = config / "contexts" / "meta" / hashlib.sha256(b"gpu7").hexdigest()
+    meta.mkdir(parents=True)
+    endpoints = {"docker": {"Host": "tcp://127.0.0.1:2375"}}
+    (meta / "meta.json").write_text(json.dumps({"Name": "gpu7", "Endpoints": endpoints}))
+    (config / "config.json").write_text(json.dumps({"currentContext": "gpu7"}))
+    docker.image("cuda", GPU_LABELS)
+    env = {"NV_HOST": f"127.0.0.1:{agent.port}", "HOME": str(tmp_path)}
+    for options in (["--context=gpu7"], []):  # the context named, or docker context use
+        result = await nvidia_docker(docker, f"--config={config}", *options, "run", "cuda", **env)
+        assert (result.code, result.stderr) == (0, "")  # no NV_HOST-without-docker warning
+        assert result.executed is not None
+        assert "--device=/dev/nvidia0" in result.executed
 
 
 async def test_a_mig_device_of_a_gpu_without_mig_names_the_agents_reason(
