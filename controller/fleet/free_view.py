@@ -120,7 +120,8 @@ def node_topology(info: Any) -> NodeInfo:
         pci = device.get("PCI")
         bus = pci.get("BusID") if isinstance(pci, Mapping) else None
         peers = []
-        for peer in device.get("Topology") or []:
+        listed = device.get("Topology")
+        for peer in listed if isinstance(listed, list) else []:
             if isinstance(peer, Mapping) and isinstance(peer.get("BusID"), str):
                 nvlinks = json_int(peer.get("NVLinks")) or 0
                 peers.append(PeerLink(peer["BusID"], _link(peer.get("Link")), nvlinks))
@@ -264,7 +265,7 @@ def candidate(
         known = picks.get(key) if picks is not None and cached else None
         if known is None:
             topology = node_topology(info)
-            if any(u.gpu >= len(topology.devices) for u in wanted):
+            if any(not 0 <= u.gpu < len(topology.devices) for u in wanted):
                 return None  # the two answers disagree (a GPU came or went between them)
             conn = Connectivity(topology)
             picked = pick_gpus(wanted, ask.count, conn, _no_load)

@@ -92,7 +92,8 @@ def problem_lines(results: Sequence[NodeResult]) -> list[str]:
 def driver_version(result: NodeResult) -> str | None:
     """The driver a node that answered runs (from its ``/gpu/info/json``)."""
     info = result.answers.get("info") if result.ok else None
-    version = info.get("Version", {}).get("Driver") if isinstance(info, Mapping) else None
+    versions = info.get("Version") if isinstance(info, Mapping) else None
+    version = versions.get("Driver") if isinstance(versions, Mapping) else None
     return version if isinstance(version, str) else None
 
 

@@ -89,7 +89,9 @@ def lease_rows(result: NodeResult) -> list[Row]:
     name = result.node.name
     if body is None:
         return [Span((name, "-"), TOO_OLD)]
-    owners = {lease.get("Lease"): owner_text(lease.get("Owner")) for lease in _list(body, "Leases")}
+    owners = {
+        _text(lease.get("Lease")): owner_text(lease.get("Owner")) for lease in _list(body, "Leases")
+    }
     rows: list[Row] = []
     for unit in units(body):
         state = str(unit.get("State") or "?")

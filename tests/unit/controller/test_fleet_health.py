@@ -162,3 +162,38 @@ async def test_health_says_nothing_and_exits_0_when_all_is_well() -> None:
     assert done.exit_code == 0
     assert done.stdout == ""
     assert "1 node, 1 answered" in done.stderr
+
+
+HEALTHY = {"Devices": [WELL, WELL]}
+
+
+async def test_status_shows_a_node_whose_info_has_no_version_object_among_the_others() -> None:
+    # An agent-like answer whose "Version" is not an object (null, a string) is that node's
+    # row with '-' for the driver; it used to end the whole query as an internal error.
+    async def odd(request: web.Request) -> web.Response:
+        if request.path == "/gpu/info/json":
+            return web.json_response({**INFO_BODY, "Version": None})
+        return web.json_response(STATUS_BODY if request.path == "/gpu/status/json" else HEALTHY)
+
+    async def well(request: web.Request) -> web.Response:
+        if request.path == "/gpu/info/json":
+            return web.json_response(INFO_BODY)
+        return web.json_response(STATUS_BODY if request.path == "/gpu/status/json" else HEALTHY)
+
+    odd_runner, odd_port = await serve(odd)
+    well_runner, well_port = await serve(well)
+    try:
+        done = await asyncio.to_thread(
+            _ctl, "status", f"http://127.0.0.1:{odd_port}", f"http://127.0.0.1:{well_port}"
+        )
+    finally:
+        await odd_runner.cleanup()
+        await well_runner.cleanup()
+    assert "internal error" not in done.stderr
+    assert done.exit_code == 0
+    drivers = {line.split()[0]: line.split()[-2] for line in done.stdout.splitlines()[1:]}
+    assert drivers == {
+        f"http://127.0.0.1:{odd_port}": "-",
+        f"http://127.0.0.1:{well_port}": "580.159.04",
+    }
+    assert "2 nodes, 2 answered (4 GPUs), 0 failed" in done.stderr

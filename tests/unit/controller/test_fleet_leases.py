@@ -13,7 +13,7 @@ The ctl runs through click's runner, its two streams read as a person reads them
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -447,3 +447,57 @@ def test_free_over_tls_asks_an_older_agent_again_and_names_both_sets(tmp_path: P
         assert [(c["free"], c["units"], c["link"]) for c in document["free"]] == [
             (5, 8, "NVLink"), (5, 8, "NVLink")
         ]  # fmt: skip
+
+
+async def test_a_node_with_malformed_lease_answers_gets_its_rows_and_the_others_theirs() -> None:
+    # An agent older than /leases/free whose topology is not a list, and whose lease list
+    # names a lease by an object: `free` and `leases` show that node like any other; both
+    # used to end the whole query as an internal error (exit 4).
+    import asyncio  # noqa: PLC0415
+
+    from aiohttp import web  # noqa: PLC0415
+
+    from tests.unit.controller.test_fleet import serve  # noqa: PLC0415
+
+    numa = [0, 0]
+    odd_info = {**_info({}, numa), "Devices": [{"Topology": 5}, {"Topology": 5}]}
+    odd_leases = {**_leases({0, 1}, numa), "Leases": [{"Lease": {"id": 1}, "Owner": {}}]}  # type: ignore[dict-item]
+
+    def older(info: object, leases: object) -> Callable[[web.Request], object]:
+        async def handler(request: web.Request) -> web.Response:
+            if request.path == "/gpu/info/json":
+                return web.json_response(info)
+            if request.path == "/leases/json":
+                return web.json_response(leases)
+            return web.Response(status=404, text="404: Not Found")
+
+        return handler
+
+    odd_runner, odd_port = await serve(older(odd_info, odd_leases))
+    well_runner, well_port = await serve(older(_info({}, numa), _leases({0, 1}, numa)))
+    odd, well = f"http://127.0.0.1:{odd_port}", f"http://127.0.0.1:{well_port}"
+    try:
+        found = await asyncio.to_thread(ctl, "free", "--gpus", "2", odd, well)
+        held = await asyncio.to_thread(ctl, "leases", odd, well)
+    finally:
+        await odd_runner.cleanup()
+        await well_runner.cleanup()
+    assert "internal error" not in found.stderr + held.stderr
+    assert (found.exit_code, held.exit_code) == (0, 0)
+    assert {row[0]: row[1:4] for row in map(str.split, found.stdout.splitlines()[1:])} == {
+        well: ["2/2", "0,1", "across"],  # across sockets
+        odd: ["2/2", "0,1", "unknown"],  # no topology to read
+    }
+    assert rows(held, odd)[-1] == [odd, "-", "2", "free", "of", "2;", "1", "lease;", "queue", "0"]
+    assert rows(held, well)[-1][2:] == ["2", "free", "of", "2;", "0", "leases;", "queue", "0"]
+
+    # a unit on a GPU index the topology does not have (negative here): that node does not
+    # qualify, instead of ending the query
+    from controller.fleet.free_view import FreeAsk, candidate  # noqa: PLC0415
+    from controller.fleet.query import FleetNode, NodeResult  # noqa: PLC0415
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+
+    negative = _leases({0, 1}, numa)
+    negative["Units"][0]["GPU"] = -1  # type: ignore[index]
+    answers = {"info": _info({}, numa), "leases": negative}
+    assert candidate(NodeResult(FleetNode("n", parse_endpoint("n:")), answers), FreeAsk(2)) is None
