@@ -10,7 +10,8 @@
 Each read runs on a thread of asyncio's pool (``agent.usage.queries``: a read-only
 connection that never blocks the writer), at most ``MAX_READERS`` at a time: a request
 beyond waits its turn. An agent without a ledger answers 404 saying why; 503 while the
-ledger is being opened.
+ledger is being opened. ``/usage/idle/json`` answers an agent whose ledger file another agent
+holds all the same: its idle policies run without the file.
 """
 
 from __future__ import annotations
@@ -200,7 +201,9 @@ def make_routes(node_name: str | None = None) -> list[tuple[str, str, Any]]:
 
     async def idle_json(request: web.Request) -> web.StreamResponse:
         ledger = request.app.get(USAGE)
-        if ledger is None or ledger.store is None:
+        # A ledger without its file (another agent holds it) still tracks idle GPUs and
+        # applies the idle policies: they are listed all the same.
+        if ledger is None or ledger.opening:
             return _off(request, ledger)
         now_s = time.time()
         rows = []

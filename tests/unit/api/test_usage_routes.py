@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from agent.api.usage import USAGE, make_routes
 from agent.usage.ledger import UsageLedger, UsageSettings
+from agent.usage.store import LedgerBusy
 from tests.unit.usage import GPUS, T0, batch, delta, hold, open_store
 
 Client = TestClient[web.Request, web.Application]
@@ -20,8 +21,8 @@ AiohttpClient = Callable[[web.Application], Awaitable[Client]]
 
 
 def ledger_of(path: Path, *, with_store: bool) -> UsageLedger:
-    """A ledger whose sweeps are not run: its store, its accounting and idle tracker as the
-    routes read them."""
+    """A ledger whose sweeps are not run: its store (or none, as on an agent whose file
+    another agent holds), its accounting and idle tracker as the routes read them."""
     store = open_store(path) if with_store else None
     return UsageLedger(
         UsageSettings(path=path),
@@ -29,6 +30,7 @@ def ledger_of(path: Path, *, with_store: bool) -> UsageLedger:
         cast(Any, None),
         cast(Any, None),
         store,
+        off_reason=None if with_store else str(LedgerBusy(f"usage ledger {path} is in use")),
     )
 
 
@@ -65,3 +67,17 @@ async def test_by_gpu_rows_carry_the_gpus_index(
         (GPUS[3], 3),
         (GPUS[5], None),  # no hold of the ledger says its index
     ]
+
+
+async def test_idle_gpus_are_listed_by_an_agent_whose_ledger_file_another_holds(
+    tmp_path: Path, aiohttp_client: AiohttpClient
+) -> None:
+    ledger = ledger_of(tmp_path / "usage.db", with_store=False)
+    client = await client_of(ledger, aiohttp_client)
+    usage = await client.get("/usage/json")
+    assert usage.status == 404
+    assert "is in use" in (await usage.json())["Error"]
+    idle = await client.get("/usage/idle/json")
+    answer = await idle.json()
+    assert idle.status == 200, answer
+    assert answer == {"node": "node-1", "idle_after_s": 3600.0, "policy": "notify", "idle": []}
