@@ -41,6 +41,11 @@ MAX_LIMIT = 10000
 DEFAULT_SINCE = "-24h"
 _RELATIVE = re.compile(r"-([0-9]{1,9}(?:\.[0-9]+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# An ISO 8601 time whose "+HH:MM" zone came as " HH:MM": a "+" not written %2B in a URL's
+# query is a space (curl 'localhost:3476/usage/json?since=2026-12-01T00:00:00+01:00').
+_ZONE_PLUS_AS_SPACE = re.compile(
+    r"(.*[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?) ([0-9]{2}:?[0-9]{2})"
+)
 _readers = asyncio.Semaphore(MAX_READERS)
 
 
@@ -49,7 +54,8 @@ class BadQuery(ValueError):
 
 
 def parse_time(name: str, text: str, now_s: float) -> float:
-    """``since``/``until`` as Unix seconds (see the module docstring)."""
+    """``since``/``until`` as Unix seconds (see the module docstring); an ISO 8601 zone's
+    ``+`` may come as a space (a URL's query decodes an unescaped ``+`` so)."""
     value = text.strip()
     if value == "now":
         return now_s
@@ -64,6 +70,9 @@ def parse_time(name: str, text: str, now_s: float) -> float:
         if math.isfinite(number) and 0 <= number < 1e11:
             return number
         raise BadQuery(f"{name}={value[:40]!r}: out of range")
+    zone_as_space = _ZONE_PLUS_AS_SPACE.fullmatch(value)
+    if zone_as_space:
+        value = f"{zone_as_space.group(1)}+{zone_as_space.group(2)}"
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:

@@ -69,6 +69,19 @@ async def test_by_gpu_rows_carry_the_gpus_index(
     ]
 
 
+async def test_an_iso_zone_whose_plus_the_url_made_a_space_is_read(
+    ledger: UsageLedger, aiohttp_client: AiohttpClient
+) -> None:
+    client = await client_of(ledger, aiohttp_client)
+    # as curl sends it: the "+" unescaped, which a URL's query reads as a space
+    resp = await client.get(
+        "/usage/json?by=container&since=2026-01-01T01:00:00+01:00&until=2026-01-01T01:00:00Z"
+    )
+    answer = await resp.json()
+    assert resp.status == 200, answer
+    assert (answer["since"], answer["until"]) == (T0, T0 + 3600)
+
+
 async def test_idle_gpus_are_listed_by_an_agent_whose_ledger_file_another_holds(
     tmp_path: Path, aiohttp_client: AiohttpClient
 ) -> None:
