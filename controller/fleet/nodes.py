@@ -132,7 +132,8 @@ def inventory_endpoint(host: InventoryHost, path: str, user: str) -> Endpoint:
         except EndpointError as exc:
             raise bad(str(exc)) from None
     if variables.get("ansible_connection") == "local":
-        return Endpoint("http", "localhost", http_port=_port(variables, PORT_VAR, 0, bad))
+        http_port = _port(variables, PORT_VAR, DEFAULT_HTTP_PORT, bad)
+        return Endpoint("http", "localhost", http_port=http_port)
     transport = _text(variables, TRANSPORT_VAR, bad, "ssh").lower()
     if transport not in INVENTORY_TRANSPORTS:
         raise bad(f"{TRANSPORT_VAR} must be ssh, http or https, not {transport!r}")

@@ -231,6 +231,15 @@ def test_ini_endpoints(tmp_path: Path) -> None:
     assert list(nodes)[:2] == ["lonely", "node01"]  # file order
 
 
+def test_a_local_connection_is_the_agent_on_localhost_at_its_port(tmp_path: Path) -> None:
+    text = "here ansible_connection=local\nthere ansible_connection=local " + (
+        "nvidia_docker_agent_listen_port=3477\n"
+    )
+    nodes = {n.name: n for n in inventory_nodes(str(write(tmp_path, "hosts", text)), None)}
+    assert nodes["here"].endpoint.uri() == "http://localhost:3476"  # the agent's default port
+    assert nodes["there"].endpoint.uri() == "http://localhost:3477"
+
+
 def test_yaml_endpoints_and_limit(tmp_path: Path) -> None:
     path = str(write(tmp_path, "hosts.yaml", YAML))
     nodes = inventory_nodes(path, "gpu:!h200")
