@@ -251,7 +251,7 @@ def rewrite(body: Mapping[str, Any], addition: Addition) -> dict[str, Any]:
         )
     host["DeviceRequests"] = kept or None
     devices = list(host.get("Devices") or [])
-    present = {d.get("PathOnHost") for d in devices if isinstance(d, dict)}
+    present = {d.get("PathOnHost") for d in devices if isinstance(d.get("PathOnHost"), str)}
     for path in addition.devices:
         if path not in present:
             devices.append(

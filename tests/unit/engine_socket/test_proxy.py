@@ -453,3 +453,23 @@ async def test_a_stream_the_engine_breaks_off_reaches_the_client_as_it_was_sent(
 
     engine.handler = handler
     assert await exchange(site, b"GET /v1.41/events HTTP/1.1\r\nHost: docker\r\n\r\n") == sent
+
+
+async def test_a_device_entry_the_engine_would_refuse_gets_the_engines_answer(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """A GPU create whose ``HostConfig.Devices`` holds a ``PathOnHost`` that is not a
+    string: the engine's own refusal reaches the client, and no lease is left."""
+    engine, site, leases = world
+    refusal = b'HTTP/1.1 400 Bad Request\r\nContent-Length: 17\r\n\r\n{"message":"bad"}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(refusal)
+        await writer.drain()
+
+    engine.handler = handler
+    requests = GPUS_2["HostConfig"]["DeviceRequests"]  # type: ignore[index]
+    host = {"DeviceRequests": requests, "Devices": [{"PathOnHost": ["/dev/fuse"]}]}
+    assert await exchange(site, create({"Image": "x", "HostConfig": host})) == refusal
+    assert not leases.view().leases
