@@ -41,7 +41,7 @@ from plugin.json_body import BodyError, parse_json
 MAX_ASK_BYTES = 64 * 1024
 MAX_WAIT_S = 600.0
 MAX_OWNER_LABELS = 32
-MAX_LABEL_CHARS = 256
+MAX_LABEL_CHARS = 128  # an owner label value (agent.leases.asks); keys have at most 64
 MAX_FREE_COUNT = 1024  # GET /leases/free?count=N: more than any node has
 MAX_PROFILE_CHARS = 64
 SYSFS = Path("/sys")

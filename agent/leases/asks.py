@@ -73,7 +73,11 @@ def check_owner(owner: Owner) -> None:
         raise InvalidAsk("owner", "an owner label is given twice")
     for key, value in owner:
         if not _OWNER_KEY.fullmatch(key):
-            raise InvalidAsk("owner", f"owner label key {key[:40]!r}: letters, digits, _./-")
+            raise InvalidAsk(
+                "owner",
+                f"owner label key {key[:40]!r}: 1 to 64 letters, digits and _./-, "
+                "starting with a letter or digit",
+            )
         if len(value) > _OWNER_VALUE_CHARS or not value.isprintable():
             raise InvalidAsk(
                 "owner",

@@ -237,6 +237,20 @@ async def test_a_malformed_ask_is_400_naming_the_field(
     assert node.leases.view().leases == ()  # nothing granted
 
 
+@pytest.mark.parametrize(
+    ("owner", "bound"),
+    [({"k" * 100: "v"}, "1 to 64"), ({"user": "x" * 300}, "128"), ({"user": "x" * 200}, "128")],
+    ids=["long-key", "value-300", "value-200"],
+)
+async def test_an_owner_label_too_long_is_400_naming_its_real_bound(
+    client: Client, owner: dict[str, str], bound: str
+) -> None:
+    doc = await answer(await client.post("/leases", json={"owner": owner}), 400)
+    assert doc["Field"] == "owner"
+    assert bound in doc["Error"]
+    assert "256" not in doc["Error"]
+
+
 async def test_an_ask_over_the_bound_is_413(node: Node, client: Client) -> None:
     body = json.dumps({"owner": {"user": "x" * MAX_ASK_BYTES}}).encode()
     assert len(body) > MAX_ASK_BYTES
