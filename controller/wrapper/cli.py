@@ -10,7 +10,8 @@ Only ``run`` and ``create`` (also ``container run|create``) change: the GPU argu
 after the command word (for a lease, ``NV_GPU=auto...`` or docker's ``--gpus``, also its
 labels and cpuset, and ``--gpus`` itself is dropped), then docker replaces this process
 (``execvp``: same pid, so signals and the exit code are docker's). Everything else is handed
-to docker untouched; ``version`` first prints ``NVIDIA Docker: <version>`` and a blank line;
+to docker untouched; ``version`` (without ``--format``) first prints ``NVIDIA Docker:
+<version>`` and a blank line;
 ``--help`` (and ``help``, or no argument) first prints what the wrapper adds and its
 variables, then docker's help. Errors are one line,
 ``nvidia-docker | <date> <time> Error: <message>``, exit code 1.
@@ -82,7 +83,11 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
         for warning in changes.warnings:
             _log("Warning", warning)
         return [*options.docker, *command.with_inserted(changes.insert, changes.drop)]
-    if command.command == "version" and command.command_index == command.global_end:
+    if (
+        command.command == "version"
+        and command.command_index == command.global_end
+        and not _formatted(args[command.command_index + 1 :])
+    ):
         from agent import __version__  # noqa: PLC0415
 
         sys.stdout.write(f"NVIDIA Docker: {__version__}\n\n")
@@ -93,6 +98,13 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
         sys.stdout.write(wrapper_help())
         sys.stdout.flush()
     return [*docker, *args]
+
+
+def _formatted(version_args: list[str]) -> bool:
+    """``docker version --format``/``-f``: a script reads the output, which stays docker's."""
+    return any(
+        arg in ("--format", "-f") or arg.startswith(("--format=", "-f")) for arg in version_args
+    )
 
 
 def _terminal(stream: object) -> bool:

@@ -226,6 +226,23 @@ async def test_version_prints_ours_first(docker: Docker) -> None:
     assert result.executed == ["version"]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--format", "{{.Server.Version}}"],
+        ["--format={{json .}}"],
+        ["-f", "{{json .}}"],
+        ["-fjson"],
+    ],
+)
+async def test_version_with_a_format_is_docker_s_alone(docker: Docker, args: list[str]) -> None:
+    """A script reads ``version --format``'s output: nothing of ours comes before it."""
+    result = await nvidia_docker(docker, "version", *args)
+    assert result.code == 0, result.stderr
+    assert "NVIDIA Docker" not in result.stdout
+    assert docker.calls() == [["version", *args]]
+
+
 async def test_nv_docker_is_split_on_white_space(docker: Docker) -> None:
     result = await nvidia_docker(docker, "ps", NV_DOCKER=f"  {sys.executable}\t{FAKE_DOCKER}  -D  ")
     assert result.executed == ["-D", "ps"]
