@@ -45,7 +45,7 @@ from agent.node.status import StatusService, StatusUnavailable, Sweep
 from agent.usage.accounting import Accounting, Holder, UnitSample
 from agent.usage.idle import IDLE_LABEL, IdlePolicy, IdleTracker, IdleUnit
 from agent.usage.records import Batch, HolderKind
-from agent.usage.store import LedgerBusy, LedgerStatus, LedgerStore
+from agent.usage.store import LedgerStatus, LedgerStore, LedgerUnavailable
 from agent.usage.table_feed import gpu_loads, gpu_users
 
 log = logging.getLogger("nvidia-docker-plugin.usage")
@@ -134,7 +134,7 @@ class UsageLedger:
                 retention_s=settings.retention_s,
                 max_bytes=settings.max_bytes,
             )
-        except LedgerBusy as err:
+        except LedgerUnavailable as err:  # LedgerBusy too: its one line names the file
             self.off_reason = str(err)
         except OSError as err:
             self.off_reason = f"the usage ledger {settings.path} cannot be opened: {err}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -94,3 +95,23 @@ async def test_idle_gpus_are_listed_by_an_agent_whose_ledger_file_another_holds(
     answer = await idle.json()
     assert idle.status == 200, answer
     assert answer == {"node": "node-1", "idle_after_s": 3600.0, "policy": "notify", "idle": []}
+
+
+async def test_a_ledger_that_cannot_be_opened_is_said_once_in_the_log_and_the_404(
+    tmp_path: Path, aiohttp_client: AiohttpClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "not-a-directory").write_text("")
+    path = tmp_path / "not-a-directory" / "usage.db"
+    ledger = UsageLedger.for_agent(
+        UsageSettings(path=path),
+        cast(Any, None),
+        cast(Any, None),
+        cast(Any, SimpleNamespace(engines={})),
+    )
+    await ledger._open_store()
+    client = await client_of(ledger, aiohttp_client)
+    resp = await client.get("/usage/json")
+    said = (await resp.json())["Error"]
+    assert resp.status == 404
+    assert said == f"usage ledger {path}: its directory cannot be made: File exists"
+    assert [r.getMessage().count(str(path)) for r in caplog.records] == [1]
