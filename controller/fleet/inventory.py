@@ -5,7 +5,8 @@
 ``InventoryError`` with one line naming the file and the line.
 
 Formats, chosen by the file name as Ansible does: ``.yml``, ``.yaml`` and ``.json`` are the
-YAML inventory (groups with ``hosts``, ``vars``, ``children``; JSON that has ``_meta`` is
+YAML inventory (groups with ``hosts``, ``vars``, ``children``; a host key may carry a port,
+``node1:2222`` or ``[fd00::5]:2222``, as in INI; JSON that has ``_meta`` is
 ``ansible-inventory --list`` output, which is how a dynamic inventory (cloud plugin, script)
 is given to this tool); anything else is INI:
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import ipaddress
 import json
 import re
 import shlex
@@ -319,7 +321,8 @@ def _ini_host_line(builder: _Builder, group: str, line: str, number: int) -> Non
 
 
 def _split_port(pattern: str) -> tuple[str, int | None]:
-    """``host:2222`` -> (host, 2222); ranges (``n[1:3]``) and IPv6 addresses keep their colons."""
+    """``host:2222`` -> (host, 2222), ``[fd00::5]:2222`` -> (fd00::5, 2222); ranges
+    (``n[1:3]``) and IPv6 addresses without a port keep their colons."""
     depth, last = 0, -1
     for index, char in enumerate(pattern):
         if char == "[":
@@ -331,8 +334,19 @@ def _split_port(pattern: str) -> tuple[str, int | None]:
                 return pattern, None
             last = index
     if last > 0 and pattern[last + 1 :].isdigit():
-        return pattern[:last], int(pattern[last + 1 :])
+        host = pattern[:last]
+        if host.startswith("[") and host.endswith("]") and _is_ipv6(host[1:-1]):
+            host = host[1:-1]  # [fd00::5]:2222: an IPv6 address with a port, as Ansible reads it
+        return host, int(pattern[last + 1 :])
     return pattern, None
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _literal(value: str) -> Any:
@@ -416,8 +430,11 @@ class _YamlReader:
             if key == "hosts":
                 for pattern, host_node in self.pairs(value, f"the hosts of group {name!r}"):
                     variables = self.variables(host_node, f"the variables of host {pattern!r}")
+                    host_part, port = _split_port(pattern)
+                    if port is not None:  # node1:2222, as in INI; the host's ansible_port wins
+                        variables.setdefault("ansible_port", port)
                     try:
-                        names = expand_range(pattern)
+                        names = expand_range(host_part)
                     except ValueError as exc:
                         raise self.builder.error(_line(value), str(exc)) from None
                     for host in names:

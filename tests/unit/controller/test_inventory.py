@@ -240,6 +240,25 @@ def test_a_local_connection_is_the_agent_on_localhost_at_its_port(tmp_path: Path
     assert nodes["there"].endpoint.uri() == "http://localhost:3477"
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("hosts", "[gpu]\nnode1:2222\n[fd00::5]:2223\nfd00::6\n"),
+        ("hosts.yml", "gpu:\n  hosts:\n    node1:2222:\n    '[fd00::5]:2223':\n    fd00::6:\n"),
+    ],
+)
+def test_a_host_with_a_port_in_ini_and_yaml_as_ansible_reads_it(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    # ansible-inventory: hosts node1 (ansible_port 2222), fd00::5 (2223) and fd00::6
+    nodes = inventory_nodes(str(write(tmp_path, name, text)), None)
+    assert [(n.name, n.endpoint.uri()) for n in nodes] == [
+        ("node1", "ssh://alice@node1:2222:3476"),
+        ("fd00::5", "ssh://alice@[fd00::5]:2223:3476"),
+        ("fd00::6", "ssh://alice@[fd00::6]:22:3476"),
+    ]
+
+
 def test_yaml_endpoints_and_limit(tmp_path: Path) -> None:
     path = str(write(tmp_path, "hosts.yaml", YAML))
     nodes = inventory_nodes(path, "gpu:!h200")
