@@ -80,13 +80,30 @@ class _BadAsk(Exception):
         self.field = field
 
 
+ASK_FIELDS = frozenset(
+    {"count", "devices", "mig_profile", "exclusive", "wait_s", "owner", "cpuset"}
+)
+
+
+def _ask_in_query(query: Mapping[str, str]) -> None:
+    """``_BadAsk`` for a query parameter that would be taken for part of the ask (an ask
+    field, or ``dev``): the ask is the body alone, and such a parameter would be ignored."""
+    for name in query:
+        if name in ASK_FIELDS or name == "dev":
+            field = "devices" if name == "dev" else name
+            raise _BadAsk(
+                field,
+                f"{name} is given in the query; an ask's fields go in the JSON body, "
+                f"e.g. {{\"{field}\": ...}} (docs/leases.md, 'The REST API')",
+            )
+
+
 def _ask_of(raw: object) -> Ask:
     """The ``Ask`` of a request body; ``_BadAsk`` naming the field that is wrong."""
     if not isinstance(raw, dict):
         raise _BadAsk("", "the body is not a JSON object (docs/leases.md, 'The REST API')")
-    known = {"count", "devices", "mig_profile", "exclusive", "wait_s", "owner", "cpuset"}
     for name in raw:
-        if name not in known:
+        if name not in ASK_FIELDS:
             raise _BadAsk(str(name)[:40], f"unknown field {str(name)[:40]!r}")
     count = raw.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int):
@@ -333,6 +350,7 @@ def make_routes(
         if body is None or len(body) > MAX_ASK_BYTES:
             return _error(413, f"the ask is larger than {MAX_ASK_BYTES} bytes", Field="")
         try:
+            _ask_in_query(request.query)
             the_ask = _ask_of(parse_json(body) if body.strip() else {})
         except BodyError as err:
             return _error(400, str(err), Field="")

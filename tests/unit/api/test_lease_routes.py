@@ -251,6 +251,20 @@ async def test_an_owner_label_too_long_is_400_naming_its_real_bound(
     assert "256" not in doc["Error"]
 
 
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("count=2", "count"), ("wait_s=30", "wait_s"), ("dev=1", "devices"), ("devices=1", "devices")],
+)
+async def test_an_ask_in_the_query_is_400_not_one_gpu(
+    node: Node, client: Client, query: str, field: str
+) -> None:
+    """``POST /leases?count=2`` would otherwise be an ask for one GPU, the query ignored."""
+    doc = await answer(await client.post(f"/leases?{query}"), 400)
+    assert doc["Field"] == field
+    assert "JSON body" in doc["Error"]
+    assert node.leases.view().leases == ()
+
+
 async def test_an_ask_over_the_bound_is_413(node: Node, client: Client) -> None:
     body = json.dumps({"owner": {"user": "x" * MAX_ASK_BYTES}}).encode()
     assert len(body) > MAX_ASK_BYTES
