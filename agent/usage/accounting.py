@@ -14,6 +14,10 @@ sighting and a new one starts; the gap is not counted as held):
   (whole GPUs only; a counter that went backwards, after a driver reload, adds nothing);
 - ``peak_memory_mib`` is the most memory seen in use on the unit while it was held.
 
+A wall clock set back by more than ``max_gap_s`` is a gap too: the open holds end at their
+last sighting and the holders seen then start new ones (a smaller step back skips the sweeps
+until the clock is past the last one).
+
 A holder seen for the first time starts its hold at this sweep, or at its lease's grant
 time when that is later than the previous sweep (so a lease granted just before a sweep
 is counted from its grant); a holder no longer seen ends at the last sweep that saw it. So
@@ -111,7 +115,16 @@ class Accounting:
     def observe(self, t_s: float, units: Sequence[UnitSample]) -> None:
         last = self._last_t
         if last is not None and t_s <= last:
-            return  # the same sweep again, or the clock went back: nothing to add
+            if last - t_s <= self.max_gap_s:
+                return  # the same sweep again, or the clock went back a little: nothing to add
+            # The wall clock was set back further: as after a gap, the holds end at their
+            # last sighting and the holders seen now start new ones (instead of nothing being
+            # counted until the clock is past the last sweep again).
+            for slot in list(self._open):
+                self._end(self._open.pop(slot))
+            self._last_util.clear()
+            self._last_energy.clear()
+            self._last_t = last = None
         seen: set[str] = set()
         for sample in units:
             self._observe_unit(t_s, sample, seen)

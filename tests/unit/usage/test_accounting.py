@@ -208,3 +208,15 @@ def test_a_hold_that_ends_unsettled_counts_under_what_it_had() -> None:
     pending = Holder(HolderKind.LEASE, "lease-1", lease_id="lease-1", settled=False)
     batch = run(accounting, (T0, [sample(pending)]), (T0 + 10, [sample(pending)]), (T0 + 20, []))
     assert totals(batch, "label:team", "")[0] == pytest.approx(10.0)
+
+
+def test_a_clock_set_back_ends_the_holds_and_counts_on_from_the_new_time() -> None:
+    accounting = Accounting(["team"], max_gap_s=30)
+    before = [(T0 + 10 * i, [sample(ALICE)]) for i in range(4)]  # 30 s held
+    back = T0 - 3600  # the wall clock set back an hour at T0 + 35 s
+    after = [(back + 5 + 10 * i, [sample(ALICE)]) for i in range(4)]  # 30 s more
+    batch = run(accounting, *before, *after)
+    second, first = sorted(batch.holds, key=lambda h: h.started_s)
+    assert (first.started_s, first.ended_s, first.held_s) == (T0, T0 + 30, 30.0)
+    assert (second.started_s, second.ended_s, second.held_s) == (back + 5, None, 30.0)
+    assert totals(batch, "gpu", GPU0)[0] == pytest.approx(60.0)
