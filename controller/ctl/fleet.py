@@ -158,7 +158,8 @@ def docker_cli(
 
 def gather_nodes(arguments: Sequence[str], nodes: FleetNodes, options: Options) -> list[FleetNode]:
     """NODE arguments, then the nodes files, then the inventory, each node once; none of
-    them: ``NV_HOST``, else the local agent. Raises ``UsageError``."""
+    them: ``NV_HOST``, else the local agent. Raises ``UsageError`` (also when the nodes files
+    given, and nothing else, name no node)."""
     from controller.errors import UsageError  # noqa: PLC0415
     from controller.fleet.nodes import (  # noqa: PLC0415
         nodes_from_arguments,
@@ -173,6 +174,12 @@ def gather_nodes(arguments: Sequence[str], nodes: FleetNodes, options: Options) 
     found: list[FleetNode] = nodes_from_arguments(arguments, options.user)
     for path in nodes.files:
         found += nodes_from_file(path, options.user)
+    if nodes.files and not (found or nodes.inventory):  # as an inventory without hosts
+        names = ", ".join(nodes.files)
+        raise UsageError(
+            f"nodes file{'s' if len(nodes.files) > 1 else ''} {names}: no node in "
+            f"{'them' if len(nodes.files) > 1 else 'it'} (only comments and blank lines)"
+        )
     if nodes.inventory:
         found += nodes_from_inventory(nodes.inventory, nodes.limit, options.user, options.home)
     if not (arguments or nodes.files or nodes.inventory):

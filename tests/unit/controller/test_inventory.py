@@ -356,3 +356,16 @@ def test_nodes_file(tmp_path: Path) -> None:
     path.write_text("node1: node2:\n")
     with pytest.raises(ControllerError, match=r"line 1: one node per line"):
         file_nodes(str(path))
+
+
+def test_a_nodes_file_without_nodes_is_a_usage_error_not_an_all_clear(tmp_path: Path) -> None:
+    # `health --nodes FILE` on a file a script left empty asked nothing and exited 0, the
+    # same as a fleet with no problem; an inventory without hosts is refused the same way
+    from controller.ctl.main import main  # noqa: PLC0415
+    from tests.support.cli import cli_runner  # noqa: PLC0415
+
+    path = write(tmp_path, "nodes", "# rack 7, emptied\n\n")
+    done = cli_runner().invoke(main, ["health", "--nodes", str(path)], env={"NV_HOST": ""})
+    assert done.exit_code == 2
+    assert done.stdout == ""
+    assert f"Error: nodes file {path}: no node in it" in done.stderr
