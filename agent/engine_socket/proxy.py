@@ -8,7 +8,9 @@ create (``agent.engine_socket.create``) is read whole (within ``MAX_CREATE_BYTES
 rewritten and leased; a create that cannot get its GPUs is answered here, as the engine
 answers a bad create (``{"message": ...}``), and nothing is forwarded. A create that waits
 for its GPUs (``nvidia-docker.lease.wait``) holds its connection meanwhile; its client's
-closing the connection (checked every ``CLIENT_CHECK_S``) takes it out of the queue.
+closing the connection (checked every ``CLIENT_CHECK_S``) takes it out of the queue. While
+any other answer is relayed, a client that closes its connection ends the engine's (checked
+as often), as the engine ends a request whose client left (``docker events`` killed).
 
 An answer of ``101`` (HTTP Upgrade: attach, exec, ``docker run -it``) or one without a
 length (Docker's hijacked streams answer ``200`` and then raw bytes) turns the connection
@@ -24,6 +26,7 @@ import contextlib
 import json
 import logging
 import select
+from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
 
@@ -200,6 +203,7 @@ class Connection:
         self._head_timeout_s = head_timeout_s
         self._engine: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._status = 0  # the status of the engine's latest answer, once its head is read
+        self._watcher: asyncio.TimerHandle | None = None  # ``_watch``
 
     async def serve(self) -> None:
         try:
@@ -255,10 +259,12 @@ class Connection:
             await copy_body(self._reader, engine_writer, head.framing)
             raise _Hijacked  # whatever comes next is the stream's, or the engine's to read
         if head.framing.body is Body.NONE:  # most calls: no body to copy beside the answer
-            return _keeps_alive(head, await self._answer(head.method))
+            with self._watching():
+                return _keeps_alive(head, await self._answer(head.method))
         body = asyncio.ensure_future(copy_body(self._reader, engine_writer, head.framing))
         answering = asyncio.ensure_future(self._answer(head.method))
         try:
+            self._watch()
             await asyncio.wait({body, answering}, return_when=asyncio.FIRST_EXCEPTION)
             if body.done() and body.exception() is not None:
                 raise _Broken(f"the request body: {body.exception()}")
@@ -269,12 +275,39 @@ class Connection:
                 raise
             await body
         finally:
+            self._unwatch()
             for task in (body, answering):
                 if not task.done():
                     task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
         return _keeps_alive(head, answer)
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[None]:
+        self._watch()
+        try:
+            yield
+        finally:
+            self._unwatch()
+
+    def _watch(self) -> None:
+        """Every ``CLIENT_CHECK_S`` until ``_unwatch``: a client that closed its connection
+        whole (``docker events``, ``logs -f`` or ``wait`` killed while nothing comes) ends
+        the engine's connection, so that the answer's relay ends, as the engine ends a
+        request whose client left. A half close still gets its answer."""
+        self._watcher = asyncio.get_running_loop().call_later(CLIENT_CHECK_S, self._check)
+
+    def _check(self) -> None:
+        if not self._client_gone():
+            self._watch()
+        elif self._engine is not None:
+            self._engine[1].close()
+
+    def _unwatch(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     async def _answer(self, method: bytes) -> Head:
         """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``.

@@ -473,3 +473,33 @@ async def test_a_device_entry_the_engine_would_refuse_gets_the_engines_answer(
     host = {"DeviceRequests": requests, "Devices": [{"PathOnHost": ["/dev/fuse"]}]}
     assert await exchange(site, create({"Image": "x", "HostConfig": host})) == refusal
     assert not leases.view().leases
+
+
+async def test_a_client_that_leaves_a_quiet_stream_ends_the_engines_connection(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """``docker events`` (or ``logs -f``, ``wait``) killed while nothing comes: the engine's
+    connection ends too (as when the client talks to the engine itself), and the client's
+    connection is no longer counted against --engine-connections."""
+    engine, site, _ = world
+    engine_saw_the_end = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # nothing more to say until the client leaves
+        engine_saw_the_end.set()
+
+    engine.handler = handler
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(b"GET /v1.41/events HTTP/1.1\r\nHost: docker\r\n\r\n")
+    await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    await writer.wait_closed()
+    await asyncio.wait_for(engine_saw_the_end.wait(), 2)
+    for _ in range(100):
+        if site.open_connections == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert site.open_connections == 0
