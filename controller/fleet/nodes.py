@@ -101,7 +101,7 @@ def inventory_tls(host: InventoryHost, path: str, home: str) -> TlsOptions | Non
     values: dict[str, str | None] = {}
     for field_name, (own, role) in TLS_VARS.items():
         value = _text(host.vars, own, bad, "") if own in host.vars else ""
-        if not value and role is not None and role in host.vars:
+        if not value and role is not None and role in host.vars and not _template(host.vars[role]):
             value = _text(host.vars, role, bad, "")
         values[field_name] = expand_home(value, home) if value else None
     if not any(values.values()):
@@ -146,7 +146,9 @@ def inventory_endpoint(host: InventoryHost, path: str, user: str) -> Endpoint:
         raise bad(f"bad address {address!r} in ansible_host")
     http_port = _port(variables, PORT_VAR, DEFAULT_HTTP_PORT, bad)
     # the role installs a certificate: its agent serves TLS only, on every address
-    role_tls = any(_text(variables, v, bad, "") for v in ROLE_TLS_VARS if v in variables)
+    # set at all is enough: its value, often a template (pki/{{ inventory_hostname }}.pem), is
+    # the role's to read
+    role_tls = any(_set(variables.get(v)) for v in ROLE_TLS_VARS)
     if transport in ("http", "https"):
         tls = transport == "https" or role_tls
         return Endpoint("http", address, http_port=http_port, source=path, tls=tls)
@@ -172,6 +174,16 @@ def _identity(host: InventoryHost, home: str) -> str | None:
         "ansible_private_key_file"
     )
     return expand_home(str(value), home) if value else None
+
+
+def _template(value: Any) -> bool:
+    """A Jinja2 template, which this tool does not evaluate."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _set(value: Any) -> bool:
+    """A role variable given a value (the role's defaults are empty strings)."""
+    return value is not None and value is not False and str(value).strip() != ""
 
 
 def _text(variables: Mapping[str, Any], key: str, bad: _Bad, default: str | None = None) -> str:

@@ -221,6 +221,26 @@ def test_tls_variables_of_a_host(tmp_path: Path) -> None:
     assert nodes["c"].tls is None
 
 
+def test_the_roles_templated_tls_variables_turn_tls_on_without_being_read(tmp_path: Path) -> None:
+    # docs/ansible.md's own example: the role's certificate is a template per host, its CA
+    # too here; the inventory was refused as a whole ('is a Jinja2 template')
+    (tmp_path / "group_vars").mkdir()
+    write(
+        tmp_path,
+        "group_vars/gpu.yml",
+        "nvidia_docker_transport: http\n"
+        "nvidia_docker_agent_tls_cert: pki/{{ inventory_hostname }}.pem\n"
+        "nvidia_docker_agent_tls_key_content: '{{ vault_agent_keys[inventory_hostname] }}'\n"
+        "nvidia_docker_agent_tls_ca: '{{ pki_dir }}/ca.pem'\n",
+    )
+    path = write(tmp_path, "hosts", "[gpu]\nnode1\nnode2 nvidia_docker_tls_ca=/pki/ca.pem\n")
+    nodes = {n.name: n for n in inventory_nodes(str(path), None)}
+    assert nodes["node1"].endpoint.uri() == "https://node1:3476"
+    assert nodes["node1"].tls is None  # the role's CA is a template: --ca, else the system's
+    assert nodes["node2"].tls is not None
+    assert nodes["node2"].tls.ca == "/pki/ca.pem"
+
+
 def test_ini_endpoints(tmp_path: Path) -> None:
     nodes = {n.name: n for n in inventory_nodes(str(write(tmp_path, "hosts", INI)), None)}
     # gpu's vars win over those of its parent group cluster
