@@ -37,6 +37,7 @@ from mesos.flags import FlagsError, parse_flag_line
 
 FORMATS = ("legacy", "native")
 TIMEOUT_S = 10.0
+MAX_QUOTED = 200  # characters of why an answer is not a flags line, on the error line
 
 LEFT_OUT_HEADER = "X-Left-Out"  # what the agent's line does not offer, and why (docs/mesos.md)
 
@@ -137,8 +138,11 @@ def fetch_flags(node: str | None, fmt: str, dev: str | None, *, get: Fetch) -> F
     try:
         flags = parse_flag_line(line)
     except FlagsError as error:
+        said = str(error)  # quotes the answer's word: a web page's, or megabytes, cut short
+        if len(said) > MAX_QUOTED:
+            said = said[: MAX_QUOTED - 1] + "…"
         raise ControllerError(
-            f"{_node_name(node)}: the agent's /mesos/cli is not usable: {error}"
+            f"{_node_name(node)}: the agent's /mesos/cli is not usable: {said}"
         ) from None
     if fmt == "native" and "nvidia_gpu_devices" not in flags:
         raise ControllerError(

@@ -129,6 +129,18 @@ def test_an_answer_mesos_could_not_read_is_refused() -> None:
         fetch_flags("node1", "legacy", None, get=broken)
 
 
+def test_a_long_answer_that_is_not_flags_is_one_short_line(agent: AgentAnswers) -> None:
+    # a web server's page on the agent's port (or megabytes of anything) was quoted whole on
+    # the error line
+    agent.answers = {"legacy": "<html>" + "x" * 100_000 + "</html>"}
+    done = mesos(["flags", "node1:"])
+    assert done.exit_code == 1
+    assert done.stdout == ""
+    line = error_of(done.stderr)
+    assert "node1:: the agent's /mesos/cli is not usable: '<html>xxx" in line
+    assert len(line) < 400
+
+
 def test_exec_runs_the_agent_with_merged_flags(
     agent: AgentAnswers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
