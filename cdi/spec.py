@@ -22,7 +22,8 @@ The document, for a node with GPUs 0 and 1 (GPU 0 in MIG mode with one MIG devic
 Only fields of CDI 0.3.0 to 0.5.0 are used, so that old parsers (Podman 4.3 of Debian 12
 reads up to 0.5.0 and refuses unknown fields) accept it: names starting with a digit and
 ``hostPath`` of device nodes are 0.5.0; no annotations (0.6.0), no mount ``type`` (0.4.0,
-not needed: ``bind`` in the options makes a bind mount); ``env`` is 0.3.0.
+not needed: ``bind`` in the options makes a bind mount); ``env`` is 0.3.0. A ``--cdi-kind``
+whose class has a ``.`` (``example.com/gpu.v2``) is 0.6.0, and the spec then says so.
 
 A device that cannot be named (no device node, a UUID CDI does not allow as a name) is left
 out and said so in ``BuiltSpec.left_out``; nothing is dropped silently.
@@ -260,11 +261,13 @@ def _hook(hook: LinkerCacheHook, driver_version: str | None) -> dict[str, Any]:
 def minimum_version(document: Mapping[str, Any]) -> str:
     """The lowest CDI version whose features ``document`` uses (the CDI project's version
     table: ``type`` of mounts 0.4.0; device names starting with a digit and ``hostPath`` of
-    device nodes 0.5.0; annotations 0.6.0)."""
+    device nodes 0.5.0; annotations, and a ``.`` in the kind's class, 0.6.0)."""
     devices = document.get("devices") or []
     all_edits = [document.get("containerEdits") or {}]
     all_edits += [device.get("containerEdits") or {} for device in devices]
     if document.get("annotations") or any(device.get("annotations") for device in devices):
+        return "0.6.0"
+    if "." in str(document.get("kind", "")).partition("/")[2]:
         return "0.6.0"
     if any(str(device.get("name", ""))[:1].isdigit() for device in devices) or any(
         node.get("hostPath") for edits in all_edits for node in edits.get("deviceNodes") or []

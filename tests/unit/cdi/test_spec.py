@@ -102,6 +102,18 @@ def test_the_version_is_the_lowest_that_has_the_features_used() -> None:
     assert spec.minimum_version({**base, "devices": [named], "annotations": {"a": "b"}}) == "0.6.0"
 
 
+def test_a_kind_whose_class_has_a_dot_declares_cdi_0_6_0() -> None:
+    # CDI allows "." in the class (after the "/") only from 0.6.0 on; a reader refuses a
+    # spec that declares less ("the spec version must be at least v0.6.0").
+    dotted = spec.build_spec(replace(two_gpus(), kind="example.com/gpu.v2")).document
+    assert dotted["cdiVersion"] == "0.6.0"
+    assert (
+        spec.build_spec(replace(two_gpus(), kind="nvidia-docker.com/gpu")).document["cdiVersion"]
+        == "0.5.0"
+    )
+    assert schema_errors(dotted) == []
+
+
 def test_an_unhealthy_gpu_leaves_all_but_keeps_its_names() -> None:
     built = spec.build_spec(two_gpus(healthy=False))
     assert built.device_names == ("0", UUID0, "1", UUID1, "all")
