@@ -11,9 +11,10 @@ gauges.
 
 The profiling families (``DCGM_FI_PROF_*``) are NVML's GPM values (``agent.gpu.nvml_gpm``)
 in DCGM's units: ratios from 0 to 1 where GPM gives percent, bytes per second where it
-gives MiB/s. A GPU in MIG mode also has one series per MIG device for its framebuffer and
-its GPU instance's profiling values, with dcgm-exporter's ``GPU_I_PROFILE`` and ``GPU_I_ID``
-labels, and one ``nvidia_docker_gpu_healthy`` per MIG device. The XID family carries
+gives MiB/s. A GPU in MIG mode also has one series per GPU instance of its MIG devices for
+its framebuffer and its profiling values, with dcgm-exporter's ``GPU_I_PROFILE`` and
+``GPU_I_ID`` labels, and one ``nvidia_docker_gpu_healthy`` (0 while any of that GPU
+instance's MIG devices is unhealthy). The XID family carries
 dcgm-exporter's ``err_code`` and ``err_msg`` labels.
 
 A value the GPU does not report has no sample at all: never NaN, never -1.
@@ -228,13 +229,25 @@ def sole_owner(status: DeviceStatus, owners: Mapping[int, ProcessOwner]) -> Proc
 
 
 def mig_labels(base: Mapping[str, str], mig: MigDevice) -> dict[str, str]:
-    """A MIG device's labels: its GPU's, and dcgm-exporter's ``GPU_I_PROFILE``, ``GPU_I_ID``."""
+    """A MIG device's labels: its GPU's, and dcgm-exporter's ``GPU_I_PROFILE`` (its GPU
+    instance's profile: ``3g.71gb`` for ``3g.71gb`` and for a compute instance's
+    ``1c.3g.71gb`` alike) and ``GPU_I_ID``."""
     labels = dict(base)
-    if mig.profile:
-        labels["GPU_I_PROFILE"] = mig.profile
+    profile = _instance_profile(mig.profile)
+    if profile:
+        labels["GPU_I_PROFILE"] = profile
     if mig.gpu_instance_id is not None:
         labels["GPU_I_ID"] = str(mig.gpu_instance_id)
     return labels
+
+
+def _instance_profile(profile: str | None) -> str | None:
+    """The GPU instance's profile of a MIG device's profile: a compute instance smaller than
+    its GPU instance is named ``<n>c.`` and the GPU instance's (``1c.3g.71gb``)."""
+    if profile is None:
+        return None
+    head, _, rest = profile.partition(".")
+    return rest if rest and head.endswith("c") and head[:-1].isdigit() else profile
 
 
 def xid_labels(labels: Mapping[str, str], xid: int) -> dict[str, str]:
@@ -304,11 +317,17 @@ def _add_mig_samples(
     profiling: Mapping[str, Metric],
     healthy: Metric,
 ) -> None:
-    """The series of each MIG device: framebuffer, profiling, health."""
+    """The series of each GPU instance of the GPU's MIG devices: framebuffer, profiling,
+    health. The MIG devices of one GPU instance (its compute instances) share its memory
+    and its profiling values, and its labels: they make one series each, of the first
+    such MIG device's values, healthy (1) only while all of them are."""
     live = {m.index: m for m in status.telemetry.mig_devices}
+    instances: dict[object, tuple[dict[str, str], list[MigDevice]]] = {}
     for mig in device.mig_devices:
-        labels = mig_labels(base, mig)
-        values = live.get(mig.index)
+        key = mig.index if mig.gpu_instance_id is None else ("gi", mig.gpu_instance_id)
+        instances.setdefault(key, (mig_labels(base, mig), []))[1].append(mig)
+    for labels, migs in instances.values():
+        values = next((live[m.index] for m in migs if m.index in live), None)
         if values is not None:
             fb = values.framebuffer
             for name, value in ((FB_USED, fb.used_mib), (FB_FREE, fb.free_mib),
@@ -317,7 +336,8 @@ def _add_mig_samples(
                     families[name].add_sample(name, labels, value)
             _add_profiling(profiling, values.profiling, labels)
         if state is not None:
-            healthy.add_sample(GPU_HEALTHY, labels, int(state.of_mig(mig.index).healthy))
+            ok = all(state.of_mig(m.index).healthy for m in migs)
+            healthy.add_sample(GPU_HEALTHY, labels, int(ok))
 
 
 def _process_samples(

@@ -3,7 +3,9 @@ rates, per-MIG-device series, the XID's labels, and counters under dcgm-exporter
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from prometheus_client.core import Metric
@@ -78,6 +80,35 @@ async def test_mig_devices_have_their_own_series(make_agent: MakeAgent) -> None:
         if s.name == "nvidia_docker_gpu_healthy" and s.labels["gpu"] == "0"
     }
     assert healthy == {None: 1, "1": 1, "5": 0, "13": 1, "14": 1}
+
+
+async def test_compute_instances_of_one_gpu_instance_make_one_series(
+    make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """MIG devices 0:0 and 0:1 are two compute instances of GPU instance 1 (as
+    ``nvidia-smi mig -cci`` makes them): one series per metric for that GPU instance, never
+    two samples of one series, and 0 healthy while either MIG device is withdrawn."""
+    raw = json.loads(nodefile.resolve("h200x2-mig").read_text(encoding="utf-8"))
+    first, second = raw["devices"][0]["mig_devices"][:2]
+    first["profile"] = second["profile"] = "1c.3g.71gb"
+    second["gpu_instance_id"], second["compute_instance_id"] = 1, 1
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    sick = DeviceHealth(False, "XID 94 (contained ECC error)", 94, 1.0)
+    health = Health((DeviceHealth(migs=((1, sick),)), HEALTHY), (94, 0))
+    text = await (await make_agent(CountingBackend(str(path)), health=health)).scrape()
+    series = [(s.name, tuple(sorted(s.labels.items()))) for s in samples(text)]
+    assert len(series) == len(set(series))  # Prometheus drops all but one of a duplicate
+    used = [s for s in samples(text) if s.name == "DCGM_FI_DEV_FB_USED" and "GPU_I_ID" in s.labels]
+    assert [(s.labels["GPU_I_PROFILE"], s.labels["GPU_I_ID"], s.value) for s in used] == [
+        ("3g.71gb", "1", 20480), ("1g.18gb", "13", 0), ("1g.18gb", "14", 0),
+    ]  # fmt: skip
+    healthy = {
+        s.labels.get("GPU_I_ID"): s.value
+        for s in samples(text)
+        if s.name == "nvidia_docker_gpu_healthy" and s.labels["gpu"] == "0"
+    }
+    assert healthy == {None: 1, "1": 0, "13": 1, "14": 1}
 
 
 async def test_the_xid_carries_dcgm_exporters_labels(make_agent: MakeAgent) -> None:
