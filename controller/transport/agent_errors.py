@@ -183,7 +183,32 @@ def timeout_error(node: str, path: str, timeout_s: float, method: str = "GET") -
 def disconnected_error(
     node: str, path: str, why: str, *, plain_http: bool, method: str = "GET"
 ) -> NodeError:
-    """The connection ended without an answer; over plain HTTP, an agent serving TLS does
-    exactly that, so say so."""
+    """The connection ended before an answer's status line; over plain HTTP, an agent
+    serving TLS does exactly that, so say so."""
     hint = " (an agent serving TLS closes plain HTTP connections: https://?)" if plain_http else ""
     return NodeError(node, f"{method} {path} failed: {why}{hint}", Failure.DISCONNECTED)
+
+
+def cut_off_error(
+    node: str, path: str, got: int, expected: int | None, method: str = "GET"
+) -> NodeError:
+    """The connection ended in the middle of an answer's body, after its status line and
+    headers had come: ``got`` bytes of the body came, of ``expected`` (its Content-Length;
+    None for a chunked body, whose size is not known)."""
+    of = "" if expected is None else f" of {expected}"
+    return NodeError(
+        node,
+        f"{method} {path} failed: the answer was cut off after {got}{of} bytes (the "
+        "connection ended in the middle of its body): was the agent restarted? try again",
+        Failure.DISCONNECTED,
+    )
+
+
+def too_big_error(node: str, path: str, limit: int, method: str = "GET") -> NodeError:
+    """The answer's body is over ``limit`` bytes (the clients' bound on what they keep)."""
+    return NodeError(
+        node,
+        f"{method} {path} failed: the answer is over {limit // 2**20} MiB: "
+        "is this an nvidia-docker agent?",
+        Failure.NOT_AN_AGENT,
+    )

@@ -25,7 +25,9 @@ Public API::
 - ``get(path, params=None) -> bytes`` returns the body of a 200 answer. Every failure raises
   ``controller.errors.NodeError`` with one line: which node, what failed, what to do;
   ``AgentHttpError`` (a ``NodeError``) for an answer other than 200, with ``status`` and the
-  agent's message in ``reason``.
+  agent's message in ``reason``. A body is read up to ``MAX_BODY_BYTES`` (16 MiB, as the
+  other clients'): a longer one is a ``NodeError`` saying so, as is a body the connection
+  ends in the middle of (how many of its bytes came).
 - ``get_json(path, params=None)`` decodes the body as JSON.
 - ``request(method, path, payload=..., answers=(201, 409), timeout_s=...)``: any method,
   with a JSON body; the answers whose status is one of ``answers`` come back as they are
@@ -61,11 +63,13 @@ from controller.transport.agent_errors import (
     TokenRefusedError,
     connect_error,
     connect_failure,
+    cut_off_error,
     decode_json,
     disconnected_error,
     http_error,
     node_label,
     timeout_error,
+    too_big_error,
 )
 from controller.transport.endpoint import Endpoint
 from controller.transport.tls import (
@@ -90,6 +94,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
+MAX_BODY_BYTES = 16 * 1024 * 1024  # an agent's answer is a few kilobytes (as fleet_http's)
 SSH_LOGIN_EXTRA_S = 5.0  # the SSH login (once, at open) gets this much more than a request
 
 
@@ -222,7 +227,7 @@ class AgentClient:
                 headers=self._headers,
                 timeout=timeout,
             ) as response:
-                body = await response.read()
+                body = await self._read_body(response, path, method)
                 if response.status not in answers:
                     raise http_error(
                         self.node,
@@ -250,6 +255,28 @@ class AgentClient:
             raise connect_error(self.node, self.endpoint.agent_url, exc.os_error, failure) from exc
         except aiohttp.ClientError as exc:
             raise self._request_error(path, exc, method) from exc
+
+    async def _read_body(self, response: aiohttp.ClientResponse, path: str, method: str) -> bytes:
+        """The answer's body, at most ``MAX_BODY_BYTES`` (more: ``NodeError``, the rest left
+        unread); a body the connection ends in the middle of is a ``NodeError`` saying so."""
+        length = response.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            raise too_big_error(self.node, path, MAX_BODY_BYTES, method)
+        body = bytearray()
+        try:
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise too_big_error(self.node, path, MAX_BODY_BYTES, method)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+            tunnel = self._tunnel
+            if tunnel is not None and tunnel.channel_error is not None:
+                raise tunnel.channel_error from None
+            encoded = "Content-Encoding" in response.headers  # length is not the body's then
+            raise cut_off_error(
+                self.node, path, len(body), None if encoded else length, method
+            ) from None
+        return bytes(body)
 
     def _tls_error(self, error: BaseException) -> NodeError:
         failure, message = tls_failure(error, self.tls, self.endpoint.host)

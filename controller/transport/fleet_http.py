@@ -37,6 +37,7 @@ from controller.errors import Failure, NodeError
 from controller.transport.agent_errors import (
     connect_error,
     connect_failure,
+    cut_off_error,
     disconnected_error,
     http_error,
 )
@@ -53,6 +54,16 @@ TUNNEL_SERVER_NAME = "127.0.0.1"
 
 class _BadAnswer(Exception):
     """The bytes are not an HTTP/1.x answer (or too big): the message says what."""
+
+
+class _CutOff(Exception):
+    """The connection ended in the middle of an answer's body: ``got`` bytes of it came, of
+    ``expected`` (its Content-Length; None when chunked)."""
+
+    def __init__(self, got: int, expected: int | None) -> None:
+        super().__init__(got, expected)
+        self.got = got
+        self.expected = expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +315,12 @@ class AgentConnection:
                 break
             except _BadAnswer as exc:
                 raise self._bad(path, exc) from None
+            except _CutOff as exc:
+                if not answers and not self._answered:
+                    if isinstance(self._reader.error, ssl.SSLError):  # a TLS alert ended it
+                        raise self._ended(path) from None
+                    raise cut_off_error(self.node, path, exc.got, exc.expected) from None
+                break  # as an early close: what is left goes again on a new connection
             answers.append(answer)
             self._answered += 1
             if answer.headers.get("connection", "").lower() == "close":
@@ -357,9 +374,14 @@ class AgentConnection:
             body = await self._read_chunked()
         elif "content-length" in headers:
             text = headers["content-length"].strip()
-            if not text.isdigit() or int(text) > MAX_BODY_BYTES:
+            if not text.isdigit():
                 raise _BadAnswer(f"Content-Length {text!r}")
-            body = await self._read_exactly(int(text))
+            if int(text) > MAX_BODY_BYTES:
+                raise _BadAnswer(f"more than 16 MiB: Content-Length {text}")
+            try:
+                body = await self._read_exactly(int(text))
+            except EOFError:
+                raise _CutOff(len(reader.buffer), int(text)) from None
         else:  # until the connection ends
             while not reader.ended:
                 if len(reader.buffer) > MAX_BODY_BYTES:
@@ -399,6 +421,12 @@ class AgentConnection:
 
     async def _read_chunked(self) -> bytes:
         body = bytearray()
+        try:
+            return await self._read_chunks(body)
+        except EOFError:
+            raise _CutOff(len(body), None) from None
+
+    async def _read_chunks(self, body: bytearray) -> bytes:
         while True:
             size_text = (await self._read_line()).split(b";", 1)[0].strip()
             try:

@@ -42,11 +42,13 @@ from controller.errors import NodeError
 from controller.transport.agent_errors import (
     connect_error,
     connect_failure,
+    cut_off_error,
     decode_json,
     disconnected_error,
     http_error,
     node_label,
     timeout_error,
+    too_big_error,
 )
 
 TYPE_CHECKING = False
@@ -117,8 +119,19 @@ class _Failed(Exception):
 
 
 class _Disconnected(Exception):
-    """The connection ended before a whole answer (``http.client``'s ``RemoteDisconnected``
-    before the status line, ``IncompleteRead`` in the body)."""
+    """The connection ended before the status line (``http.client``'s
+    ``RemoteDisconnected``)."""
+
+
+class _CutOff(Exception):
+    """The connection ended in the middle of an answer's body (``http.client``'s
+    ``IncompleteRead``): ``got`` bytes of it came, of ``expected`` (its Content-Length; None
+    when chunked)."""
+
+    def __init__(self, got: int, expected: int | None) -> None:
+        super().__init__(got, expected)
+        self.got = got
+        self.expected = expected
 
 
 class _Answer:
@@ -173,7 +186,7 @@ class _Connection:
         self, method: str, target: str, headers: dict[str, str], body: bytes | None
     ) -> _Answer:
         """Send one request and read its whole answer (a body of at most ``MAX_BODY_BYTES``:
-        else ``_TooBig``)."""
+        else ``_TooBig``; one the connection ends in the middle of: ``_CutOff``)."""
         sock = self.sock
         assert sock is not None
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
@@ -201,7 +214,6 @@ class _Connection:
             if length > MAX_BODY_BYTES:
                 raise _TooBig
             data = self._up_to(length)
-            closes = closes or len(data) < length  # it ended early: the connection is gone
         else:
             data = self._to_close()
             closes = True
@@ -278,10 +290,10 @@ class _Connection:
         return len(chunk)
 
     def _up_to(self, size: int) -> bytes:
-        """``size`` bytes, or fewer when the connection ends first (as ``http.client``'s
-        ``read(amt)`` takes a short body)."""
-        while len(self._buffer) < size and self._receive():
-            pass
+        """``size`` bytes; ``_CutOff`` when the connection ends first."""
+        while len(self._buffer) < size:
+            if not self._receive():
+                raise _CutOff(len(self._buffer), size)
         data = bytes(self._buffer[:size])
         del self._buffer[:size]
         return data
@@ -307,17 +319,22 @@ class _Connection:
         size = 0
         while True:
             line = self._line("chunk size")
+            if not line.endswith(b"\n"):  # the connection ended
+                raise _CutOff(size, None)
             try:
                 chunk = int(line.split(b";", 1)[0], 16)
             except ValueError:
-                raise _Disconnected from None  # http.client: IncompleteRead
+                raise _Failed(f"bad chunk size {line[:20]!r}") from None
             if chunk == 0:
                 break
-            size += chunk
-            if size > MAX_BODY_BYTES:
+            if size + chunk > MAX_BODY_BYTES:
                 raise _TooBig
-            parts.append(self._exactly(chunk))
-            self._exactly(2)  # the CRLF after the chunk
+            try:
+                parts.append(self._exactly(chunk))
+                self._exactly(2)  # the CRLF after the chunk
+            except _Disconnected:
+                raise _CutOff(size + min(len(self._buffer), chunk), None) from None
+            size += chunk
         while self._line("trailer line") not in (b"\r\n", b"\n", b""):
             pass
         return b"".join(parts)
@@ -380,7 +397,7 @@ def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, dict[str, s
     try:
         connection.connect()
         answer = connection.exchange("GET", target, {"Accept": "*/*"}, None)
-    except (OSError, _Failed, _Disconnected, _TooBig):  # TimeoutError is an OSError
+    except (OSError, _Failed, _Disconnected, _CutOff, _TooBig):  # TimeoutError: an OSError
         return None
     finally:
         connection.close()
@@ -473,6 +490,9 @@ class PlainAgentClient:
             raise disconnected_error(
                 self.node, path, _DISCONNECTED, plain_http=True, method=method
             ) from exc
+        except _CutOff as exc:
+            connection.close()
+            raise cut_off_error(self.node, path, exc.got, exc.expected, method) from None
         except (OSError, _Failed) as exc:
             connection.close()
             raise NodeError(
@@ -502,11 +522,7 @@ class PlainAgentClient:
             ) from exc
 
     def _too_big(self, method: str, path: str) -> NodeError:
-        return NodeError(
-            self.node,
-            f"{method} {path} failed: the answer is over {MAX_BODY_BYTES // 2**20} MiB: "
-            "is this an nvidia-docker agent?",
-        )
+        return too_big_error(self.node, path, MAX_BODY_BYTES, method)
 
     def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         """The body of ``GET path`` (200 only); raises ``NodeError``."""

@@ -196,7 +196,21 @@ async def test_answers_as_http_frames_them(answer: bytes, status: int, body: byt
     [
         (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", Failure.NOT_AN_AGENT, "not HTTP from an agent"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", Failure.NOT_AN_AGENT, "Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", Failure.DISCONNECTED, "https://?"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+            Failure.DISCONNECTED,
+            "GET /gpu/info/json failed: the answer was cut off after 5 of 10 bytes",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n9\r\nde",
+            Failure.DISCONNECTED,
+            "GET /gpu/info/json failed: the answer was cut off after 3 bytes",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n",
+            Failure.NOT_AN_AGENT,
+            "more than 16 MiB: Content-Length 104857600",
+        ),
         (b"", Failure.DISCONNECTED, "Server disconnected"),
         (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, Failure.NOT_AN_AGENT, "64 KiB"),
     ],
@@ -214,6 +228,8 @@ async def test_what_is_not_an_answer(answer: bytes, failure: Failure, message: s
         await server.wait_closed()
     assert info.value.failure is failure
     assert message in str(info.value)
+    if b"HTTP/1.1 200" in answer:  # headers came over plain HTTP: no TLS hint
+        assert "https://?" not in str(info.value)
 
 
 async def test_a_silent_server_is_the_callers_timeout() -> None:

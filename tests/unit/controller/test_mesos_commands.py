@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -209,3 +211,59 @@ def test_help_names_every_command() -> None:
     assert result.exit_code == 0
     for command in ("flags", "decode", "exec"):
         assert command in result.stdout
+
+
+def _streaming_server(head: bytes, total: int) -> tuple[int, list[int], threading.Thread]:
+    """A server on loopback that answers one request with ``head`` and then ``total`` bytes
+    of body (or fewer, when the client closes first); ``sent`` gets how many it sent."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    sent: list[int] = []
+
+    def serve() -> None:
+        with server, server.accept()[0] as conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(head)
+            count, block = 0, b"x" * 65536
+            try:
+                while count < total:
+                    count += conn.send(block[: total - count])
+            except OSError:
+                pass
+            sent.append(count)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return port, sent, thread
+
+
+def test_flags_from_a_port_streaming_100_mb_stops_at_16_mib_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NV_HOST", raising=False)
+    total = 100 * 2**20
+    port, sent, thread = _streaming_server(b"HTTP/1.1 200 OK\r\n\r\n", total)
+    done = mesos(["flags", f"http://127.0.0.1:{port}"])
+    thread.join(10)
+    assert done.stdout == ""
+    assert error_of(done.stderr) == (
+        f"http://127.0.0.1:{port}: GET /mesos/cli failed: the answer is over 16 MiB: "
+        "is this an nvidia-docker agent?"
+    )
+    assert sent
+    assert sent[0] < total  # the client stopped reading
+
+
+def test_flags_from_an_agent_that_cuts_its_answer_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NV_HOST", raising=False)
+    port, _sent, thread = _streaming_server(b"HTTP/1.1 200 OK\r\nContent-Length: 900\r\n\r\n", 40)
+    done = mesos(["flags", f"http://127.0.0.1:{port}"])
+    thread.join(10)
+    assert done.exit_code == 3
+    line = error_of(done.stderr)
+    assert "GET /mesos/cli failed: the answer was cut off after 40 of 900 bytes" in line
+    assert "https://?" not in line

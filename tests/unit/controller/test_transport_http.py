@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from controller.errors import NodeError
+from controller.errors import Failure, NodeError
 from controller.transport.client import AgentClient, AgentHttpError
 from controller.transport.endpoint import parse_endpoint
 from tests.support.services import free_port, serve_on_loopback
@@ -102,3 +102,63 @@ async def test_not_json(agent_port: int) -> None:
 
 def test_default_timeout_is_ten_seconds() -> None:
     assert AgentClient(parse_endpoint("10.0.0.1:")).timeout_s == 10.0
+
+
+async def _raw_agent(answer: bytes) -> tuple[asyncio.AbstractServer, int]:
+    """A server that reads a request, writes ``answer`` and closes the connection."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+        except ConnectionError:
+            pass  # the client stopped reading
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port: int = server.sockets[0].getsockname()[1]
+    return server, port
+
+
+@pytest.mark.parametrize(
+    ("answer", "message", "failure"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+            "GET /x failed: the answer was cut off after 5 of 10 bytes",
+            Failure.DISCONNECTED,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n",
+            "GET /x failed: the answer was cut off after 5 bytes",
+            Failure.DISCONNECTED,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n" + b"x" * 65536,
+            "GET /x failed: the answer is over 16 MiB: is this an nvidia-docker agent?",
+            Failure.NOT_AN_AGENT,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (17 * 2**20),
+            "GET /x failed: the answer is over 16 MiB: is this an nvidia-docker agent?",
+            Failure.NOT_AN_AGENT,
+        ),
+    ],
+    ids=["cut-off", "chunked-cut-off", "content-length-over", "streamed-over"],
+)
+async def test_a_cut_off_or_oversized_answer_is_one_line(
+    answer: bytes, message: str, failure: Failure
+) -> None:
+    server, port = await _raw_agent(answer)
+    try:
+        async with AgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent:
+            with pytest.raises(NodeError) as info:
+                await agent.get("/x")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert info.value.reason.startswith(message)
+    assert "https://?" not in str(info.value)  # headers came: not an agent serving TLS
+    assert info.value.failure is failure

@@ -334,10 +334,22 @@ def test_chunked_to_the_close_and_short_answers() -> None:
     port, _seen, thread = _one_answer(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\nto the end")
     assert _ask(port, lambda a: a.get("/x")) == b"to the end"
     thread.join(5)
-    # a body shorter than its Content-Length is taken as it came, as http.client's read(amt)
-    port, _seen, thread = _one_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")
-    assert _ask(port, lambda a: a.get("/x")) == b"abc"
-    thread.join(5)
+
+
+def test_a_body_cut_off_says_how_much_came_without_a_tls_hint() -> None:
+    cases = [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc", "after 3 of 9 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", "after 3 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab", "after 2 bytes"),
+    ]  # fmt: skip
+    for answer, said in cases:
+        port, _seen, thread = _one_answer(answer)
+        with pytest.raises(NodeError) as info:
+            _ask(port, lambda a: a.get("/x"))
+        thread.join(5)
+        assert f"GET /x failed: the answer was cut off {said} (" in str(info.value)
+        assert "https://?" not in str(info.value)
+        assert info.value.failure is Failure.DISCONNECTED
 
 
 def test_a_closing_agent_gets_a_new_connection(plain_port: int) -> None:
