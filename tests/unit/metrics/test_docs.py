@@ -22,6 +22,14 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 PROMTOOL = shutil.which("promtool")
 
 
+def _leased_idle_query() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("GPUs leased and idle for the last hour", 1)[1]
+    match = re.search(r"```promql\n(.*?)```", section, re.DOTALL)
+    assert match, "docs/metrics.md has no query for leased idle GPUs"
+    return match.group(1).strip()
+
+
 def _scrape_config() -> str:
     text = DOC.read_text(encoding="utf-8")
     section = text.split("## Scrape config", 1)[1]
@@ -39,6 +47,47 @@ def test_the_scrape_config_is_valid(tmp_path: Path) -> None:
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout + done.stderr
+
+
+LEASED_IDLE_TEST = """
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'nvidia_docker_gpu_leased{UUID="GPU-a",gpu="3",lease="l1",state="running"}'
+        values: '1x60'
+      - series: 'nvidia_docker_gpu_leased{UUID="GPU-b",gpu="4",lease="l2",state="running"}'
+        values: '1x60'
+      # GPU-a ran a job of another container in the first half hour, idle since
+      - series: 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",gpu="3",container="old-job"}'
+        values: '0x30'
+      - series: 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",gpu="3"}'
+        values: '_x30 0x30'
+      - series: 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-b",gpu="4"}'
+        values: '0x30 40x30'
+    promql_expr_test:
+      - expr: leased_idle
+        eval_time: 50m
+        exp_samples:
+          - labels: 'leased_idle{UUID="GPU-a",gpu="3",lease="l1",state="running"}'
+            value: 0
+"""
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
+def test_the_leased_idle_query_finds_a_gpu_whose_labels_changed(tmp_path: Path) -> None:
+    """The documented query, on a GPU leased and idle whose series changed labels within
+    the hour (a job of another container ran on it), and one busy GPU."""
+    assert PROMTOOL is not None
+    query = _leased_idle_query()
+    rule = "      - record: leased_idle\n        expr: |\n"
+    rule += "".join(f"          {line}\n" for line in query.splitlines())
+    (tmp_path / "rules.yml").write_text("groups:\n  - name: docs\n    rules:\n" + rule)
+    (tmp_path / "test.yml").write_text(LEASED_IDLE_TEST)
+    done = subprocess.run([PROMTOOL, "test", "rules", "test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 async def test_every_exported_family_is_documented(make_agent: MakeAgent) -> None:
