@@ -41,7 +41,8 @@ class ListenAddress:
 
 
 def parse_listen(value: str) -> ListenAddress:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every interface)."""
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every interface); an IPv6 address
+    without brackets (``::1:3476``) or with unmatched ones is refused."""
     host, sep, port = value.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()):
         raise ListenAddressError(f"{value!r}: expected HOST:PORT, e.g. localhost:3476")
@@ -49,6 +50,15 @@ def parse_listen(value: str) -> ListenAddress:
         raise ListenAddressError(f"{value!r}: port {int(port)} is out of range (1 to 65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+        if not host or "[" in host or "]" in host:
+            raise ListenAddressError(f"{value!r}: expected [IPv6]:PORT, e.g. [::1]:3476")
+    elif "[" in host or "]" in host:
+        raise ListenAddressError(f"{value!r}: expected [IPv6]:PORT, e.g. [::1]:3476")
+    elif ":" in host:  # ::1:3476 is ambiguous; nvidia-docker-plugin 1.0 refused it too
+        raise ListenAddressError(
+            f"{value!r}: an IPv6 address goes in brackets, with the port after them: "
+            "[IPv6]:PORT, e.g. [::1]:3476"
+        )
     return ListenAddress(host or None, int(port))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -97,10 +98,18 @@ def test_an_empty_cdi_spec_dir_turns_the_spec_off_as_a_flag_or_a_variable(
         ("127.0.0.1:0", "'127.0.0.1:0': port 0 is out of range (1 to 65535)"),
         ("127.0.0.1:99999", "'127.0.0.1:99999': port 99999 is out of range (1 to 65535)"),
         ("localhost", "'localhost': expected HOST:PORT, e.g. localhost:3476"),
+        (
+            "::1:3476",
+            "'::1:3476': an IPv6 address goes in brackets, with the port after them: "
+            "[IPv6]:PORT, e.g. [::1]:3476",
+        ),
+        ("::1", "'::1': an IPv6 address goes in brackets"),
+        ("[::1:3476", "'[::1:3476': expected [IPv6]:PORT, e.g. [::1]:3476"),
+        ("[]:3476", "'[]:3476': expected [IPv6]:PORT, e.g. [::1]:3476"),
     ],
 )
 def test_a_bad_listen_address_says_what_is_wrong(value: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         parse_listen(value)
     result = CliRunner().invoke(cli.command, ["-l", value])
     assert result.exit_code == 2
