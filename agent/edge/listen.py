@@ -31,11 +31,25 @@ _UNBINDABLE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 BACKLOG = 128
 
 
+def _shown(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (as ``-l`` takes it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _what_to_do(err: OSError) -> str:
+    """The advice for a failed bind or listen: another agent only when the address is in use."""
+    if err.errno == errno.EADDRINUSE:
+        return "is another agent running? choose another address with -l"
+    if err.errno == errno.EADDRNOTAVAIL:
+        return "it is not an address of this node: choose one of its addresses with -l"
+    return "choose another address with -l"
+
+
 async def bind(host: str | None, port: int) -> list[socket.socket]:
     """Sockets bound (not yet listening) on every address of ``host`` (all interfaces for None)
     at ``port``; ``StartupError`` (one line, with what to do) when none can be bound or one is
     in use."""
-    where = f"{host or '*'}:{port}"
+    where = _shown(host or "*", port)
     if host is None:
         addresses: list[str | None] = [None]
     else:
@@ -58,8 +72,7 @@ async def bind(host: str | None, port: int) -> list[socket.socket]:
             for sock in sockets:
                 sock.close()
             raise StartupError(
-                f"cannot listen on {where}: {err.strerror or err} (is another agent running? "
-                "choose another address with -l)"
+                f"cannot listen on {where}: {err.strerror or err} ({_what_to_do(err)})"
             ) from None
     if not sockets:
         raise StartupError(f"cannot listen on {where}: none of its addresses can be bound")
@@ -90,8 +103,7 @@ async def serve(
         except OSError as err:
             host, port = sock.getsockname()[:2]
             raise StartupError(
-                f"cannot listen on {host}:{port}: {err.strerror or err} (is another agent "
-                "running? choose another address with -l)"
+                f"cannot listen on {_shown(host, port)}: {err.strerror or err} ({_what_to_do(err)})"
             ) from None
         sock.setblocking(False)
         site: web.BaseSite

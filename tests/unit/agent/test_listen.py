@@ -61,3 +61,19 @@ async def test_address_in_use_is_never_skipped(
         _resolve_to(monkeypatch, UNASSIGNED, "127.0.0.1")
         with pytest.raises(StartupError, match="is another agent running"):
             await listen(runner, "localhost", port)
+
+
+async def test_an_address_not_of_this_node_is_not_blamed_on_another_agent(
+    runner: web.AppRunner,
+) -> None:
+    with pytest.raises(StartupError) as refused:
+        await listen(runner, UNASSIGNED, free_port())
+    assert "is another agent running" not in str(refused.value)
+    assert "it is not an address of this node: choose one of its addresses with -l" in str(
+        refused.value
+    )
+
+
+async def test_an_ipv6_address_in_an_error_is_shown_as_l_takes_it(runner: web.AppRunner) -> None:
+    with pytest.raises(StartupError, match=r"cannot listen on \[2001:db8::1\]:"):
+        await listen(runner, "2001:db8::1", free_port())
