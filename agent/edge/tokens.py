@@ -64,14 +64,16 @@ def _read_bounded(path: Path) -> bytes:
         return read_regular(path, limit=TOKEN_FILE_LIMIT, what="--token-file")
     except UnusableFile as err:
         try:
-            path.stat()
+            size = path.stat().st_size
         except OSError as missing:  # the plainest words for a file that is not there
             raise TokenFileError(
                 f"--token-file {path}: cannot read it: {missing.strerror}"
             ) from None
-        raise TokenFileError(
-            f"{err}: a token file holds at most {MAX_TOKENS} tokens, one per line"
-        ) from None
+        if size > TOKEN_FILE_LIMIT:
+            raise TokenFileError(
+                f"{err}: a token file holds at most {MAX_TOKENS} tokens, one per line"
+            ) from None
+        raise TokenFileError(f"{err}: give a readable file of tokens, one per line") from None
 
 
 def read_tokens(path: Path) -> tuple[bytes, ...]:

@@ -102,8 +102,29 @@ def test_a_file_beyond_the_bounds_is_refused_with_one_line(
 def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     os.mkfifo(path)  # no writer: an open that blocked would hang the test
-    with pytest.raises(TokenFileError, match="is a FIFO, not a regular file"):
+    with pytest.raises(TokenFileError, match="is a FIFO, not a regular file") as refused:
         read_tokens(path)
+    assert "at most" not in str(refused.value)  # its size is not what is wrong
+
+
+def test_an_unreadable_file_is_not_said_to_hold_too_many_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("a" * 32 + "\n")
+    real_open = os.open
+
+    def refused_open(name: object, flags: int, *args: object, **kwargs: object) -> int:
+        if name == path:
+            raise PermissionError(13, "Permission denied")
+        return real_open(name, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refused_open)
+    with pytest.raises(TokenFileError) as refused:
+        read_tokens(path)
+    assert str(refused.value) == (
+        f"--token-file {path}: Permission denied: give a readable file of tokens, one per line"
+    )
 
 
 async def test_reload_reads_in_a_thread_and_keeps_the_tokens_when_refused(
