@@ -54,6 +54,9 @@ class Holder:
     labels: Labels = ()
     since_s: float | None = None  # a lease's grant time, when known
     idle_policy: str | None = None  # its nvidia-docker.idle label, as given (agent.usage.idle)
+    # A lease's container runs (False: pending, or its container is stopped); None for the
+    # other holders, which hold a unit only while they run (agent.usage.idle).
+    running: bool | None = None
     # Its labels are final. False for a lease whose container is not known yet (pending, or
     # its engine has not said its labels): its hourly amounts wait, so that the seconds
     # before its container was created count under the container's labels too.
@@ -72,7 +75,9 @@ class UnitSample:
     memory_used_mib: int | None
     energy_mj: int | None  # the GPU's counter since the driver loaded; None for MIG devices
     holders: tuple[Holder, ...]
-    active: bool = False  # working now: utilisation above 0, or a GPU process of a holder
+    # Working now, or not known to be idle: utilisation above 0, a GPU process of a holder,
+    # or a reading that could not tell (agent.usage.ledger.build_samples).
+    active: bool = False
 
 
 @dataclass(slots=True)

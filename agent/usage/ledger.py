@@ -86,6 +86,7 @@ class UsageLedger:
         *,
         off_reason: str | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.status = status
@@ -94,8 +95,11 @@ class UsageLedger:
         self.store = store
         self.off_reason = off_reason  # why there is no store (None: there is one)
         self._clock = clock
+        self._monotonic = monotonic
         self.accounting = Accounting(settings.label_keys, max_gap_s=3 * settings.interval_s)
-        self.idle = IdleTracker(settings.idle_after_s, settings.idle_policy)
+        self.idle = IdleTracker(
+            settings.idle_after_s, settings.idle_policy, max_gap_s=3 * settings.interval_s
+        )
         # Held and busy GPU-seconds since the agent started, by (label key, value): the
         # Prometheus counters (agent.metrics.usage_families).
         self.by_owner: dict[tuple[str, str], list[float]] = {}
@@ -199,6 +203,7 @@ class UsageLedger:
         except StatusUnavailable:
             return  # the driver is being replaced: the gap is not counted
         now_s = self._clock()
+        now_mono = self._monotonic()
         owners = await self.attributor.owners(
             p.pid for status in sweep.statuses for p in status.processes
         )
@@ -208,7 +213,7 @@ class UsageLedger:
         lease_facts = await self._lease_containers(view, owners)
         samples = build_samples(sweep, view, owners, lease_facts, now_s)
         self.accounting.observe(now_s, samples)
-        newly_idle = self.idle.observe(now_s, samples)
+        newly_idle = self.idle.observe(now_s, samples, mono_s=now_mono)
         batch = self.accounting.take_batch()
         if batch is not None:
             self._count_owners(batch)
@@ -263,7 +268,7 @@ class UsageLedger:
     def _act(self, found: IdleUnit) -> None:
         holder = found.holder
         slot = (found.mig_uuid or found.gpu_uuid, holder.ident)
-        idle_for = _duration(self._clock() - found.idle_since_s)
+        idle_for = _duration(found.idle_s)
         who = _holder_text(holder)
         if found.policy is IdlePolicy.STOP and holder.container_id is not None:
             self.actions[slot] = "stopping"
@@ -345,7 +350,7 @@ class UsageLedger:
                 "(idle policy release)",
                 lease_id,
                 found.unit,
-                _duration(self._clock() - found.idle_since_s),
+                _duration(found.idle_s),
             )
 
     def action_of(self, found: IdleUnit) -> str | None:
@@ -360,7 +365,10 @@ def build_samples(
     now_s: float,
 ) -> list[UnitSample]:
     """One sample per unit of the table: its holders (leases, foreign holders, and GPU
-    processes of nobody the table knows) and how busy it is."""
+    processes of nobody the table knows) and how busy it is. A unit whose work the sweep
+    cannot rule out is ``active``: a whole GPU without a utilisation reading (it did not
+    answer), a MIG device of a GPU that did not answer, or of a GPU running a process that
+    the attribution cannot place (its MIG device is not known: it may be this one's)."""
     leases = {lease.id: lease for lease in view.leases}
     statuses = sweep.statuses
     samples: list[UnitSample] = []
@@ -387,7 +395,11 @@ def build_samples(
                 pids_of_holders = True
                 continue
             if not whole:
-                continue  # a MIG GPU's processes cannot be told apart by MIG device here
+                # A MIG GPU's processes cannot be told apart by MIG device here: one that is
+                # in no known place (another PID namespace, ended) may be this unit's work.
+                if owner is None or owner.kind is OwnerKind.UNKNOWN:
+                    pids_of_holders = True
+                continue
             if f"pid {process.pid}" in {h.ident for h in holders}:
                 continue  # the table's foreign holder of this process (agent.usage.table_feed)
             holder = _process_holder(process.pid, owner)
@@ -395,6 +407,7 @@ def build_samples(
                 holders.append(holder)
                 pids_of_holders = True
         util = status.utilization.gpu_pct if whole else None
+        unknown = util is None if whole else status.memory_used_mib is None
         samples.append(
             UnitSample(
                 unit=unit.name,
@@ -405,7 +418,7 @@ def build_samples(
                 memory_used_mib=status.memory_used_mib if whole else None,
                 energy_mj=status.telemetry.total_energy_mj if whole else None,
                 holders=tuple(holders),
-                active=bool(util) or pids_of_holders,
+                active=unknown or bool(util) or pids_of_holders,
             )
         )
     return samples
@@ -456,6 +469,7 @@ def _holder_of(
         idle_policy=policy,
         # the container's labels count for the whole lease, its pending seconds too
         settled=facts is not None or now_s - lease.since_s >= SETTLE_S,
+        running=lease.state is LeaseState.RUNNING,
     )
 
 

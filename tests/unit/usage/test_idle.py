@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from agent.usage.accounting import Holder, UnitSample
 from agent.usage.idle import IdlePolicy, IdleTracker
 from agent.usage.records import HolderKind
@@ -49,3 +51,22 @@ def test_a_holder_that_left_is_forgotten() -> None:
     tracker.observe(5, [unit()])
     assert tracker.observe(12, [unit(TRAIN)]) == ()  # back, and its clock starts again
     assert tracker.observe(22, [unit(TRAIN)])[0].idle_since_s == 12
+
+
+def test_a_lease_whose_container_starts_again_starts_a_new_idle_spell() -> None:
+    stopped = dataclasses.replace(TRAIN, running=False)
+    running = dataclasses.replace(TRAIN, running=True)
+    tracker = IdleTracker(60, IdlePolicy.STOP)
+    tracker.observe(0, [unit(running)])
+    tracker.observe(50, [unit(stopped)])  # docker stop
+    assert tracker.observe(55, [unit(running)]) == ()  # docker start: its job loads data
+    assert tracker.observe(110, [unit(running)]) == ()
+    assert tracker.observe(115, [unit(running)])[0].idle_since_s == 55
+
+
+def test_a_stopped_lease_stays_idle_from_before_it_stopped() -> None:
+    """What ``release`` relies on: the spell goes on while its container is stopped."""
+    tracker = IdleTracker(60, IdlePolicy.RELEASE)
+    tracker.observe(0, [unit(dataclasses.replace(TRAIN, running=True))])
+    (found,) = tracker.observe(60, [unit(dataclasses.replace(TRAIN, running=False))])
+    assert found.idle_since_s == 0
