@@ -22,6 +22,7 @@ failed (a node that did not answer may have idle GPUs), 3 no node's agent could 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,24 @@ IDLE_EPILOG = _NODES + (
 )
 
 
+# The agents' rule for a time before now (agent.api.usage): at most 9 digits before the unit
+# or the fraction; a longer one is refused by every node, so it is refused here first.
+_AGENT_RELATIVE = re.compile(r"-([0-9]{1,9}(?:\.[0-9]+)?)([smhd])")
+_ANY_RELATIVE = re.compile(r"-[0-9]+(?:\.[0-9]+)?[smhd]")
+
+
+def check_range_time(text: str) -> str:
+    """``--since``/``--until`` as given, once it is known to be one the agents take: the
+    fleet's ``check_time``, and a time before now of at most 9 digits (the agents' rule)."""
+    value = text.strip()
+    if _ANY_RELATIVE.fullmatch(value) and not _AGENT_RELATIVE.fullmatch(value):
+        raise ValueError(
+            "a time before now has at most 9 digits before its unit or decimal point "
+            "(-30m, -24h, -7d, -1.5h): the agents refuse more"
+        )
+    return check_time(text)
+
+
 @dataclass(frozen=True, slots=True)
 class UsageRequest:
     since: str | None = setting(
@@ -73,7 +92,7 @@ class UsageRequest:
         "with its zone (2026-12-01T00:00:00Z).",
         flags=("--since",),
         metavar="S",
-        parse=check_time,
+        parse=check_range_time,
         shown="-24h",
     )
     until: str | None = setting(
@@ -81,7 +100,7 @@ class UsageRequest:
         "End of the range, as --since.",
         flags=("--until",),
         metavar="U",
-        parse=check_time,
+        parse=check_range_time,
         shown="now",
     )
     by: str = setting(

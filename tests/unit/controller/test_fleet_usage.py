@@ -29,7 +29,9 @@ import pytest
 from aiohttp import web
 from click.testing import Result
 
+from agent.api.usage import BadQuery, parse_time
 from controller.ctl.main import main
+from controller.ctl.usage import check_range_time
 from controller.fleet.idle_view import holder_text, idle_for
 from controller.fleet.usage_view import UsageAsk, time_of
 from tests.support.cli import cli_runner
@@ -446,6 +448,10 @@ async def test_dead_nodes_exit_1_beside_live_ones_and_3_alone(fleet: Fleet) -> N
         (["--until", "2026-12-01T00:00:00"], "an ISO 8601 time needs its zone"),
         (["--since", "-1h", "--until", "-2h"], "--since -1h is not before --until -2h"),
         (["--since", "100000000000"], "--since '100000000000' cannot be used: 100000000000 is"),
+        (
+            ["--since", "-9999999999d"],
+            "--since '-9999999999d' cannot be used: a time before now has at most 9 digits",
+        ),
         (["--by", "label:" + "k" * 129], "a label key is 128 characters at most"),
         (["--max-rows", "0"], "--max-rows '0' cannot be used: give a whole number from 1 to"),
         (["--csv", "--json"], "--csv and --json exclude each other"),
@@ -457,6 +463,24 @@ def test_a_bad_range_or_grouping_is_one_line_and_exit_2(args: list[str], message
     assert result.stdout == ""
     assert message in error_of(result.stderr)
     assert ERROR_LINE.match(result.stderr.strip())
+
+
+def test_the_ctl_takes_the_relative_times_the_agents_take_and_no_other() -> None:
+    # a time the agents refuse was sent to every node, each refusing it (exit 1)
+    for text in ("-999999999d", "-999999999.25h", "-9999999999d", "-1234567890s", "-0012345678.5m"):
+        try:
+            parse_time("since", text, 1796169600.0)
+        except BadQuery:
+            agent_takes = False
+        else:
+            agent_takes = True
+        try:
+            check_range_time(text)
+        except ValueError:
+            ctl_takes = False
+        else:
+            ctl_takes = True
+        assert (text, ctl_takes) == (text, agent_takes)
 
 
 def test_times_are_read_as_the_agents_read_them() -> None:
