@@ -172,6 +172,20 @@ def test_the_podman_start_hook_file_is_the_packaged_one_with_the_nodes_venv_and_
     assert other["hook"]["args"][2] == "/run/gpu-agent/nvidia-docker.sock"
 
 
+def test_the_packaged_start_hook_asks_the_plugin_socket_of_the_packaged_unit() -> None:
+    """A manual install (docs/install.md) copies the hook file as shipped, beside the packaged
+    unit and spec file: its --socket is the plugin socket they name. The hook fails open, so
+    another socket would let every Podman container start unasked."""
+    hook = json.loads((REPO / "packaging" / "podman" / HOOK_FILE).read_text())
+    spec = (REPO / "packaging" / "docker" / "nvidia-docker.spec").read_text().strip()
+    unit = (REPO / "packaging" / "systemd" / "nvidia-docker.service").read_text().splitlines()
+    assert "Environment=NVIDIA_DOCKER_PLUGIN_SOCKET_DIR=%t/nvidia-docker" in unit
+    assert spec == "unix:///run/nvidia-docker/nvidia-docker.sock"
+    assert hook["hook"]["args"] == [
+        "nvidia-docker-start-hook", "--socket", "/run/nvidia-docker/nvidia-docker.sock"
+    ]  # fmt: skip
+
+
 # --- the fleet -------------------------------------------------------------------------
 
 
