@@ -10,6 +10,7 @@ in one place. The defaults are those of nvidia-docker-plugin 1.0 where it had th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -110,6 +111,15 @@ def parse_label_keys(text: str) -> LabelKeys:
     if len(keys) > 16:
         raise ValueError("at most 16 label keys")
     return LabelKeys(keys)
+
+
+def parse_idle_after(text: str) -> float:
+    """``--idle-after``: finite seconds (click's range lets ``nan`` and ``inf`` through; with
+    ``nan`` every held GPU would be idle at its first sweep)."""
+    seconds = float(text)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text[:20]!r}: give seconds as a finite number, 1 or more (3600)")
+    return seconds
 
 
 def parse_cdi_kind(text: str) -> str:
@@ -394,6 +404,7 @@ class Config:
         "it is idle (docs/usage.md, 'Idle GPUs').",
         kind="float",
         minimum=1.0,
+        parse=parse_idle_after,
     )
     idle_policy: str = _setting(
         "notify",
