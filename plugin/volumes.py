@@ -11,8 +11,10 @@ a version is always a complete volume. A builder holds an ``flock`` on
 leftovers of builders that died. Creates of one volume in this process are serialised; across
 processes the rename decides (the loser discards its copy). Remove renames the volume away
 (``.<version>.removing-<token>``) before deleting it, so it disappears at once and whole.
-The per-name locks live only while used (``plugin.name_locks``), and Remove takes none for a
-volume that is not on disk, so made-up names cost no memory.
+The volume the agent's CDI spec mounts by path (``create(..., keep=True)``) is never removed:
+Docker counts only its own containers as its users. The per-name locks live only while used
+(``plugin.name_locks``), and Remove takes none for a volume that is not on disk, so made-up
+names cost no memory.
 
 After a driver upgrade (``use_files`` with the new driver's files), a Mount of another
 driver's volume (``nvidia_driver_<old>``, named by containers created before) serves the
@@ -45,6 +47,9 @@ BAD_FORMAT = "bad volume format"
 UNSUPPORTED = "unsupported volume"
 NO_SUCH_VOLUME = "no such volume"
 INVALID_VERSION = "invalid volume version"
+IN_USE_BY_CDI = (
+    "in use by the agent's CDI spec (containers given GPUs through CDI mount it by path)"
+)
 
 VERSION_PATTERN = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,7}")
 BUILDING = ".building-"
@@ -94,6 +99,7 @@ class VolumeStore:
         self.build_listeners: list[Callable[[str, BuildReport], None]] = []
         self._previous_versions: set[str] = set()  # drivers this store served before
         self._redirected: set[str] = set()  # old names already logged
+        self._kept: str | None = None  # the volume the CDI spec mounts: Remove refuses it
 
     @property
     def driver_version(self) -> str:
@@ -180,16 +186,22 @@ class VolumeStore:
                         found.append((spec.docker_name(entry.name), entry))
         return sorted(found)
 
-    def create(self, name: str) -> Path:
-        """Build the volume unless it exists; safe to call from many threads at once."""
+    def create(self, name: str, *, keep: bool = False) -> Path:
+        """Build the volume unless it exists; safe to call from many threads at once.
+        ``keep``: Remove refuses this volume from now on (it replaces the one kept before):
+        the CDI spec mounts it by path."""
         ref = self.parse(name)
         if ref.version != self.driver_version:
             raise VolumeError(INVALID_VERSION, name)
         final = self.path(ref)
         with self._locks.hold(ref.name):
             if final.is_dir():
+                if keep:
+                    self._kept = ref.name
                 return final
             report = self._build(ref, final)
+            if keep:
+                self._kept = ref.name
         if report is not None:
             log.info("built volume %s: %s", ref.name, report.summary())
             for listener in self.build_listeners:
@@ -200,7 +212,8 @@ class VolumeStore:
         return final
 
     def remove(self, name: str) -> None:
-        """Delete a volume of any driver version (stale ones after an upgrade too)."""
+        """Delete a volume of any driver version (stale ones after an upgrade too), but not
+        the one kept for the CDI spec."""
         ref = self.parse(name)
         final = self.path(ref)
         if not final.is_dir():  # no lock for names that do not exist
@@ -208,6 +221,8 @@ class VolumeStore:
         with self._locks.hold(ref.name):
             if not final.is_dir():
                 raise VolumeError(NO_SUCH_VOLUME, name)
+            if ref.name == self._kept:
+                raise VolumeError(IN_USE_BY_CDI, name)
             doomed = final.with_name(f".{ref.version}{REMOVING}{secrets.token_hex(6)}")
             final.rename(doomed)
             _fsync_dir(final.parent)

@@ -85,11 +85,13 @@ def no_unhealthy_gpus(_facts: NodeFacts) -> frozenset[int | tuple[int, int]]:
 
 def volume_builder(store: VolumeStore) -> EnsureVolume:
     """The driver volume of a driver version, built by the plugin's store when missing (the
-    same volume ``docker run --volume-driver=nvidia-docker`` mounts)."""
+    same volume ``docker run --volume-driver=nvidia-docker`` mounts), and kept: the plugin's
+    Remove refuses it from then on (Docker does not know the containers that mount it by
+    path through the spec), until another driver's volume is asked for."""
     driver = VOLUMES[0]  # nvidia_driver, at /usr/local/nvidia
 
     def ensure(driver_version: str) -> Path:
-        return store.create(driver.docker_name(driver_version))
+        return store.create(driver.docker_name(driver_version), keep=True)
 
     return ensure
 

@@ -26,7 +26,7 @@ from agent.node.state import NodeState
 from agent.node.status import StatusService
 from cdi.spec import LinkerCacheHook
 from plugin.discovery import find_driver_files
-from plugin.volumes import VolumeStore
+from plugin.volumes import VolumeError, VolumeStore
 from tests.support.cdi_schema import schema_errors
 from tests.support.fake_driver import FakeDriver
 from tests.unit.agent.conftest import CONTROL, CountingBackend
@@ -260,6 +260,27 @@ def test_the_daemons_volume_builder_builds_the_plugins_volume(
     assert (volume / "lib64" / "libcuda.so.1").exists()
     with pytest.raises(Exception, match="invalid volume version"):
         volume_builder(store)("470.57.02")  # the store builds the running driver's only
+
+
+def test_docker_cannot_remove_the_volume_the_spec_mounts_by_path(
+    tmp_path: Path, fake_driver: FakeDriver
+) -> None:
+    # Docker counts only its own containers as users of a volume: a `docker volume rm` (or
+    # `docker volume prune -a`) would delete the driver files under every container given
+    # GPUs through the CDI spec. An upgrade's old volume stays removable.
+    files = find_driver_files(
+        fake_driver.version, ldcache=fake_driver.ldcache, search_path=str(fake_driver.bin)
+    )
+    store = VolumeStore(tmp_path / "volumes", files)
+    volume = volume_builder(store)(fake_driver.version)
+    name = f"nvidia_driver_{fake_driver.version}"
+    with pytest.raises(VolumeError, match=f"in use by the agent's CDI spec.*: {name}$"):
+        store.remove(name)
+    assert (volume / "lib64" / "libcuda.so.1").exists()
+    store.use_files(dataclasses.replace(files, driver_version="590.48.01"))
+    volume_builder(store)("590.48.01")
+    store.remove(name)
+    assert not volume.exists()
 
 
 # --- the REST routes ------------------------------------------------------------------------
