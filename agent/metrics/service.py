@@ -95,14 +95,16 @@ class MetricsService:
     async def scrape(self) -> bytes:
         """The whole ``/metrics`` body.
 
-        While no status can be read (a driver upgrade has the GPUs released), the GPU
-        families are absent and ``nvidia_docker_gpus_released`` says why, so the target stays
-        up and the agent's own counters keep flowing.
+        While no status can be read (a driver upgrade has the GPUs released, or the GPU
+        worker restarts), the GPU families are absent and ``nvidia_docker_gpus_released``
+        says why, so the target stays up; the agent's own counters, the lease table's and
+        the usage ledger's families keep flowing.
         """
         try:
             sweep = await self.status.sweep()
         except StatusUnavailable as err:
-            return self.agent.render() + render(self._released(str(err)))
+            live = self._live(None, await self._lease_containers())
+            return self.agent.render() + render([*live, self._released(str(err))])
         view = self._view_of(sweep)
         owners = await self._owners(view)
         if view.gpu_text is None:
@@ -155,14 +157,14 @@ class MetricsService:
         build.add_metric([__version__, node.driver_version, node.cuda_version], {})
         return build
 
-    def _released(self, why: str) -> list[Metric]:
+    def _released(self, why: str) -> Metric:
         released = GaugeMetricFamily(
             "nvidia_docker_gpus_released",
             "1 while the agent has released the GPUs (a driver upgrade), with the reason.",
             labels=("reason",),
         )
         released.add_metric([why], 1)
-        return [self._build_info(), released]
+        return released
 
     async def _lease_containers(self) -> dict[str, Named]:
         """The name and image of every leased container, from the attribution's cache (an
@@ -177,9 +179,10 @@ class MetricsService:
                 named[container_id] = (known[1].name, known[1].image)
         return named
 
-    def _live(self, sweep: Sweep, lease_containers: dict[str, Named]) -> list[Metric]:
+    def _live(self, sweep: Sweep | None, lease_containers: dict[str, Named]) -> list[Metric]:
+        """The families read at scrape time; ``sweep`` None: no status could be read."""
         families: list[Metric] = [self._build_info()]
-        if sweep.throughput_age_s is not None:
+        if sweep is not None and sweep.throughput_age_s is not None:
             families.append(
                 GaugeMetricFamily(
                     "nvidia_docker_pcie_sample_age_seconds",

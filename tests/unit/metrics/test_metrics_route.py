@@ -20,9 +20,16 @@ from agent.attribution.cgroup import OwnerKind
 from agent.attribution.owners import Attributor, ProcessOwner
 from agent.gpu.model import UNKNOWN_TELEMETRY
 from agent.health.rule import HEALTHY, DeviceHealth
+from agent.leases.asks import Ask
+from agent.leases.table import LeaseTable
 from agent.metrics.gpu_families import COUNTER, GPU_METRICS
+from agent.metrics.service import MetricsService
+from agent.node.facts import NodeFacts
+from agent.node.state import NodeState
+from agent.node.status import StatusService
 from tests.support.node_files import with_processes
-from tests.unit.agent.conftest import CountingBackend
+from tests.unit.agent.conftest import CONTROL, CountingBackend
+from tests.unit.leases.nodes import T0, granted, healthy
 from tests.unit.metrics.conftest import MakeAgent, samples, values
 
 DCGM_LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id",
@@ -278,3 +285,29 @@ def _promtool(promtool: str, text: str) -> list[str]:
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert (proc.returncode == 0) == (not lines), proc.stdout + proc.stderr
     return sorted(set(lines))
+
+
+async def test_released_gpus_keep_the_leases_and_the_agents_counters() -> None:
+    """While the GPUs are released (a driver upgrade), the GPU families go, and what does not
+    come from a sweep stays: the lease that holds a GPU, the agent's own counters."""
+    backend = CountingBackend("hgx-h200-8")
+    node = backend.node_info()
+    status = StatusService(backend, node, pcie_interval_s=60)
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    granted(table.ask(Ask(count=1, owner=(("job", "7"),)), T0))
+    state = NodeState(NodeFacts(node, CONTROL))
+    service = MetricsService(state, status, hostname="gpu-node-7", leases=table.view)
+    try:
+        status.suspend("driver upgrade in progress")
+        text = (await service.scrape()).decode()
+    finally:
+        await service.close()
+        await status.close()
+    assert values(text, "nvidia_docker_gpus_released", reason="driver upgrade in progress") == [1]
+    assert not [s for s in samples(text) if s.name.startswith("DCGM_")]
+    leased = [s for s in samples(text) if s.name == "nvidia_docker_gpu_leased"]
+    assert [(s.labels["owner"], s.value) for s in leased] == [("job=7", 1)]
+    assert len(values(text, "nvidia_docker_gpu_lease_state")) == 8
+    assert values(text, "nvidia_docker_container_lookups_total") == [0, 0]
+    assert len(values(text, "nvidia_docker_build_info")) == 1
+    assert values(text, "nvidia_docker_pcie_sample_age_seconds") == []  # no sample served
