@@ -15,8 +15,11 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.metrics.gpu_families import GPU_METRICS
+from agent.metrics.service import render
+from agent.metrics.usage_families import usage_families
 from tests.unit.agent.conftest import CountingBackend
 from tests.unit.metrics.conftest import MakeAgent
+from tests.unit.usage.test_idle_ledger import node_of
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 PROMTOOL = shutil.which("promtool")
@@ -90,11 +93,19 @@ def test_the_leased_idle_query_finds_a_gpu_whose_labels_changed(tmp_path: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-async def test_every_exported_family_is_documented(make_agent: MakeAgent) -> None:
-    text = await (await make_agent(CountingBackend("hgx-h200-8"))).scrape()
+async def test_every_exported_family_is_documented(make_agent: MakeAgent, tmp_path: Path) -> None:
+    """What a scrape gives, what it gives while the GPUs are released, and the usage
+    ledger's families."""
+    agent = await make_agent(CountingBackend("hgx-h200-8"))
+    text = await agent.scrape()
+    agent.service.status.suspend("driver upgrade in progress")
+    text += await agent.scrape()
+    async for node in node_of("h200", tmp_path):
+        text += render(usage_families(node.ledger, "gpu-node-7")).decode()
     doc = DOC.read_text(encoding="utf-8")
     parse = cast(Callable[[str], Iterable[Metric]], text_string_to_metric_families)
     families = {family.name for family in parse(text)} | {m.name for m in GPU_METRICS}
+    assert {"nvidia_docker_gpus_released", "nvidia_docker_usage_ledger_behind"} <= families
     undocumented = [f for f in sorted(families) if not f.startswith("process_")
                     and f"`{f}`" not in doc and f"`{f}_total`" not in doc]  # fmt: skip
     assert undocumented == []
