@@ -4,6 +4,8 @@ A thin click command, as uvicorn's: its options are made from ``agent.config``'s
 declarations (one per ``Config`` field), it only builds the ``Config`` and hands it to
 ``agent.server.run``; ``--dump-node`` and ``-v`` answer and exit. Every option also reads
 an ``NVIDIA_DOCKER_PLUGIN_*`` environment variable (the flag wins); docs/agent.md lists them.
+``main`` first rewrites 1.0's Go forms of ``-l``, ``-d`` and ``-s`` (``-l=ADDR``) as click
+reads them (``go_flag_forms``).
 """
 
 from __future__ import annotations
@@ -211,10 +213,32 @@ def _check_tls_options(cert: Path | None, key: Path | None, client_ca: Path | No
         raise click.UsageError("--tls-client-ca needs TLS: give --tls-cert and --tls-key too")
 
 
+# nvidia-docker-plugin 1.0 read its flags with Go's flag package, which also takes them as
+# -l=ADDR, --l ADDR and --l=ADDR; click alone would read -l=ADDR as the value "=ADDR" (and
+# -d=/dir as the relative directory "=/dir").
+_GO_FLAGS = ("l", "d", "s")
+
+
+def go_flag_forms(args: list[str]) -> list[str]:
+    """``args`` with 1.0's Go forms of its flags with a value (``-l=ADDR``, ``--d DIR``,
+    ``--s=DIR``) written as click reads them (``-l ADDR``); every other word as it is."""
+    read: list[str] = []
+    for arg in args:
+        dashes = 2 if arg.startswith("--") else 1 if arg.startswith("-") else 0
+        name, eq, value = arg[dashes:].partition("=")
+        if dashes and name in _GO_FLAGS and (eq or dashes == 2):
+            read.append(f"-{name}")
+            if eq:
+                read.append(value)
+        else:
+            read.append(arg)
+    return read
+
+
 def main() -> None:
     """Console script ``nvidia-docker-plugin``."""
     try:
-        command.main(prog_name=PROG)
+        command.main(args=go_flag_forms(sys.argv[1:]), prog_name=PROG)
     except SystemExit:
         raise
     except Exception as err:  # one line, unless NV_DEBUG asks for the traceback

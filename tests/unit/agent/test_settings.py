@@ -119,3 +119,36 @@ def test_a_bad_listen_address_says_what_is_wrong(value: str, message: str) -> No
 def test_listen_addresses_as_shown() -> None:
     assert str(parse_listen(":3476")) == "*:3476"
     assert str(parse_listen("[fd00::1]:3476")) == "[fd00::1]:3476"
+
+
+def test_the_go_forms_of_1_0s_flags_are_read_as_1_0_read_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """1.0 parsed -l, -d and -s with Go's flag package: -l=ADDR and --d DIR are its forms too."""
+    built: list[Config] = []
+    monkeypatch.setattr(cli, "_check_tls_options", lambda *_: None)
+    monkeypatch.setattr(cli, "loop_factory", lambda _choice: _stop(built))
+
+    def build(**settings: Any) -> Config:
+        built.append(Config(**settings))
+        return built[-1]
+
+    monkeypatch.setattr(cli, "Config", build)
+    for _, option, _ in options():
+        monkeypatch.delenv(option.env_var, raising=False)
+    volumes, sockets = tmp_path / "volumes", tmp_path / "plugins"
+    argv = ["nvidia-docker-plugin", "-l=[::1]:4000", f"--d={volumes}", "--s", str(sockets)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 0
+    (config,) = built
+    assert config.listen == ListenAddress("::1", 4000)
+    assert config.volume_dir == volumes
+    assert config.socket_dir == sockets
+    assert cli.go_flag_forms(["--listen=:1", "-lhost:2", "--simulate", "h200"]) == [
+        "--listen=:1",
+        "-lhost:2",
+        "--simulate",
+        "h200",
+    ]
