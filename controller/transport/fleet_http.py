@@ -42,7 +42,13 @@ from controller.transport.agent_errors import (
     http_error,
 )
 from controller.transport.endpoint import Endpoint
-from controller.transport.tls import TlsOptions, bearer_token, client_context, tls_failure
+from controller.transport.tls import (
+    TlsFileError,
+    TlsOptions,
+    bearer_token,
+    client_context,
+    tls_failure,
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -250,18 +256,24 @@ class AgentConnection:
         tls: TlsOptions,
         unix_path: str | None = None,
     ) -> AgentConnection:
-        """Connect; raises ``NodeError`` (refused, unknown host, TLS...)."""
+        """Connect; raises ``NodeError`` (refused, unknown host, TLS..., and ``TLS error``
+        for a CA, certificate, key or token file of the node's own settings that cannot be
+        used: the command's own were checked before any node was asked)."""
         loop = asyncio.get_running_loop()
         reader = _Reader()
         host = endpoint.url_host if unix_path is None else "localhost"
-        token = bearer_token(tls)
+        try:
+            token = bearer_token(tls)
+            context = client_context(tls) if endpoint.scheme == "https" else None
+        except TlsFileError as exc:
+            raise NodeError(node, str(exc), Failure.TLS_ERROR) from None
         headers = f"Host: {host}:{endpoint.http_port}\r\nUser-Agent: {USER_AGENT}\r\n"
         headers += "Accept: application/json, text/plain\r\n"
         if token is not None:
             headers += f"Authorization: Bearer {token}\r\n"
-        if endpoint.scheme == "https":
+        if context is not None:
             server = TUNNEL_SERVER_NAME if unix_path is not None else endpoint.host
-            reader = _TlsReader(client_context(tls), server, loop.create_future())
+            reader = _TlsReader(context, server, loop.create_future())
         try:
             if unix_path is not None:  # an SSH tunnel; TLS inside it when the agent serves TLS
                 await loop.create_unix_connection(lambda: reader, unix_path)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from controller.errors import Failure, UsageError
-from controller.record import record
+from controller.record import field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ class TlsOptions:
     cert: str | None = None  # client certificate (mutual TLS)
     key: str | None = None  # its key (None: in the certificate file)
     token_file: str | None = None  # bearer token, first line that is not a comment
+    # the fields a host's own (inventory) settings gave (``over``): errors about their files
+    # name the inventory's variables, not the edge's options
+    host_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __init__(  # written out, as Endpoint's: a fleet may make one per node (node.tls.over)
         self,
@@ -75,12 +78,14 @@ class TlsOptions:
         cert: str | None = None,
         key: str | None = None,
         token_file: str | None = None,
+        host_fields: frozenset[str] = frozenset(),
     ) -> None:
         store = object.__setattr__
         store(self, "ca", ca)
         store(self, "cert", cert)
         store(self, "key", key)
         store(self, "token_file", token_file)
+        store(self, "host_fields", host_fields)
 
     @classmethod
     def from_options(cls, options: Options) -> TlsOptions:
@@ -88,16 +93,38 @@ class TlsOptions:
         return cls(options.tls_ca, options.tls_cert, options.tls_key, options.token_file)
 
     def over(self, base: TlsOptions) -> TlsOptions:
-        """These options, with what they leave unset taken from ``base``."""
+        """These options (a host's own, from an inventory), with what they leave unset taken
+        from ``base`` (the edge's); the fields these set are ``host_fields`` of the result."""
+        own = {"ca": self.ca, "cert": self.cert, "key": self.key, "token_file": self.token_file}
         return TlsOptions(
             ca=self.ca or base.ca,
             cert=self.cert or base.cert,
             key=self.key or base.key,
             token_file=self.token_file or base.token_file,
+            host_fields=frozenset(name for name, value in own.items() if value),
         )
+
+    def where(self, name: str) -> str:
+        """Where field ``name`` was set, as error lines name it: the edge's option and
+        variable, or the inventory's variables of the host."""
+        return (_HOST_SETTING if name in self.host_fields else _EDGE_SETTING)[name]
 
 
 NO_TLS_OPTIONS = TlsOptions()
+
+_EDGE_SETTING = {
+    "ca": "--ca, NV_TLS_CA",
+    "cert": "--cert, NV_TLS_CERT",
+    "key": "--key, NV_TLS_KEY",
+    "token_file": "--token-file, NV_TOKEN_FILE",
+}
+_HOST_SETTING = {  # controller.fleet.nodes.TLS_VARS: the host's variable, else the role's
+    "ca": "this host's nvidia_docker_tls_ca or nvidia_docker_agent_tls_ca in the inventory",
+    "cert": "this host's nvidia_docker_tls_cert in the inventory",
+    "key": "this host's nvidia_docker_tls_key in the inventory",
+    "token_file": "this host's nvidia_docker_token_file or nvidia_docker_agent_token_file "
+    "in the inventory",
+}
 
 
 def client_context(options: TlsOptions) -> ssl.SSLContext:
@@ -106,7 +133,7 @@ def client_context(options: TlsOptions) -> ssl.SSLContext:
     key = (options.ca, options.cert, options.key)
     context = _CONTEXTS.get(key)
     if context is None:
-        context = _remember(_CONTEXTS, 64, key, _context(*key))
+        context = _remember(_CONTEXTS, 64, key, _context(options))
     return context
 
 
@@ -124,28 +151,40 @@ def _remember(cache: dict[K, V], limit: int, key: K, value: V) -> V:
     return value
 
 
-def _context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+def _context(options: TlsOptions) -> ssl.SSLContext:
     import ssl  # noqa: PLC0415 (HTTPS only: see the module docstring)
 
+    ca, cert, key = options.ca, options.cert, options.key
     if key is not None and cert is None:
-        raise TlsFileError("a client key (--key, NV_TLS_KEY) needs its certificate too")
-    for path, what in ((ca, "CA file (--ca, NV_TLS_CA)"), (cert, "client certificate")):
+        raise TlsFileError(f"a client key ({options.where('key')}) needs its certificate too")
+    host_cert = "cert" in options.host_fields
+    for path, what in (
+        (ca, f"CA file ({options.where('ca')})"),
+        (
+            cert,
+            f"client certificate ({options.where('cert')})" if host_cert else "client certificate",
+        ),
+    ):
         if path is not None and not os.path.isfile(path):
             raise TlsFileError(f"TLS {what} {path} does not exist")
     try:
         context = ssl.create_default_context(cafile=ca)
     except (ssl.SSLError, OSError) as err:
         raise TlsFileError(
-            f"TLS CA file {ca} (--ca, NV_TLS_CA) cannot be used: {_reason(err)}: give the PEM "
-            "certificate of the CA that signed the agents' certificates"
+            f"TLS CA file {ca} ({options.where('ca')}) cannot be used: {_reason(err)}: give the "
+            "PEM certificate of the CA that signed the agents' certificates"
         ) from None
     if cert is not None:
+        if options.host_fields & {"cert", "key"}:
+            where = f"{options.where('cert')}; {options.where('key')}"
+        else:
+            where = "--cert/--key, NV_TLS_CERT/NV_TLS_KEY"
         try:
             context.load_cert_chain(cert, key)
         except (ssl.SSLError, OSError) as err:
             raise TlsFileError(
-                f"TLS client certificate {cert} / key {key or cert} (--cert/--key, "
-                f"NV_TLS_CERT/NV_TLS_KEY) cannot be used: {_reason(err)}"
+                f"TLS client certificate {cert} / key {key or cert} ({where}) cannot be used: "
+                f"{_reason(err)}"
             ) from None
     return context
 
@@ -156,19 +195,18 @@ def bearer_token(options: TlsOptions) -> str | None:
         return None
     token = _TOKENS.get(options.token_file)
     if token is None:
-        token = _remember(_TOKENS, 16, options.token_file, _read_token(options.token_file))
+        read = _read_token(options.token_file, options.where("token_file"))
+        token = _remember(_TOKENS, 16, options.token_file, read)
     return token
 
 
-def _read_token(path: str) -> str:
+def _read_token(path: str, where: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise TlsFileError(
-            f"token file {path} (--token-file, NV_TOKEN_FILE): cannot read it: {why}"
-        ) from None
+        raise TlsFileError(f"token file {path} ({where}): cannot read it: {why}") from None
     for line in text.splitlines():
         token = line.strip()
         if token and not token.startswith("#"):
@@ -177,7 +215,7 @@ def _read_token(path: str) -> str:
                     f"token file {path}: a token is one word of printable ASCII characters"
                 )
             return token
-    raise TlsFileError(f"token file {path} (--token-file, NV_TOKEN_FILE) holds no token")
+    raise TlsFileError(f"token file {path} ({where}) holds no token")
 
 
 def _reason(err: BaseException) -> str:

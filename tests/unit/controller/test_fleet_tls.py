@@ -5,6 +5,7 @@ answers as over plain HTTP, and each TLS failure with its kind and its line."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import ssl
 from collections.abc import AsyncIterator
@@ -14,11 +15,13 @@ import pytest
 from aiohttp import web
 
 from agent.edge.tls import ServerTls, TlsFiles
+from controller.ctl.main import main
 from controller.errors import Failure, NodeError
 from controller.transport.endpoint import parse_endpoint
 from controller.transport.fleet_http import AgentConnection
 from controller.transport.tls import TlsOptions
 from tests.support.certs import Pki, make_pki
+from tests.support.cli import cli_runner
 from tests.support.services import free_port
 from tests.unit.controller.test_fleet_http import get
 
@@ -242,3 +245,35 @@ async def _connections_ended() -> AsyncIterator[None]:
         if descriptors() <= before:
             return
         await asyncio.sleep(0.01)
+
+
+def test_an_inventory_hosts_missing_tls_files_are_named_with_their_variables(
+    tmp_path: Path,
+) -> None:
+    """A CA or token file that an inventory gives one host and that does not exist: that
+    host's row says TLS error, its line names the file and the inventory's variable (it said
+    'error' and pointed at --ca, NV_TLS_CA)."""
+    missing = tmp_path / "missing-ca.pem"
+    no_token = tmp_path / "missing-token"
+    inventory = tmp_path / "hosts"
+    inventory.write_text(
+        "[gpu]\n"
+        "node1 ansible_host=127.0.0.1 nvidia_docker_transport=https "
+        f"nvidia_docker_tls_ca={missing}\n"
+        "node2 ansible_host=127.0.0.1 nvidia_docker_transport=http "
+        f"nvidia_docker_token_file={no_token}\n"
+    )
+    result = cli_runner().invoke(main, ["status", "--jsonl", "-i", str(inventory)])
+    lines = {line["node"]: line for line in map(json.loads, result.stdout.splitlines())}
+    assert result.exit_code == 3, result.stderr
+    assert lines["node1"]["reason"] == "TLS error"
+    assert lines["node1"]["error"] == (
+        f"TLS CA file (this host's nvidia_docker_tls_ca or nvidia_docker_agent_tls_ca in the "
+        f"inventory) {missing} does not exist"
+    )
+    assert lines["node2"]["reason"] == "TLS error"
+    assert lines["node2"]["error"] == (
+        f"token file {no_token} (this host's nvidia_docker_token_file or "
+        "nvidia_docker_agent_token_file in the inventory): cannot read it: No such file or "
+        "directory"
+    )
