@@ -16,7 +16,9 @@ sighting and a new one starts; the gap is not counted as held):
 
 A wall clock set back by more than ``max_gap_s`` is a gap too: the open holds end at their
 last sighting and the holders seen then start new ones (a smaller step back skips the sweeps
-until the clock is past the last one).
+until the clock is past the last one). The hourly totals do not count a wall-clock span twice
+in one run: the part of a sweep's span that this run already added to the hours (the clock
+lives it again after the step) is left out of them, while the holds count it.
 
 A holder seen for the first time starts its hold at this sweep, or at its lease's grant
 time when that is later than the previous sweep (so a lease granted just before a sweep
@@ -102,6 +104,10 @@ class Accounting:
         self._last_t: float | None = None
         self._last_util: dict[str, int | None] = {}  # by unit
         self._last_energy: dict[int, tuple[float, int]] = {}  # by GPU index: (t_s, mJ)
+        # The wall-clock spans this run added to the hourly totals: disjoint, in order, at
+        # most MAX_SPANS (one while the clock only goes forward; one more per step back).
+        self._counted: list[tuple[float, float]] = []
+        self._sweep_from: float | None = None  # the earliest start added by this sweep
 
     @property
     def open_holds(self) -> tuple[Hold, ...]:
@@ -131,11 +137,42 @@ class Accounting:
             self._last_energy.clear()
             self._last_t = last = None
         seen: set[str] = set()
+        self._sweep_from = None
         for sample in units:
             self._observe_unit(t_s, sample, seen)
         for slot in [s for s in self._open if s not in seen]:
             self._end(self._open.pop(slot))
+        if self._sweep_from is not None:
+            self._count_span(self._sweep_from, t_s)
         self._last_t = t_s
+
+    def _count_span(self, start_s: float, end_s: float) -> None:
+        """Note [start_s, end_s) as added to the hours (merged with the spans it touches)."""
+        spans = [*self._counted, (start_s, end_s)]
+        spans.sort()
+        merged: list[tuple[float, float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self._counted = merged[-MAX_SPANS:]
+
+    def _uncounted(self, start_s: float, end_s: float) -> list[tuple[float, float]]:
+        """The parts of [start_s, end_s) that no earlier sweep of this run added to the hours."""
+        parts: list[tuple[float, float]] = []
+        at = start_s
+        for a, b in self._counted:
+            if b <= at:
+                continue
+            if a >= end_s:
+                break
+            if a > at:
+                parts.append((at, a))
+            at = max(at, b)
+        if at < end_s:
+            parts.append((at, end_s))
+        return parts
 
     def _end(self, current: _Open) -> None:
         self._settle(current)
@@ -193,7 +230,10 @@ class Accounting:
             if holder.settled and not current.settled:
                 self._settle(current)
             if step > 0.0:
-                self._add_to_hours(current, t_s - step, t_s, busy, joules or 0.0)
+                start = t_s - step
+                if self._sweep_from is None or start < self._sweep_from:
+                    self._sweep_from = start
+                self._add_to_hours(current, start, t_s, busy, joules or 0.0)
 
     def _energy_since(self, t_s: float, sample: UnitSample) -> tuple[float, float] | None:
         """Joules the GPU used since its previous reading, and over how many seconds
@@ -245,21 +285,23 @@ class Accounting:
     ) -> None:
         """Spread the amounts of [start_s, end_s) over the UTC hours they fall in: into the
         hourly deltas, or, while the holder's labels are not known yet, into the hold's own
-        unsettled hours (``_settle`` moves them, under the labels then known)."""
+        unsettled hours (``_settle`` moves them, under the labels then known). The parts
+        that an earlier sweep of this run added already (a clock set back) are left out."""
         span = end_s - start_s
-        at = start_s
-        while at < end_s:
-            hour = hour_of(at)
-            piece_end = min(end_s, hour + 3600)
-            part = (piece_end - at) / span
-            amounts = (piece_end - at, busy_s * part, energy_j * part)
-            if current.settled:
-                self._add_hour(current.hold, hour, amounts)
-            else:
-                kept = current.unsettled.setdefault(hour, [0.0, 0.0, 0.0])
-                for i, amount in enumerate(amounts):
-                    kept[i] += amount
-            at = piece_end
+        for from_s, until in self._uncounted(start_s, end_s):
+            at = from_s
+            while at < until:
+                hour = hour_of(at)
+                piece_end = min(until, hour + 3600)
+                part = (piece_end - at) / span
+                amounts = (piece_end - at, busy_s * part, energy_j * part)
+                if current.settled:
+                    self._add_hour(current.hold, hour, amounts)
+                else:
+                    kept = current.unsettled.setdefault(hour, [0.0, 0.0, 0.0])
+                    for i, amount in enumerate(amounts):
+                        kept[i] += amount
+                at = piece_end
 
     def _settle(self, current: _Open) -> None:
         """The holder's labels are known (or the hold ended): its unsettled hours go to the
@@ -290,6 +332,9 @@ class Accounting:
         self._dirty.clear()
         self._deltas.clear()
         return Batch(holds, deltas)
+
+
+MAX_SPANS = 64  # counted wall-clock spans kept (Accounting._counted): the newest
 
 
 def _slot(ident: str, unit_key: str) -> str:

@@ -220,3 +220,15 @@ def test_a_clock_set_back_ends_the_holds_and_counts_on_from_the_new_time() -> No
     assert (first.started_s, first.ended_s, first.held_s) == (T0, T0 + 30, 30.0)
     assert (second.started_s, second.ended_s, second.held_s) == (back + 5, None, 30.0)
     assert totals(batch, "gpu", GPU0)[0] == pytest.approx(60.0)
+
+
+def test_a_clock_set_back_does_not_count_the_span_it_lives_again_in_the_hours() -> None:
+    accounting = Accounting(["team"], max_gap_s=30)
+    before = [(T0 + 10 * i, [sample(ALICE)]) for i in range(61)]  # T0 to T0 + 600
+    back = T0 + 305  # the wall clock set back 305 s at T0 + 610
+    after = [(back + 10 * i, [sample(ALICE)]) for i in range(61)]  # to T0 + 905
+    batch = run(accounting, *before, *after)
+    assert sorted(h.held_s for h in batch.holds) == pytest.approx([600.0, 600.0])
+    # the hour counts the wall-clock span T0 .. T0 + 905 once, not 1200 s of it
+    assert totals(batch, "gpu", GPU0)[:2] == pytest.approx((905.0, 452.5))
+    assert totals(batch, "label:team", "ml")[0] == pytest.approx(905.0)
