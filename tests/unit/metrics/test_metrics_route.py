@@ -95,6 +95,16 @@ async def test_a_lost_gpu_has_no_gpu_samples(make_agent: MakeAgent) -> None:
     assert values(text, "DCGM_FI_DEV_GPU_UTIL", gpu="2") == [97]
 
 
+async def test_a_lost_gpu_keeps_its_health_and_its_last_xid(make_agent: MakeAgent) -> None:
+    backend = CountingBackend("hgx-h200-8")
+    backend.failing.add(3)
+    lost = DeviceHealth(False, "GPU is lost (not answering: fallen off the bus?)", None, 1.0)
+    health = Health((HEALTHY,) * 3 + (lost,) + (HEALTHY,) * 4, (0, 0, 0, 79, 0, 0, 0, 0))
+    text = await (await make_agent(backend, health=health)).scrape()
+    gpu3 = {s.name: s.value for s in samples(text) if s.labels.get("gpu") == "3"}
+    assert gpu3 == {"DCGM_FI_DEV_XID_ERRORS": 79, "nvidia_docker_gpu_healthy": 0}
+
+
 async def test_status_json_does_not_show_the_telemetry(make_agent: MakeAgent) -> None:
     backend = CountingBackend("hgx-h200-8")
     agent = await make_agent(backend)
