@@ -86,12 +86,13 @@ class Head:
         """A response's status code."""
         return int(self.start[1])
 
-    def with_body_length(self, length: int) -> bytes:
+    def with_body_length(self, length: int, dropped: tuple[bytes, ...] = ()) -> bytes:
         """The request head again, as bytes, with its body framed as ``length`` bytes (a
-        chunked body that the proxy read whole, or a body it rewrote)."""
+        chunked body that the proxy read whole, or a body it rewrote), without the headers
+        named in ``dropped`` (lower case)."""
         lines = [b" ".join(self.start)]
         for key, value in self.headers:
-            if key.lower() not in (b"content-length", b"transfer-encoding"):
+            if key.lower() not in (b"content-length", b"transfer-encoding", *dropped):
                 lines.append(key + b": " + value)
         lines.append(b"Content-Length: " + str(length).encode())
         return b"\r\n".join(lines) + b"\r\n\r\n"

@@ -6,7 +6,12 @@ its first request. Requests are read one at a time: the head (within ``MAX_HEAD_
 framing checked, bytes unchanged) while the answer is relayed as it comes. Only a GPU
 create (``agent.engine_socket.create``) is read whole (within ``MAX_CREATE_BYTES``),
 rewritten and leased; a create that cannot get its GPUs is answered here, as the engine
-answers a bad create (``{"message": ...}``), and nothing is forwarded. A create that waits
+answers a bad create (``{"message": ...}``), and nothing is forwarded; a create that asks
+``Expect: 100-continue`` gets ``100 Continue`` from the socket before its body is read (the
+``Expect`` is not forwarded). An error answered here before a request was read whole (a
+``413``, a head refused) says ``Connection: close``, ends the socket's output, and reads and
+drops what the client still sends for up to ``LINGER_S`` before closing, so that a client
+that sends its whole body before it reads gets the answer. A create that waits
 for its GPUs (``nvidia-docker.lease.wait``) holds its connection meanwhile; its client's
 closing the connection (checked every ``CLIENT_CHECK_S``) takes it out of the queue. While
 any other answer is relayed, a client that closes its connection ends the engine's (checked
@@ -60,6 +65,8 @@ log = logging.getLogger("nvidia-docker-plugin.engine-socket")
 PIECE = 256 * 1024  # bytes copied at once
 END = b"\r\n\r\n"
 CLIENT_CHECK_S = 0.25  # how often a create that waits for GPUs checks that its client is there
+LINGER_S = 2.0  # how long what a client still sends after a closing error is read and dropped
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class _Hijacked(Exception):
@@ -214,10 +221,21 @@ class Connection:
             log.debug("Engine socket: %s", err)
             with contextlib.suppress(OSError):
                 await _write(self._writer, error_answer(err.status, str(err), close=True))
+                await self._linger()
         except (OSError, asyncio.IncompleteReadError, _Broken) as err:
             log.debug("Engine socket: a connection ended: %s", err)
         finally:
             self._close()
+
+    async def _linger(self) -> None:
+        """The end of the socket's output, then what the client still sends (the rest of a
+        body refused before it was read) read and dropped until its end or ``LINGER_S``."""
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                while await self._reader.read(PIECE):
+                    pass
 
     def _close(self) -> None:
         for writer in (self._writer, self._engine[1] if self._engine else None):
@@ -330,10 +348,13 @@ class Connection:
         return answer
 
     async def _create(self, head: Head) -> bool:
+        if head.framing.body is Body.LENGTH and head.framing.length > MAX_CREATE_BYTES:
+            raise HeadError(413, f"the create body is larger than {MAX_CREATE_BYTES} bytes")
+        continuing = head.has_token(b"expect", b"100-continue")
+        if continuing and head.start[2] == b"HTTP/1.1" and head.framing.body is not Body.NONE:
+            await _write(self._writer, CONTINUE)
         if head.framing.body is Body.CHUNKED:
             raw = await read_chunked(self._reader, MAX_CREATE_BYTES)
-        elif head.framing.length > MAX_CREATE_BYTES:
-            raise HeadError(413, f"the create body is larger than {MAX_CREATE_BYTES} bytes")
         else:
             raw = await self._reader.readexactly(head.framing.length)
         assert self._creates is not None
@@ -346,8 +367,9 @@ class Connection:
                 lease = grant.lease.id
                 raw = json.dumps(rewrite(body, addition), separators=(",", ":")).encode()
         except CreateError as err:
-            await _write(self._writer, error_answer(err.status, str(err)))
-            return True
+            keep = _keeps_alive(head, None)
+            await _write(self._writer, error_answer(err.status, str(err), close=not keep))
+            return keep
         except BaseException:
             if lease is not None:  # granted, never sent on: given back now, not at its expiry
                 self._creates.release(lease)
@@ -355,7 +377,8 @@ class Connection:
         self._status = 0
         try:
             _, engine_writer = await self._connect()
-            await _write(engine_writer, head.with_body_length(len(raw)) + raw)
+            dropped = (b"expect",) if continuing else ()
+            await _write(engine_writer, head.with_body_length(len(raw), dropped) + raw)
             answer = await self._answer(head.method)
         finally:
             # the engine's answer decides, even when its client left before it was relayed
@@ -411,9 +434,13 @@ class Connection:
                 await upward
 
 
-def _keeps_alive(request: Head, answer: Head) -> bool:
-    if request.has_token(b"connection", b"close") or answer.has_token(b"connection", b"close"):
+def _keeps_alive(request: Head, answer: Head | None) -> bool:
+    """Whether the connection serves another request after ``answer`` (None: one of the
+    socket's own, HTTP/1.1 with a length)."""
+    if request.has_token(b"connection", b"close"):
         return False
     if request.start[2] == b"HTTP/1.0" and not request.has_token(b"connection", b"keep-alive"):
         return False
-    return answer.start[0] != b"HTTP/1.0"
+    if answer is None:
+        return True
+    return not answer.has_token(b"connection", b"close") and answer.start[0] != b"HTTP/1.0"

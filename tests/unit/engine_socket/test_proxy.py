@@ -503,3 +503,87 @@ async def test_a_client_that_leaves_a_quiet_stream_ends_the_engines_connection(
             break
         await asyncio.sleep(0.01)
     assert site.open_connections == 0
+
+
+async def test_a_create_that_expects_100_continue_gets_it_then_its_answer(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """curl sends ``Expect: 100-continue`` with a large body and waits for it (a second)
+    before it sends the body: the socket says ``100 Continue`` itself, and the engine gets
+    the body with no ``Expect`` (it would answer another ``100``)."""
+    engine, site, leases = world
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        heads.append(head)
+        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
+        await writer.drain()
+
+    engine.handler = handler
+    head, _, body = create(GPUS_2).partition(b"\r\n\r\n")
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(head + b"\r\nExpect: 100-continue\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.9)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body)
+    writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 201 Created\r\n")
+    assert b"expect" not in heads[0].lower()
+    assert len(leases.view().leases) == 1
+
+
+@pytest.mark.parametrize(
+    "start",
+    [b"POST /containers/create HTTP/1.1\r\nConnection: close", b"POST /containers/create HTTP/1.0"],
+)
+async def test_a_create_refused_here_closes_when_the_client_asked_for_it(
+    world: tuple[FakeEngine, EngineSocket, LeaseService], start: bytes
+) -> None:
+    """A client that asks the connection to close after its answer (HTTP/1.0, or
+    ``Connection: close``, and reads to the end) gets the end with the socket's own 409,
+    not after the idle timeout."""
+    _, site, _ = world
+    raw = json.dumps({"HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 5}]}})
+    request = start + b"\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw.encode()
+    answer = await asyncio.wait_for(exchange(site, request, half_close=False), 1)
+    head = answer.partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 409 Conflict\r\n")
+    assert b"\r\nConnection: close" in head
+
+
+async def test_a_create_too_large_gets_its_413_while_its_body_still_comes(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    """A client that sends its whole body before it reads (Python's http.client, docker-py)
+    gets the 413, not a broken pipe: the socket reads and drops the rest of the body."""
+    engine, site, _ = world
+    size = 5 * 1024 * 1024
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(b"POST /containers/create HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size)
+    for _ in range(size // 65536):
+        writer.write(b" " * 65536)
+        await asyncio.wait_for(writer.drain(), 5)  # a broken pipe here without the fix
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    head = answer.partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 413 "), answer[:80]
+    assert b"\r\nConnection: close" in head
+    assert b"larger than 4194304 bytes" in answer
+    assert engine.connections == 0
+
+
+async def test_a_create_too_large_that_expects_100_continue_gets_only_the_413(
+    world: tuple[FakeEngine, EngineSocket, LeaseService],
+) -> None:
+    _, site, _ = world
+    reader, writer = await asyncio.open_unix_connection(str(site.path))
+    writer.write(
+        b"POST /containers/create HTTP/1.1\r\nContent-Length: 5000000\r\n"
+        b"Expect: 100-continue\r\n\r\n"
+    )
+    answer = await asyncio.wait_for(reader.read(), 1)  # its end comes with it
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 413 ")
