@@ -18,7 +18,9 @@ module; the node file with ``--simulate``), ``agent.node.drivers``:
   restarting" meanwhile: every call to the worker has a deadline (``WorkerClient``,
   3 s), a ping each look included, so a hung worker (NVML stuck, the process stopped) is
   killed and replaced within about 4 s even when no request asks, and the requests that
-  were waiting on it get the 503 at once.
+  were waiting on it get the 503 at once. A worker that exits again within
+  ``RESTART_STABLE_S`` of its start (NVML crashing in a loop) is started after a pause that
+  doubles from 1 s up to ``RESTART_BACKOFF_MAX_S``; the exit's log line says when.
 
 A look where nothing changed costs two ``stat``-like calls, a ``realpath`` and one ping.
 docs/node-life.md is the operator's page.
@@ -55,6 +57,10 @@ log = logging.getLogger("nvidia-docker-plugin")
 UPGRADE_IN_PROGRESS = "driver upgrade in progress"
 WORKER_RESTARTING = BACKEND_GONE
 POLL_INTERVAL_S = 1.0
+# A worker that exits within RESTART_STABLE_S of its start, after another did, is started
+# again after a pause: 1 s, then twice as long each time, at most RESTART_BACKOFF_MAX_S.
+RESTART_STABLE_S = 60.0
+RESTART_BACKOFF_MAX_S = 30.0
 # nvmlInit's "not yet" answers while a driver is being replaced.
 NOT_YET_CODES = frozenset({9, 18})  # driver not loaded, library/module versions differ
 
@@ -112,6 +118,9 @@ class NodeLife:
         self._tracked = False  # the installed files matched the running driver
         self._module_known = False  # the loaded module's version can be read here
         self._released_at: float | None = None
+        self._started_at = time.monotonic()  # when the running worker was started
+        self._quick_exits = 0  # workers in a row that exited within RESTART_STABLE_S
+        self._restart_at = 0.0  # no worker is started before this (time.monotonic())
         self._driver_error: int | None = None
         self._waiting: str | None = None  # the last "waiting because" logged
         self._lock = asyncio.Lock()
@@ -206,6 +215,8 @@ class NodeLife:
             if why is None:
                 return
             await self._release(*why)
+        if not force and time.monotonic() < self._restart_at:
+            return  # a worker that keeps exiting: the pause its exit's line announced
         await self._try_pick_up(installed, loaded)
 
     async def _release_reason(
@@ -245,6 +256,10 @@ class NodeLife:
         self._waiting = None
         await worker.stop()
         tell_systemd(f"{answer}: {why}")
+        if answer == WORKER_RESTARTING:
+            why = self._restart_pause(why)
+        else:
+            self._quick_exits, self._restart_at = 0, 0.0
         if answer == UPGRADE_IN_PROGRESS:
             log.warning(
                 "%s: released the GPUs (GPU worker stopped, NVML shut down, no NVIDIA device "
@@ -253,6 +268,23 @@ class NodeLife:
             )
         else:
             log.error("%s", why)
+
+    def _restart_pause(self, why: str) -> str:
+        """Count a worker's exit and set when the next one may start: at once, unless the
+        previous worker exited within ``RESTART_STABLE_S`` of its start too. Returns ``why``
+        with the pause, for the log."""
+        now = time.monotonic()
+        quick = now - self._started_at < RESTART_STABLE_S
+        self._quick_exits = self._quick_exits + 1 if quick else 1
+        if self._quick_exits < 2:
+            self._restart_at = 0.0
+            return why
+        pause = min(RESTART_BACKOFF_MAX_S, 2.0 ** (self._quick_exits - 2))
+        self._restart_at = now + pause
+        return (
+            f"{why} in {pause:.0f} s ({self._quick_exits} workers in a row exited within "
+            f"{RESTART_STABLE_S:.0f} s of their start)"
+        )
 
     async def _try_pick_up(self, installed: str | None, loaded: str | None) -> None:
         not_yet = self._not_yet(installed, loaded)
@@ -298,6 +330,7 @@ class NodeLife:
             if not self._watch.simulated:
                 await asyncio.to_thread(self._check_uvm)
         self.worker, self.node = worker, node
+        self._started_at = time.monotonic()
         self._tracked = installed == node.driver_version
         await self._status.resume(worker, node)
         self.health.follow(worker, fresh=changed)

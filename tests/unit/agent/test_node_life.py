@@ -13,7 +13,8 @@ import dataclasses
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,52 @@ async def test_while_restarting_status_says_so(node: Node) -> None:
         await node.status.sweep()
     await node.life.reread()
     assert (await node.status.sweep()).statuses
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_worker_that_keeps_exiting_is_started_after_a_growing_pause(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML crashing in a loop: the first exit is restarted at once, the next ones (each
+    within a minute of the start) after 1 s, then 2 s, ..., one log line per exit."""
+    caplog.set_level(logging.INFO)
+    node.life._watch = dataclasses.replace(node.life._watch, poll_interval_s=0.05)
+
+    def exits() -> list[str]:
+        return [m for m in messages(caplog) if "restarting it" in m]
+
+    first, _ = node.workers.started[0]
+    await first.stop()
+    await _until(lambda: node.life.worker is not None and node.life.worker is not first)
+    assert exits()[-1].endswith(": restarting it")  # once: at once
+
+    second = node.life.worker
+    assert second is not None
+    await second.stop()
+    await _until(lambda: len(exits()) == 2)
+    assert exits()[-1].endswith(
+        "restarting it in 1 s (2 workers in a row exited within 60 s of their start)"
+    )
+    paused = time.monotonic()
+    await asyncio.sleep(0.5)  # ten looks of the watch
+    assert node.life.released
+    assert len(node.workers.started) == 2
+    with pytest.raises(StatusUnavailable, match=WORKER_RESTARTING):
+        await node.status.sweep()
+    await _until(lambda: node.life.worker is not None)
+    assert time.monotonic() - paused >= 0.9
+
+    third = node.life.worker
+    assert third is not None
+    await third.stop()
+    await _until(lambda: len(exits()) == 3)
+    assert exits()[-1].endswith(
+        "restarting it in 2 s (3 workers in a row exited within 60 s of their start)"
+    )
+    assert len([m for m in messages(caplog) if "GPU worker restarted" in m]) == 2
