@@ -17,10 +17,23 @@ A GPU request whose ``Options`` hold ``mig-profile`` (``MIG_OPTION``: ``docker r
 'count=2,options=mig-profile=1g.18gb'``, Compose's ``options:``) asks for ``Count`` MIG devices
 of that profile.
 ``CreateError`` is a body that cannot be read, with the status and line to answer.
+
+dockerd reads a create with Go's ``encoding/json``, which takes a key spelled in any case
+for a field (``hostConfig``; by Unicode's simple case folding, so ``Ho\u017ftConfig`` with
+a long s too), and decodes a key given twice twice, the later value over the earlier (into
+the object or array decoded before, merged). So every create is refused (400) where a key
+on the way to GPU requests (``HostConfig``, its ``DeviceRequests``, their ``Driver``,
+``Count``, ``DeviceIDs``, ``Capabilities``, ``Options``) is spelled otherwise than Docker's
+API spells it or is given twice, or where ``DeviceRequests`` is a top-level key (dockerd
+20.10 reads it as the ``HostConfig``'s of a create without one); a GPU create also for the
+keys the rewrite sets (``Env``, ``Labels``, ``HostConfig.Devices``, ``Mounts``,
+``CpusetCpus``, ``CpusetMems``). Otherwise a create read here as asking for no GPU, or for
+GPUs under other keys than those rewritten, could ask dockerd for GPUs without a lease.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import urllib.parse
@@ -38,6 +51,7 @@ _CREATE = re.compile(rb"(?:/v[0-9]{1,3}\.[0-9]{1,3})?/containers/create(?:\?.*)?
 MAX_IDS = 64
 WAIT_LABEL = "nvidia-docker.lease.wait"  # seconds a create may wait for its GPUs
 MIG_OPTION = "mig-profile"  # a GPU request's option: Count MIG devices of this profile
+_REQUEST_KEYS = ("Driver", "Count", "DeviceIDs", "Capabilities", "Options")
 
 
 class CreateError(ValueError):
@@ -100,15 +114,50 @@ def container_name(target: bytes) -> str | None:
     return name if name and name.isprintable() else None
 
 
+class _Object(dict[str, Any]):
+    """A JSON object as read: ``keys_read`` are its keys in order, a repeated one as often
+    as it was given (the dict keeps the last value, dockerd decodes each)."""
+
+    keys_read: tuple[str, ...] = ()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    read = _Object(pairs)
+    read.keys_read = tuple(key for key, _ in pairs)
+    return read
+
+
 def read_body(raw: bytes) -> dict[str, Any]:
     """The create's JSON object; ``CreateError`` (400) when it is not one."""
     try:
-        body = parse_json(raw)
+        parse_json(raw)  # within its bounds, else its line
     except BodyError as err:
         raise CreateError(400, f"the container's create body: {err}") from None
+    body = json.loads(raw, object_pairs_hook=_object)
     if not isinstance(body, dict):
         raise CreateError(400, "the container's create body is not a JSON object")
     return body
+
+
+def _check_keys(obj: Mapping[str, Any], where: str, names: tuple[str, ...]) -> None:
+    """``CreateError`` (400) for a key of ``obj`` that dockerd reads as one of ``names``
+    but that is spelled otherwise, or that is given twice. ``casefold`` folds at least
+    what Go's case-insensitive match folds to these ASCII names."""
+    folded = {name.casefold(): name for name in names}
+    seen: set[str] = set()
+    for key in obj.keys_read if isinstance(obj, _Object) else tuple(obj):
+        name = folded.get(key.casefold())
+        if name is None:
+            continue
+        if key != name:
+            raise CreateError(
+                400,
+                f"the create body's key {where}{key!a} is read by the engine as {where}{name} "
+                f"and not here: spell it {name!r}, as Docker's API does",
+            )
+        if key in seen:
+            raise CreateError(400, f"the create body gives {where}{name} twice: give it once")
+        seen.add(key)
 
 
 def _is_gpu(request: object) -> bool:
@@ -148,18 +197,30 @@ def _check_shape(body: Mapping[str, Any], host: Mapping[str, Any]) -> None:
     for name in ("CpusetCpus", "CpusetMems"):
         if not isinstance(host.get(name) or "", str):
             raise CreateError(400, f"HostConfig.{name} is not a string")
+    _check_keys(body, "", ("Env", "Labels"))
+    _check_keys(host, "HostConfig.", ("Devices", "Mounts", "CpusetCpus", "CpusetMems"))
 
 
 def gpu_request(body: Mapping[str, Any]) -> GpuRequest | None:
     """What ``body``'s device requests ask of GPUs; None when none asks for GPUs.
     ``CreateError`` (400) for GPU requests, or fields the rewrite extends, that are
-    malformed."""
+    malformed, or whose keys dockerd would read otherwise (the module's docstring)."""
+    _check_keys(body, "", ("HostConfig",))
+    if any(key.casefold() == "devicerequests" for key in body):
+        raise CreateError(
+            400, "the create body has DeviceRequests at its top: put them in its HostConfig"
+        )
     host = _host_config(body)
+    if host is not None:
+        _check_keys(host, "HostConfig.", ("DeviceRequests",))
     requests = host.get("DeviceRequests") if host is not None else None
     if not requests:
         return None
     if not isinstance(requests, list):
         raise CreateError(400, "HostConfig.DeviceRequests is not a JSON array")
+    for request in requests:
+        if isinstance(request, dict):
+            _check_keys(request, "HostConfig.DeviceRequests[].", _REQUEST_KEYS)
     gpus = [r for r in requests if _is_gpu(r)]
     if not gpus:
         return None

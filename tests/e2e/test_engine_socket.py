@@ -557,3 +557,46 @@ def test_hostile_clients_never_hurt_the_other_servers_and_bodies_are_never_logge
     log = served.agent.log()
     assert "Serving the Docker Engine API on unix://" in log
     assert secret not in log
+
+
+def post_create(path: str, body: bytes) -> tuple[bytes, dict[str, Any]]:
+    """A hand-written ``POST /containers/create`` to the socket at ``path``: the status line
+    and the JSON answer (read to the connection's end, which ``Connection: close`` asks)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(20)
+        client.connect(path)
+        client.sendall(
+            b"POST /v1.41/containers/create HTTP/1.1\r\nHost: docker\r\n"
+            b"Content-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        answer = b""
+        while piece := client.recv(65536):
+            answer += piece
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], json.loads(payload)
+
+
+def test_create_keys_dockerd_reads_in_any_case_are_refused_not_passed_unleased(
+    served: Served,
+) -> None:
+    """dockerd 20.10 takes ``hostConfig`` for ``HostConfig`` (checked here against the
+    engine's own socket); through the agent's socket such a create is refused in one line
+    and creates nothing, as is one with ``DeviceRequests`` at its top."""
+    gpu = [{"Driver": "nvidia", "Count": 1, "Capabilities": [["gpu"]]}]
+    lower = {"Image": IMAGE, "Cmd": ["true"], "hostConfig": {"DeviceRequests": gpu}}
+    top = {"Image": IMAGE, "Cmd": ["true"], "DeviceRequests": gpu}
+    before = served.ok("ps", "-aq").split()
+    for body, said in ((lower, "spell it 'HostConfig'"), (top, "put them in its HostConfig")):
+        status, answer = post_create(str(served.engine_socket), json.dumps(body).encode())
+        assert status.startswith(b"HTTP/1.1 400 "), (status, answer)
+        assert answer["message"].startswith("nvidia-docker: ")
+        assert said in answer["message"], answer
+    assert served.ok("ps", "-aq").split() == before
+    assert not served.table()["Leases"]
+
+    status, answer = post_create(served.dockerd.socket, json.dumps(lower).encode())
+    assert status.startswith(b"HTTP/1.1 201 "), (status, answer)  # the engine's own: a GPU
+    asked = served.ok("inspect", "-f", "{{json .HostConfig.DeviceRequests}}", answer["Id"])
+    assert json.loads(asked)[0]["Count"] == 1
+    served.ok("rm", answer["Id"])

@@ -125,6 +125,54 @@ def test_bodies_that_are_not_objects_are_400(raw: bytes) -> None:
     assert str(caught.value).startswith("nvidia-docker: the container's create body"), caught.value
 
 
+GPU = b'[{"Driver":"nvidia","Count":1,"Capabilities":[["gpu"]]}]'
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [  # each of these asks dockerd 20.10 for a GPU (checked against it), unleased
+        (b'{"Image":"x","hostConfig":{"DeviceRequests":' + GPU + b"}}", "spell it 'HostConfig'"),
+        (
+            b'{"Image":"x","HostConfig":{"deviceRequests":' + GPU + b"}}",
+            "key HostConfig.'deviceRequests' is read by the engine as HostConfig.DeviceRequests",
+        ),
+        ('{"Ho\u017ftConfig":{"DeviceRequests":'.encode() + GPU + b"}}", "'Ho\\u017ftConfig'"),
+        (b'{"DeviceRequests":' + GPU + b"}", "put them in its HostConfig"),
+        (
+            b'{"HostConfig":{"DeviceRequests":' + GPU + b'},"HostConfig":{"Memory":0}}',
+            "gives HostConfig twice",
+        ),
+        (
+            b'{"HostConfig":{"DeviceRequests":[{"driver":"nvidia","Count":1}]}}',
+            "HostConfig.DeviceRequests[].'driver'",
+        ),
+        (  # a GPU create whose Env dockerd would take from "env", after the rewritten one
+            b'{"Env":[],"env":["NVIDIA_VISIBLE_DEVICES=all"],"HostConfig":{"DeviceRequests":'
+            + GPU
+            + b"}}",
+            "spell it 'Env'",
+        ),
+        (
+            b'{"HostConfig":{"cpusetCpus":"0","DeviceRequests":' + GPU + b"}}",
+            "spell it 'CpusetCpus'",
+        ),
+    ],
+)
+def test_keys_dockerd_would_read_otherwise_are_400(raw: bytes, said: str) -> None:
+    with pytest.raises(CreateError) as caught:
+        gpu_request(read_body(raw))
+    assert caught.value.status == 400
+    assert said in str(caught.value), caught.value
+    assert str(caught.value).startswith("nvidia-docker: ")
+
+
+def test_keys_off_the_gpu_path_and_label_names_are_free() -> None:
+    raw = b'{"image":"x","Labels":{"a":"1","A":"2"},"HostConfig":{"memory":1}}'
+    assert gpu_request(read_body(raw)) is None
+    with_env = b'{"env":["A=1"],"HostConfig":{"Memory":1}}'  # no GPU: nothing is rewritten
+    assert gpu_request(read_body(with_env)) is None
+
+
 def test_the_rewrite() -> None:
     other = {"Driver": "fpga", "Count": 1, "Capabilities": [["fpga"]]}
     original = {
