@@ -117,7 +117,7 @@ class Attributor:
         self._pending: dict[_Key, asyncio.Future[ContainerFacts | None]] = {}
         self._engine_down_until: dict[OwnerKind, float] = {}
         self._bad_answer_lines = RateLimiter(retry_s, clock=clock)  # keyed by engine
-        self.lookups = 0  # requests made to the engines
+        self.lookups = 0  # requests to the engines that ended (answered or failed)
         self.lookup_failures = 0  # of which failed (engine unreachable, timeout, bad answer)
 
     async def owners(self, pids: Iterable[int]) -> dict[int, ProcessOwner]:
@@ -179,9 +179,16 @@ class Attributor:
         return await asyncio.shield(pending)
 
     async def _lookup(self, key: _Key) -> ContainerFacts | None:
+        """Ask the engine about one container; counted in ``lookups`` when it ends, as its
+        failures are, so that ``lookups - lookup_failures`` (the answered ones, a Prometheus
+        counter) never goes down while a lookup is still in flight."""
+        facts = await self._lookup_once(key)
+        self.lookups += 1
+        return facts
+
+    async def _lookup_once(self, key: _Key) -> ContainerFacts | None:
         kind, container_id = key
         engine = self.engines[kind]
-        self.lookups += 1
         try:
             facts = await _inspect_or_list(engine, container_id)
         except _ContainerBusy:

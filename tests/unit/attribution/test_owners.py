@@ -6,6 +6,7 @@ The Docker engine's answers themselves are tested against a real dockerd
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -116,3 +117,34 @@ async def test_each_engine_has_its_own_outage(
 )
 def test_mesos_docker_containerizer_names(name: str, container: str | None) -> None:
     assert mesos_container_of(name) == container
+
+
+async def test_answered_lookups_never_go_down_while_one_is_in_flight(tmp_path: Path) -> None:
+    """``nvidia_docker_container_lookups_total{outcome="answered"}`` is lookups less failures:
+    a lookup the engine is slow to fail must not count as answered first and as failed
+    later, or Prometheus reads the counter going down as a reset."""
+    accepted = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await reader.read()  # never answers; the engine's timeout ends the lookup
+        writer.close()
+
+    socket_path = tmp_path / "silent.sock"
+    server = await asyncio.start_unix_server(silent, path=str(socket_path))
+    proc = _proc(tmp_path, {10: f"0::/docker/{ID}\n"})
+    attributor = Attributor(
+        DockerEngine(socket_path, timeout_s=0.5), proc=proc, retry_s=30, clock=Clock()
+    )
+    try:
+        asking = asyncio.ensure_future(attributor.owners([10]))
+        await asyncio.wait_for(accepted.wait(), 10)
+        in_flight = attributor.lookups - attributor.lookup_failures
+        await asyncio.wait_for(asking, 10)
+        assert attributor.lookup_failures == 1
+        assert in_flight == 0
+        assert attributor.lookups - attributor.lookup_failures == 0
+    finally:
+        await attributor.close()
+        server.close()
+        await server.wait_closed()
