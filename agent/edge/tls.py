@@ -192,6 +192,17 @@ def _build(files: TlsFiles, read: _Read) -> ReloadableContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.sslobject_class = _AlertingSSLObject
     pair = f"--tls-cert {files.cert} / --tls-key {files.key}"
+    # OpenSSL names neither file when one holds no PEM block of its kind ("PEM lib")
+    if b"-----BEGIN CERTIFICATE-----" not in read.cert:
+        raise TlsConfigError(
+            f"--tls-cert {files.cert}: no PEM certificate in it: give the PEM certificate "
+            "(chain) of the REST API"
+        )
+    if b"PRIVATE KEY-----" not in read.key:
+        raise TlsConfigError(
+            f"--tls-key {files.key}: no PEM private key in it: give the PEM private key that "
+            "belongs to --tls-cert"
+        )
     try:
         with (
             _in_memory(read.cert, "tls-cert") as cert,

@@ -77,6 +77,26 @@ def test_files_beyond_the_bound_are_refused_with_one_line(
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("cert", "key", "message"),
+    [
+        ("server.pem", "server.pem", "--tls-key {key}: no PEM private key in it"),
+        ("server.key", "server.key", "--tls-cert {cert}: no PEM certificate in it"),
+        ("server.key", "server.pem", "--tls-cert {cert}: no PEM certificate in it"),
+    ],
+)
+def test_a_file_without_its_pem_block_is_named(
+    pki: Pki, tmp_path: Path, cert: str, key: str, message: str
+) -> None:
+    """The certificate given as the key (or the other way round): the line names the file
+    (OpenSSL says only "PEM lib")."""
+    given = {"server.pem": pki.pem("server"), "server.key": pki.key("server")}
+    files = TlsFiles(given[cert], given[key])
+    with pytest.raises(TlsConfigError) as refused:
+        ServerTls(files)
+    assert str(refused.value).startswith(message.format(cert=files.cert, key=files.key))
+
+
 def test_a_fifo_is_refused_at_once(pki: Pki, tmp_path: Path) -> None:
     files = _own_files(pki, tmp_path)
     files.cert.unlink()
@@ -162,7 +182,7 @@ async def test_reload_reads_in_a_thread_and_builds_only_for_new_bytes(
     assert isinstance(first, ReloadableContext)
 
     files.key.write_text("half a key\n")
-    with pytest.raises(TlsConfigError, match=r"--tls-cert .* / --tls-key"):
+    with pytest.raises(TlsConfigError, match=r"--tls-key .*: no PEM private key in it"):
         await tls.reload()
     assert tls.current is second  # the previous one stays
 
