@@ -1,8 +1,9 @@
 """A container create that asks for GPUs, read and rewritten (pure: JSON in, JSON out).
 
 ``is_create`` tells a ``POST (/vN.NN)?/containers/create`` apart; ``gpu_request`` reads
-what its ``HostConfig.DeviceRequests`` ask of GPUs (a request whose driver is ``nvidia`` or
-whose capabilities name ``gpu``; ``Count`` N, -1 for every GPU, or ``DeviceIDs``), or None
+what its ``HostConfig.DeviceRequests`` ask of GPUs (a request whose driver is ``nvidia``,
+whose capabilities name ``gpu``, or that has no driver and capabilities that dockerd's
+nvidia driver matches; ``Count`` N, -1 for every GPU, or ``DeviceIDs``), or None
 when they ask for none. ``rewrite`` returns the body an engine without NVIDIA's runtime
 understands: those requests removed (others kept), and in their place either the lease's
 CDI devices (one request of driver ``cdi``, as the docker CLI sends ``--device
@@ -52,6 +53,11 @@ MAX_IDS = 64
 WAIT_LABEL = "nvidia-docker.lease.wait"  # seconds a create may wait for its GPUs
 MIG_OPTION = "mig-profile"  # a GPU request's option: Count MIG devices of this profile
 _REQUEST_KEYS = ("Driver", "Count", "DeviceIDs", "Capabilities", "Options")
+# What dockerd's nvidia device driver matches a request without a Driver by: one of its
+# capability lists holding only these (moby registers it where NVIDIA's hook is installed).
+NVIDIA_CAPABILITIES = frozenset(
+    ("gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display")
+)
 
 
 class CreateError(ValueError):
@@ -161,13 +167,23 @@ def _check_keys(obj: Mapping[str, Any], where: str, names: tuple[str, ...]) -> N
 
 
 def _is_gpu(request: object) -> bool:
+    """Whether a device request asks for GPUs: its driver is ``nvidia``, a capability list
+    names ``gpu``, or it has no driver and a capability list of ``NVIDIA_CAPABILITIES``
+    only (``[["nvidia"]]``, ``[["compute", "utility"]]``), which dockerd gives to NVIDIA."""
     if not isinstance(request, dict):
         return False
-    if str(request.get("Driver") or "").lower() == "nvidia":
+    driver = request.get("Driver")
+    if str(driver or "").lower() == "nvidia":
         return True
     capabilities = request.get("Capabilities") or []
-    return isinstance(capabilities, list) and any(
-        isinstance(group, list) and "gpu" in group for group in capabilities
+    if not isinstance(capabilities, list):
+        return False
+    groups = [group for group in capabilities if isinstance(group, list)]
+    return any("gpu" in group for group in groups) or (
+        not driver
+        and any(
+            all(isinstance(c, str) and c in NVIDIA_CAPABILITIES for c in group) for group in groups
+        )
     )
 
 

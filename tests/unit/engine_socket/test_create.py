@@ -62,6 +62,13 @@ def test_the_container_name() -> None:
         ([{"Capabilities": [["gpu"]], "DeviceIDs": ["3", "GPU-5"]}], GpuRequest(0, ("3", "GPU-5"))),
         ([CLI_GPUS_2, {"Driver": "nvidia", "Count": 1}], GpuRequest(3)),
         ([{"Driver": "other", "Count": 1, "Capabilities": [["fpga"]]}], None),
+        ([{"Count": 1, "Capabilities": [["nvidia"]]}], GpuRequest(1)),  # dockerd: NVIDIA's
+        (
+            [{"Driver": "", "Count": 2, "Capabilities": [["fpga"], ["compute", "utility"]]}],
+            GpuRequest(2),
+        ),
+        ([{"Count": 1, "Capabilities": [["compute", "fpga"]]}], None),
+        ([{"Driver": "fpga", "Count": 1, "Capabilities": [["compute"]]}], None),
         (  # docker run --gpus 'count=2,options=mig-profile=1g.18gb'
             [{**CLI_GPUS_2, "Options": {"mig-profile": "1g.18gb"}}],
             GpuRequest(2, mig_profile="1g.18gb"),
