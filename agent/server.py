@@ -67,7 +67,7 @@ from agent.leasing.start_gate import StartGate
 from agent.metrics.agent_metrics import AgentMetrics
 from agent.metrics.service import MetricsService
 from agent.metrics.usage_families import usage_families
-from agent.node.drivers import prepare_volumes
+from agent.node.drivers import VolumeSetupError, prepare_volumes
 from agent.node.facts import NodeFacts
 from agent.node.life import DriverWatch, NodeLife
 from agent.node.state import NodeState
@@ -103,9 +103,12 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     worker = await _first_worker(watch, parts)
     node = worker.node_info()
     log.info("Finding the driver files of each volume (ld.so.cache: %s)", config.ldcache or "none")
-    store = await asyncio.to_thread(
-        prepare_volumes, config.volume_dir, node.driver_version, ldcache=config.ldcache
-    )
+    try:
+        store = await asyncio.to_thread(
+            prepare_volumes, config.volume_dir, node.driver_version, ldcache=config.ldcache
+        )
+    except VolumeSetupError as err:
+        raise StartupError(str(err)) from None
     status = StatusService(worker, node, pcie_interval_s=config.pcie_interval_s)
     parts.push_async_callback(status.close)
     await status.sample_pcie()

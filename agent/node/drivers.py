@@ -141,6 +141,11 @@ class SimulatedModule:
         return self._version
 
 
+class VolumeSetupError(Exception):
+    """The driver's files cannot be found or the volume directory cannot be used; the
+    message names the flag (``--ldcache``, ``-d``), the file and what to do."""
+
+
 def prepare_volumes(
     volume_dir: Path,
     driver_version: str,
@@ -148,9 +153,23 @@ def prepare_volumes(
     ldcache: Path | None = Path("/etc/ld.so.cache"),
     search_path: str | None = None,
 ) -> VolumeStore:
-    """Find the driver files and open the volume directory. Blocking: run in a thread."""
-    store = VolumeStore(volume_dir, _driver_files(driver_version, ldcache, search_path))
-    store.clean_stale()
+    """Find the driver files and open the volume directory. Blocking: run in a thread.
+    Raises ``VolumeSetupError``."""
+    try:
+        files = _driver_files(driver_version, ldcache, search_path)
+    except (OSError, ValueError) as err:
+        raise VolumeSetupError(
+            f"--ldcache {ldcache}: {err}: give the dynamic linker cache that lists the "
+            "driver's libraries (ldconfig writes /etc/ld.so.cache)"
+        ) from None
+    try:
+        store = VolumeStore(volume_dir, files)
+        store.clean_stale()
+    except OSError as err:
+        raise VolumeSetupError(
+            f"-d {volume_dir}: the volume directory cannot be used "
+            f"({err.strerror or err}): give a directory the agent can create and write"
+        ) from None
     return store
 
 

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.node.drivers import InstalledDriver, LoadedModule, SimulatedModule
+from agent.node.drivers import (
+    InstalledDriver,
+    LoadedModule,
+    SimulatedModule,
+    VolumeSetupError,
+    prepare_volumes,
+)
 from tests.support.fake_driver import (
     NEW_VERSION,
     VERSION,
@@ -90,3 +96,24 @@ def test_a_simulated_module_is_the_node_file_s_driver_version(tmp_path: Path) ->
     assert module.version() == NEW_VERSION
     node.unlink()
     assert module.version() == NEW_VERSION
+
+
+def test_a_volume_directory_that_cannot_be_made_names_d(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    volumes = tmp_path / "a-file" / "volumes"
+    with pytest.raises(VolumeSetupError) as refused:
+        prepare_volumes(volumes, VERSION, ldcache=None)
+    assert str(refused.value) == (
+        f"-d {volumes}: the volume directory cannot be used (Not a directory): give a "
+        "directory the agent can create and write"
+    )
+
+
+def test_a_linker_cache_that_cannot_be_read_names_ldcache(tmp_path: Path) -> None:
+    missing = tmp_path / "ld.so.cache"
+    with pytest.raises(VolumeSetupError) as refused:
+        prepare_volumes(tmp_path / "volumes", VERSION, ldcache=missing)
+    assert str(refused.value).startswith(
+        f"--ldcache {missing}: cannot read the dynamic linker cache {missing}: No such file"
+    )
+    assert str(refused.value).endswith("(ldconfig writes /etc/ld.so.cache)")
