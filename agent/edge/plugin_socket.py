@@ -98,7 +98,16 @@ async def start_plugin_site(
         os.close(lock_fd)
         raise
     if spec_file is not None:
-        write_spec_file(spec_file, path)
+        try:
+            write_spec_file(spec_file, path)
+        except OSError as err:
+            await runner.cleanup()  # the socket removed, the directory's lock let go
+            raise PluginSiteError(
+                err.errno,
+                f"--spec-file {spec_file} cannot be written ({err.strerror or err}): "
+                "give a path in a directory the agent can write (dockerd reads "
+                "/etc/docker/plugins)",
+            ) from None
     return runner
 
 
@@ -206,9 +215,13 @@ def write_spec_file(spec_file: Path, socket_path: Path) -> None:
     """Write ``unix://<socket>`` atomically (temporary file, then rename)."""
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     temporary = spec_file.with_name(f".{spec_file.name}.{os.getpid()}")
-    temporary.write_text(_spec_line(socket_path) + "\n", encoding="utf-8")
-    temporary.chmod(0o644)
-    temporary.rename(spec_file)
+    try:
+        temporary.write_text(_spec_line(socket_path) + "\n", encoding="utf-8")
+        temporary.chmod(0o644)
+        temporary.rename(spec_file)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
     log.info("Wrote the plugin spec file %s", spec_file)
 
 

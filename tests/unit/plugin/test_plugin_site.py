@@ -141,3 +141,20 @@ def test_prepare_volumes_finds_the_driver_and_logs_counts(
     line = next(r.getMessage() for r in caplog.records if "Driver files found" in r.getMessage())
     assert "2 binaries" in line
     assert f"{len(store.files.libraries_64)} 64-bit" in line
+
+
+async def test_a_spec_file_that_cannot_be_written_is_named_and_leaves_no_socket(
+    store: VolumeStore, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    spec = tmp_path / "a-file" / "nvidia-docker.spec"
+    socket_dir = tmp_path / "plugins"
+    with pytest.raises(PluginSiteError) as refused:
+        await start_plugin_site(store, socket_dir, spec_file=spec)
+    assert str(refused.value).startswith(f"--spec-file {spec} cannot be written (File exists)")
+    assert str(refused.value).endswith(
+        "give a path in a directory the agent can write (dockerd reads /etc/docker/plugins)"
+    )
+    assert not (socket_dir / "nvidia-docker.sock").exists()  # dockerd finds no dead socket
+    runner = await start_plugin_site(store, socket_dir)  # the directory's lock was let go
+    await runner.cleanup()
