@@ -1,7 +1,9 @@
 """The lease routes of the REST API: ask (``POST /leases``), list (``GET /leases``,
 ``/leases/json``), what an ask would get now (``GET /leases/free?count=N``), release
-(``DELETE /leases/{id}``). docs/leases.md, "The REST API", is the contract: JSON bodies
-and answers, one-line errors, the refusal's kind for programs.
+(``DELETE /leases/{id}``), release if unused (``DELETE /leases/{id}/pending``: only a
+pending lease that no container carries, the engines asked first). docs/leases.md, "The
+REST API", is the contract: JSON bodies and answers, one-line errors, the refusal's kind
+for programs.
 
 An ask's body is bounded (``MAX_ASK_BYTES``, 32 levels: ``plugin.json_body``), every field
 checked here before the table sees it; an ask that waits holds its request open until the
@@ -200,6 +202,8 @@ def _refused(refused: Refused) -> web.Response:
     status = 408 if refused.kind is Refusal.TIMED_OUT else 409
     if refused.kind is Refusal.UNKNOWN_LEASE:
         status = 404
+    elif refused.kind is Refusal.UNCHECKED:
+        status = 503
     return _error(
         status,
         refused.text,
@@ -251,7 +255,7 @@ class Cpusets:
         return ",".join(c for c in cpus if c), ",".join(str(n) for n in numa_nodes)
 
 
-def _granted(grant: Granted, cpusets: Cpusets) -> web.Response:
+def _granted(grant: Granted, cpusets: Cpusets, pending_s: float | None) -> web.Response:
     cpus, mems = cpusets.of(grant.numa_nodes)
     return _json(
         201,
@@ -277,6 +281,7 @@ def _granted(grant: Granted, cpusets: Cpusets) -> web.Response:
             "CpusetMems": mems,
             "Labels": labels_for(grant.lease),
             "Expires": _time(grant.lease.until_s),
+            "PendingS": None if pending_s is None else round(pending_s, 3),
             "Text": grant.text,
         },
     )
@@ -368,7 +373,7 @@ def make_routes(
             service.release(answer.lease.id)
             return web.Response(status=499)
         if isinstance(answer, Granted):
-            return _granted(answer, sets)
+            return _granted(answer, sets, service.left_s(answer.lease))
         return _refused(answer)
 
     async def list_json(request: web.Request) -> web.StreamResponse:
@@ -399,12 +404,21 @@ def make_routes(
             return _json(200, {"Released": answer.lease.id, "Text": answer.text})
         return _refused(answer)
 
+    async def release_unused(request: web.Request) -> web.StreamResponse:
+        if (refused := refused_from_afar(request)) is not None:
+            return refused
+        answer = await request.app[LEASES].release_unused(request.match_info["lease"])
+        if isinstance(answer, Released):
+            return _json(200, {"Released": answer.lease.id, "Text": answer.text})
+        return _refused(answer)
+
     return [
         ("POST", "/leases", ask),
         ("GET", "/leases", list_text),
         ("GET", "/leases/json", list_json),
         ("GET", "/leases/free", free),
         ("DELETE", "/leases/{lease}", release),
+        ("DELETE", "/leases/{lease}/pending", release_unused),
     ]
 
 

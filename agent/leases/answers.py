@@ -53,6 +53,8 @@ class Refusal(enum.StrEnum):
     UNKNOWN_LEASE = "unknown_lease"
     IN_USE = "in_use"  # releasing a lease whose container runs
     OTHER_CONTAINER = "other_container"  # the lease is bound to another container
+    BOUND = "bound"  # releasing an unused lease that a container has (or carries the label of)
+    UNCHECKED = "unchecked"  # releasing an unused lease: an engine's containers were not listed
 
 
 @dataclass(frozen=True, slots=True)

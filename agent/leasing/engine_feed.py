@@ -36,16 +36,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from typing import Protocol
+from urllib.parse import quote
 
-from agent.engines.containers import inspect_container, list_containers, listed_container
+from agent.engines.containers import (
+    container_of,
+    inspect_container,
+    list_containers,
+    listed_container,
+)
 from agent.engines.events import FIRST_BACKOFF_S, MOST_BACKOFF_S, EngineEvents, EventKind
-from agent.engines.http import EngineClient, EngineError, EngineTimeout
+from agent.engines.http import BadAnswer, EngineClient, EngineError, EngineTimeout, parse_answer
 from agent.leases.containers import Container, check_engine
-from agent.leasing.service import LeaseService
+from agent.leases.labels import LABEL_ID
+from agent.leasing.service import LeaseService, NotListed
 
 log = logging.getLogger("nvidia-docker-plugin.leases")
 
@@ -53,6 +61,7 @@ MAX_QUEUED = 4096  # events waiting for their turn, all engines together
 # A created container's inspect: answered in milliseconds, unless the container is already
 # starting (dockerd then holds it, and the inspect waits for the start): the list then.
 CREATED_INSPECT_S = 0.5
+LABELLED_S = 2.0  # each engine's list of the containers that carry one lease's label
 
 
 class _Starting(Exception):
@@ -100,6 +109,7 @@ class EngineFeed:
         self._engines: list[EngineClient] = []
         self._names: list[str] = []  # per engine: the name its containers carry
         self._events: list[EngineEvents] = []
+        self._listed: list[bool] = []  # per engine: whether its containers were ever listed
         self._queue: asyncio.Queue[_Event | _Resync | _Relist] = asyncio.Queue(MAX_QUEUED + 64)
         self._task: asyncio.Task[None] | None = None
         self.applied = 0  # events and resyncs applied, since start
@@ -122,6 +132,7 @@ class EngineFeed:
         index = len(self._engines)
         self._engines.append(engine)
         self._names.append(name)
+        self._listed.append(False)
 
         def on_event(kind: EventKind, container_id: str) -> None:
             self._put(_Event(index, kind, container_id))
@@ -147,6 +158,7 @@ class EngineFeed:
 
     def start(self) -> None:
         self._service.followed(self._names)
+        self._service.find_labelled_with(self.labelled)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lease feed")
         for events in self._events:
@@ -160,6 +172,51 @@ class EngineFeed:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def labelled(self, lease_id: str) -> list[Container]:
+        """The containers that carry ``lease_id``'s label, as each engine's list tells them
+        now (``docker ps -a --filter label=nvidia-docker.lease=ID``: their ids, states and
+        lease labels), within ``LABELLED_S`` each. An engine whose events are not followed
+        now is pinged first; one that does not answer is not asked if the feed never listed
+        its containers (no socket: a Docker-only node's Podman; the table never knew its
+        containers). ``NotListed`` (one line) when an engine that was followed does not
+        answer now (Podman's CLI creates containers while its API service is down), or an
+        engine that answers does not list them."""
+        filters = quote(json.dumps({"label": [f"{LABEL_ID}={lease_id}"]}), safe="")
+        about = f"to its list of the containers of {lease_id[:40]}"
+        found: list[Container] = []
+        engines = zip(self._names, self._engines, self._events, self._listed, strict=True)
+        for name, engine, events, ever_listed in engines:
+            if not events.following and not await engine.answers_ping(LABELLED_S):
+                if ever_listed:
+                    raise NotListed(
+                        f"{engine.where} does not answer now (its events are not followed)"
+                    )
+                continue
+            try:
+                body = await engine.get(
+                    f"/containers/json?all=1&filters={filters}", about, timeout_s=LABELLED_S
+                )
+                if body is None:
+                    raise EngineError(f"{engine.where} answered HTTP 404 {about}")
+                listed = parse_answer(body, engine.bad_answer(about))
+                if not isinstance(listed, list):
+                    raise BadAnswer(f"{engine.bad_answer(about)}: it is not a JSON array")
+            except EngineError as err:
+                raise NotListed(str(err)) from None
+            for item in listed:
+                if not isinstance(item, dict) or not isinstance(item.get("Id"), str):
+                    continue
+                as_inspected = {
+                    "Id": item["Id"],
+                    "State": {"Status": item.get("State")},
+                    "Config": {"Labels": item.get("Labels")},
+                }
+                container = container_of(item["Id"], as_inspected)
+                label = container.lease
+                if label is not None and label.lease_id == lease_id:  # the filter, checked
+                    found.append(replace(container, engine=name))
+        return found
 
     def relist(self) -> None:
         """List every engine's containers again and resync the table with them (after a
@@ -230,6 +287,7 @@ class EngineFeed:
                 return
             item = _Resync(item.engine, tuple(listed))
         if isinstance(item, _Resync):
+            self._listed[item.engine] = True
             self._service.resync(name, [replace(c, engine=name) for c in item.containers])
             return
         if item.kind in (EventKind.DIED, EventKind.DESTROYED):

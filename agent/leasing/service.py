@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from agent import files
@@ -38,18 +38,20 @@ from agent.leases.answers import (
     Granted,
     Outcome,
     Queued,
+    Refusal,
     Refused,
     Released,
     StartVerdict,
 )
 from agent.leases.asks import Ask
 from agent.leases.containers import Container, GpuUser
-from agent.leases.holders import Lease
+from agent.leases.holders import Lease, LeaseState
 from agent.leases.loads import GpuLoad
 from agent.leases.plans import FreeSet
 from agent.leases.settings import LeaseSettings
 from agent.leases.snapshot import Snapshot, SnapshotError, snapshot_from_json, snapshot_to_json
 from agent.leases.table import LeaseTable
+from agent.leases.texts import short_id, when
 from agent.leases.view import TableView
 
 log = logging.getLogger("nvidia-docker-plugin.leases")
@@ -59,6 +61,15 @@ MAX_STATE_BYTES = 8 * 1024 * 1024  # 4,096 leases and foreign holders, each a fe
 STATE_MODE = 0o600
 
 Answered = Granted | Refused
+
+
+class NotListed(Exception):
+    """An engine's containers could not be listed (one line: which engine, and why)."""
+
+
+# The containers that carry a lease's label, of every engine that may have created one
+# (``EngineFeed.labelled``); ``NotListed`` when an engine that may have cannot be asked.
+Labelled = Callable[[str], Awaitable[Sequence[Container]]]
 
 
 class LeaseService:
@@ -79,6 +90,7 @@ class LeaseService:
         self._save: asyncio.Task[None] | None = None
         self._dirty = False
         self._closed = False
+        self._labelled: Labelled | None = None
         self.saves = 0  # snapshots written, since start
 
     @classmethod
@@ -149,6 +161,70 @@ class LeaseService:
         outcome = self._table.release(lease_id, self._clock())
         self._apply(outcome)
         return outcome.answer
+
+    def find_labelled_with(self, labelled: Labelled) -> None:
+        """How ``release_unused`` finds the containers that carry a lease's label (the
+        engine feed gives its own at start)."""
+        self._labelled = labelled
+
+    async def release_unused(self, lease_id: str) -> Released | Refused:
+        """Release ``lease_id`` only if it is pending and no container carries its label:
+        its asker's ``docker run`` ended without creating the container (a bad flag, a
+        name in use, an engine that refused). The engines are asked first (``Labelled``):
+        a container whose create event has not been read yet binds the lease instead, as
+        that event would; without a way to ask them (no engine feed started: the table
+        then learns of no container), the lease is released as its expiry would end it.
+        Refused with ``BOUND`` for a lease that has a container, ``UNCHECKED`` (nothing
+        changed) when an engine could not be asked, ``UNKNOWN_LEASE`` for one the table
+        does not have."""
+        refused = self._in_use(lease_id)
+        if refused is not None:
+            return refused
+        found: Sequence[Container] = ()
+        if self._labelled is not None:
+            try:
+                found = await self._labelled(lease_id)
+            except NotListed as err:
+                lease = self._table.lease(lease_id)
+                until = f" at {when(lease.until_s)}" if lease and lease.until_s else ""
+                text = (
+                    f"{lease_id} kept: {err}, so a container created with it may be there; "
+                    f"unless one is, it ends by itself{until}"
+                )
+                return Refused(Refusal.UNCHECKED, text)
+        for container in found:
+            self.created(container)  # what its create event does, when it comes
+        refused = self._in_use(lease_id)
+        if refused is not None:
+            return refused
+        if found:
+            text = (
+                f"{lease_id} kept: container {short_id(found[0].id)} carries its labels "
+                "(the agent's log says why it does not hold it)"
+            )
+            return Refused(Refusal.BOUND, text)
+        return self.release(lease_id)
+
+    def _in_use(self, lease_id: str) -> Refused | None:
+        """Why ``release_unused`` leaves ``lease_id`` alone (None: it is pending)."""
+        lease = self._table.lease(lease_id)
+        if lease is None:  # the table's answer for a lease it does not have
+            answer = self.release(lease_id)
+            return answer if isinstance(answer, Refused) else None
+        if lease.state is LeaseState.PENDING:
+            return None
+        text = (
+            f"{lease.id} is {lease.state.value} with container "
+            f"{short_id(lease.container_id or '')}: not released (it ends with its container)"
+        )
+        return Refused(Refusal.BOUND, text)
+
+    def left_s(self, lease: Lease) -> float | None:
+        """Seconds until ``lease`` ends by itself (a pending one: unless its container is
+        created), by the table's clock; None when it has no end."""
+        if lease.until_s is None:
+            return None
+        return max(0.0, lease.until_s - self._clock())
 
     def view(self) -> TableView:
         return self._table.view()

@@ -9,7 +9,9 @@ path reads only ``NV_DOCKER`` and ``NV_DEBUG``, with the same parsers (``control
 Only ``run`` and ``create`` (also ``container run|create``) change: the GPU arguments go right
 after the command word (for a lease, ``NV_GPU=auto...`` or docker's ``--gpus``, also its
 labels and cpuset, and ``--gpus`` itself is dropped), then docker replaces this process
-(``execvp``: same pid, so signals and the exit code are docker's). Everything else is handed
+(``execvp``: same pid, so signals and the exit code are docker's); with a lease, a watcher
+forked just before gives the lease back if docker ends without creating the container
+(``lease_watch``). Everything else is handed
 to docker untouched; ``version`` (without ``--format``) first prints ``NVIDIA Docker:
 <version>`` and a blank line;
 ``--help`` (and ``help``, or no argument) first prints what the wrapper adds and its
@@ -40,6 +42,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from controller.wrapper import lease_watch
+
 
 def _log(level: str, message: str) -> None:
     import time  # noqa: PLC0415 (error path only)
@@ -63,8 +67,11 @@ def debug_enabled(environ: Mapping[str, str]) -> bool:
     return switch(environ.get(DEBUG_VAR, ""))
 
 
-def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
-    """The docker argv to exec for ``nvidia-docker args`` (may print, may raise)."""
+def plan(
+    args: list[str], environ: Mapping[str, str]
+) -> tuple[list[str], lease_watch.LeaseWatch | None]:
+    """The docker argv to exec for ``nvidia-docker args`` (may print, may raise), and the
+    lease its watcher gives back if docker creates no container (``lease_watch``)."""
     docker = docker_command(environ)
     command = docker_args.scan(args)
     if command.wants_gpus_check:
@@ -82,7 +89,8 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
         changes = gpu_arguments(command, options)
         for warning in changes.warnings:
             _log("Warning", warning)
-        return [*options.docker, *command.with_inserted(changes.insert, changes.drop)]
+        argv = [*options.docker, *command.with_inserted(changes.insert, changes.drop)]
+        return argv, changes.watch
     if (
         command.command == "version"
         and command.command_index == command.global_end
@@ -97,7 +105,7 @@ def plan(args: list[str], environ: Mapping[str, str]) -> list[str]:
 
         sys.stdout.write(wrapper_help())
         sys.stdout.flush()
-    return [*docker, *args]
+    return [*docker, *args], None
 
 
 def _formatted(version_args: list[str]) -> bool:
@@ -139,7 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ  # the edge: nothing below reads the environment
     try:
-        exec_docker(plan(args, environ))
+        argv, watch = plan(args, environ)
+        if watch is not None:
+            from controller.wrapper.lease_watch import start  # noqa: PLC0415 (a lease only)
+
+            start(watch)
+        exec_docker(argv)
     except ControllerError as err:
         if debug_enabled(environ):
             import traceback  # noqa: PLC0415

@@ -40,6 +40,9 @@ every driver volume), and after the CUDA check the agent is asked for the lease
 asked for, its labels, cpuset and ``NVIDIA_VISIBLE_DEVICES`` are inserted too, and
 ``--gpus`` is dropped (``GpuArguments.drop``). It needs the node's agent: the local NVML
 path knows the GPUs, not who holds them. ``NV_GPU=0,1`` and no selection ask for none.
+``GpuArguments.watch`` is what the wrapper's watcher needs to give the lease back if docker
+ends without creating the container (``lease_watch``; None for an agent that does not say
+how long its lease stays pending).
 
 Every failure is a ``ControllerError`` with one line; no container is created.
 
@@ -64,6 +67,7 @@ from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
 from controller.wrapper import docker_cli, engine_api, podman_labels
 from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
+from controller.wrapper.lease_watch import LeaseWatch, watchable
 from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
@@ -93,6 +97,7 @@ class GpuFacts:
     cdi: bool = False  # docker_args are the CDI form ("--device=nvidia.com/gpu=...")
     warnings: tuple[str, ...] = ()
     grant: Grant | None = None  # the lease these devices are (NV_GPU=auto..., --gpus)
+    agent: Endpoint | None = None  # the agent that granted it
 
 
 @record
@@ -104,6 +109,7 @@ class GpuArguments:
     insert: list[str]
     drop: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    watch: LeaseWatch | None = None  # the lease to give back if docker creates no container
 
 
 def parse_version(text: str, what: str) -> tuple[int, ...]:
@@ -311,7 +317,8 @@ def _facts_from_agent(
         except Exception:  # not on Ctrl-C: the pending lease then ends by itself
             release(agent, grant.lease)
             raise
-        return replace(facts, grant=grant, warnings=(*facts.warnings, *grant.warnings()))
+        warnings = (*facts.warnings, *grant.warnings())
+        return replace(facts, grant=grant, agent=endpoint, warnings=warnings)
 
 
 def _on_loopback(endpoint: Endpoint) -> bool:
@@ -570,13 +577,14 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     cuda_needed = labels.get(CUDA_LABEL) or None
     started = time.perf_counter()
     gpus = options.gpus if isinstance(options.gpus, str) else ""
+    reached = reach(endpoint, options)
     facts = _node_facts(
         endpoint,
         wanted_volumes,
         gpus,
         cuda_needed,
         cdi=CdiChoice(options, command, engine_socket),
-        reach=reach(endpoint, options),
+        reach=reached,
         lease=lease,
         terminal=options.progress,
     )
@@ -596,4 +604,18 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     if facts.grant is None:
         return GpuArguments(args, warnings=warnings)
     leased = facts.grant.docker_args(annotations=is_podman(docker))
-    return GpuArguments([*args, *leased], (GPUS_OPTION,), warnings)
+    return GpuArguments(
+        [*args, *leased], (GPUS_OPTION,), warnings, _watch(facts.grant, facts.agent, reached)
+    )
+
+
+def _watch(grant: Grant, agent: Endpoint | None, reached: Reach) -> LeaseWatch | None:
+    """What the watcher needs (``lease_watch``), for a grant it can watch."""
+    if agent is None or grant.pending_s is None or not watchable(grant.lease, grant.pending_s):
+        return None
+    if reached.ssh is not None:  # the watcher has no terminal to ask a password on
+        import dataclasses  # noqa: PLC0415 (SSH only: SshOptions is a dataclass)
+
+        ssh = dataclasses.replace(reached.ssh, allow_password_prompt=False)
+        reached = replace(reached, ssh=ssh)
+    return LeaseWatch(agent, reached, grant.lease, grant.pending_s)

@@ -22,9 +22,10 @@ the ask is malformed, 404/405 an agent older than leases). The grant's ``Dev`` i
 that bind the lease to the container when docker creates it, the cpuset of the GPUs' NUMA
 nodes and ``NVIDIA_VISIBLE_DEVICES`` (so that an NVIDIA runtime, when it is the engine's
 default, hands out the same GPUs, not the image's ``all``). A lease whose container never
-comes (docker fails after the wrapper has become docker) ends by itself after the agent's
-pending time; one the wrapper cannot use (its own later step fails) it gives back at once
-(``release``).
+comes (docker fails after the wrapper has become docker) is given back by the wrapper's
+watcher (``lease_watch``) where the agent says how long it stays pending (``Grant.
+pending_s``), else it ends by itself after the agent's pending time; one the wrapper cannot
+use (its own later step fails) it gives back at once (``release``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ ANNOTATED_LABELS = (
     "nvidia-docker.lease.mode",
 )
 MAX_OWNER_VALUE = 128  # the agent's bound on an owner label's value
+MAX_PENDING_S = 24 * 3600.0  # a grant's PendingS beyond this is not the agent's
 WAITABLE = frozenset({"not_enough", "taken", "others_waiting"})  # refusals a wait may cure
 _GPUS_KEYS = "N, all, count=N, device=LIST, capabilities=, driver=, options="
 
@@ -256,6 +258,9 @@ class Grant:
     shared: tuple[str, ...]  # "GPU 3 (2 of 4)" for each unit the lease shares
     text: str  # the agent's line
     expires: str | None = None
+    # seconds the lease stays pending (``PendingS``): an agent that says it serves
+    # ``DELETE /leases/{id}/pending``, which the wrapper's watcher asks; None: an older one
+    pending_s: float | None = None
 
     def docker_args(self, *, annotations: bool = False) -> list[str]:
         """The labels, the cpuset flags (when the answer has them) and the NVIDIA runtime's
@@ -299,6 +304,7 @@ def _grant(node: str, body: Any, ask: LeaseAsk) -> Grant:
             if isinstance(d, dict) and isinstance(d.get("Sharing"), int) and d["Sharing"] > 1
         )
         cpus, mems = body.get("CpusetCpus"), body.get("CpusetMems")
+        pending = body.get("PendingS")
     except (KeyError, TypeError, AttributeError):
         raise NodeError(
             node,
@@ -316,7 +322,16 @@ def _grant(node: str, body: Any, ask: LeaseAsk) -> Grant:
         shared=shared if not ask.exclusive else (),
         text=str(body.get("Text") or ""),
         expires=str(body["Expires"]) if body.get("Expires") else None,
+        pending_s=_pending_s(pending),
     )
+
+
+def _pending_s(value: object) -> float | None:
+    """A grant's ``PendingS``: a number of seconds from 0 to ``MAX_PENDING_S``, else None
+    (an older agent's grant has none: its release would not be conditional)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value <= MAX_PENDING_S else None
 
 
 def _unit_name(device: dict[str, Any]) -> str:

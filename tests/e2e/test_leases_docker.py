@@ -275,6 +275,79 @@ def test_docker_rm_f_frees_the_gpu_within_a_second(node: Node) -> None:
     assert {u["State"] for u in node.table()["Units"]} == {"free"}
 
 
+GIVEN_BACK_WITHIN_S = 2.0  # docker failed -> its pending lease gone from GET /leases/json
+
+
+def _wrappers_running(marker: str) -> list[int]:
+    """The processes whose command line has ``marker`` (a wrapper's watcher has the
+    wrapper's command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    ("form", "env"),
+    [
+        ("NV_GPU=auto:8", {"NV_GPU": "auto:8"}),
+        ("--gpus all", {}),
+        ("--gpus 8", {}),
+        ('--gpus "device=0,1,2,3,4,5,6,7"', {}),
+    ],
+)
+def test_a_run_docker_refuses_gives_its_gpus_back_at_once(
+    node: Node, form: str, env: dict[str, str]
+) -> None:
+    gpus = [] if form.startswith("NV_GPU") else ["--gpus", form.split(" ", 1)[1].strip('"')]
+    failed = node.nvidia_docker("run", "-d", *gpus, "--bad-flag=1", IMAGE, "sleep", "600", **env)
+    returned = time.monotonic()
+    assert failed.returncode == 125, failed.stderr  # docker's own exit code for a bad flag
+    assert "unknown flag: --bad-flag" in failed.stderr
+    wait_until(
+        lambda: not node.table()["Leases"],
+        what=f"the lease of {form} given back",
+        timeout_s=GIVEN_BACK_WITHIN_S,
+        proc=node.agent.proc,
+    )
+    print(f"{form}: the lease was gone {time.monotonic() - returned:.3f} s after docker failed")
+    again = node.nvidia_docker("run", "-d", *gpus, IMAGE, "sleep", "600", **env)
+    assert again.returncode == 0, again.stderr
+    node.wait_bound([again.stdout.strip()], "the second run's lease bound")
+
+
+def test_a_name_in_use_gives_the_gpus_back_and_the_first_run_keeps_its_lease(
+    node: Node,
+) -> None:
+    name = f"watched-{os.getpid()}-{time.monotonic_ns()}"
+    first = node.nvidia_docker("run", "-d", "--name", name, IMAGE, "sleep", "600", NV_GPU="auto:4")
+    assert first.returncode == 0, first.stderr
+    container = first.stdout.strip()
+    # the first run's watcher has asked (and been refused: its container holds the lease)
+    wait_until(
+        lambda: not _wrappers_running(name), what="the first run's watcher ended", timeout_s=10
+    )
+    assert node.bound() == {container: node.bound().get(container, "?")}
+    assert len(node.leases()[container]["Units"]) == 4
+
+    second = node.nvidia_docker("run", "-d", "--name", name, IMAGE, "sleep", "600", NV_GPU="auto:4")
+    assert second.returncode == 125, second.stderr
+    assert "is already in use" in second.stderr
+    wait_until(
+        lambda: len(node.table()["Leases"]) == 1,
+        what="the second run's lease given back",
+        timeout_s=GIVEN_BACK_WITHIN_S,
+        proc=node.agent.proc,
+    )
+    assert set(node.bound()) == {container}
+    third = node.nvidia_docker("run", "-d", IMAGE, "sleep", "600", NV_GPU="auto:4")
+    assert third.returncode == 0, third.stderr
+
+
 @pytest.mark.parametrize("state_file", ["kept", "deleted"])
 def test_leases_survive_a_kill_9_of_the_agent(node: Node, state_file: str) -> None:
     containers = node.run_leased_many(GPUS)
