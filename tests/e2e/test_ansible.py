@@ -993,3 +993,34 @@ def test_rollout_with_tls_client_certificates_and_tokens(
     for node in NODES:
         assert fleet.sh(node, f"ls -A {TLS_DIR}") == ""  # keys and tokens removed
         assert fleet.api_gpus(node) == BASELINE_GPUS[node]
+
+
+@pytest.mark.e2e
+def test_false_written_in_an_ini_inventory_and_an_agent_left_stopped(
+    fleet: Fleet, rolled_out: Run
+) -> None:
+    """An INI inventory's ``false`` is the string "false" (the argument spec accepts it as a
+    bool but leaves it a string): the role reads it as false. With the service off the
+    rollout passes, the agent is stopped and disabled (the health gate does not ask it), and
+    the fleet report says it does not answer; turned on again, it runs."""
+    node = NODES[0]
+    off = {
+        node: {
+            "nvidia_docker_agent_service_enabled": False,  # written as service_enabled=false
+            "nvidia_docker_agent_docker_plugin_spec": False,
+            "nvidia_docker_agent_podman_start_hook": False,
+        }
+    }
+    try:
+        run = fleet.playbook("--limit", node, host_vars=off)
+        assert run.rc == 0, run.output[-6000:]
+        unit = fleet.unit(node)
+        assert (unit["ActiveState"], unit["UnitFileState"]) == ("inactive", "disabled")
+        assert fleet.try_api_gpus(node) is None
+        assert f"{node}: no answer from the agent" in run.output
+    finally:
+        again = fleet.playbook("--limit", node)
+        assert again.rc == 0, again.output[-6000:]
+    unit = fleet.unit(node)
+    assert (unit["ActiveState"], unit["UnitFileState"]) == ("active", "enabled")
+    assert fleet.api_gpus(node) == BASELINE_GPUS[node]
