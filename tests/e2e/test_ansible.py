@@ -1024,3 +1024,43 @@ def test_false_written_in_an_ini_inventory_and_an_agent_left_stopped(
     unit = fleet.unit(node)
     assert (unit["ActiveState"], unit["UnitFileState"]) == ("active", "enabled")
     assert fleet.api_gpus(node) == BASELINE_GPUS[node]
+
+
+@pytest.mark.e2e
+def test_the_fleet_report_over_tls_as_an_unprivileged_inventory_user(
+    fleet: Fleet, rolled_out: Run
+) -> None:
+    """TLS checked with nvidia_docker_agent_tls_ca, no client CA: the report play asks as the
+    inventory's user, without become, and reads the CA the role installed (0644) through
+    nvidia_docker_agent_tls_dir; the key stays out of its reach."""
+    node = NODES[0]
+    pki = make_pki(fleet.workdir / "pki-report")
+    tls_vars = {
+        "nvidia_docker_agent_tls_cert": str(pki.pem("node")),
+        "nvidia_docker_agent_tls_key": str(pki.key("node")),
+        "nvidia_docker_agent_tls_ca": str(pki.pem("ca")),
+    }
+    fleet.sh(
+        node,
+        "useradd --create-home fleetop && usermod -p '*' fleetop && "
+        "install -d -m 0700 -o fleetop ~fleetop/.ssh && "
+        "install -m 0600 -o fleetop /root/.ssh/authorized_keys ~fleetop/.ssh/",
+    )
+    try:
+        run = fleet.playbook("-e", json.dumps(tls_vars), "--limit", node)
+        assert run.rc == 0, run.output[-6000:]
+        report = fleet.playbook(
+            "-e", json.dumps({**tls_vars, "ansible_user": "fleetop"}),
+            "--limit", node, "--start-at-task", "Ask each agent for its GPUs",
+        )  # fmt: skip
+        assert report.rc == 0, report.output[-6000:]
+        assert f"{node}: {BASELINE_GPUS[node]} GPU(s), NVIDIA H200, driver 580." in report.output
+        assert "BEGIN" not in fleet.sh(
+            node, f"su -s /bin/sh fleetop -c 'cat {TLS_DIR}/server.key' 2>&1 || true"
+        )
+    finally:
+        fleet.sh(node, "userdel --remove fleetop 2>/dev/null || true")
+        again = fleet.playbook("--limit", node)
+        assert again.rc == 0, again.output[-6000:]
+    assert fleet.sh(node, f"ls -A {TLS_DIR}") == ""
+    assert fleet.api_gpus(node) == BASELINE_GPUS[node]
