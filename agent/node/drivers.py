@@ -27,8 +27,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
+from agent.files import kind_of
 from agent.gpu import nodefile
 from plugin.discovery import DriverFiles
 from plugin.driver_scan import scan_driver_files
@@ -44,6 +46,15 @@ PROC_VERSION = Path("/proc/driver/nvidia/version")
 SYS_VERSION = Path("/sys/module/nvidia/version")
 
 Signature = tuple[int, int, int]
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (``a FIFO``); else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else kind_of(mode)
 
 
 def _signature(path: Path) -> Signature | None:
@@ -75,8 +86,8 @@ class InstalledDriver:
         return match.group(1) if match else None
 
     def _find_library(self) -> str | None:
-        if self.ldcache is None:
-            return None
+        if self.ldcache is None or _not_regular(self.ldcache) is not None:
+            return None  # (a FIFO's read would block the look)
         try:
             entries = read_ldcache(self.ldcache)
         except LdCacheError as err:
@@ -155,6 +166,12 @@ def prepare_volumes(
 ) -> VolumeStore:
     """Find the driver files and open the volume directory. Blocking: run in a thread.
     Raises ``VolumeSetupError``."""
+    kind = _not_regular(ldcache) if ldcache is not None else None
+    if kind is not None:  # a FIFO would hold the scan until its 60 s run out
+        raise VolumeSetupError(
+            f"--ldcache {ldcache} is {kind}, not a regular file: give the dynamic linker "
+            "cache that lists the driver's libraries (ldconfig writes /etc/ld.so.cache)"
+        )
     try:
         files = _driver_files(driver_version, ldcache, search_path)
     except (OSError, ValueError) as err:

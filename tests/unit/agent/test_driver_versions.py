@@ -117,3 +117,12 @@ def test_a_linker_cache_that_cannot_be_read_names_ldcache(tmp_path: Path) -> Non
         f"--ldcache {missing}: cannot read the dynamic linker cache {missing}: No such file"
     )
     assert str(refused.value).endswith("(ldconfig writes /etc/ld.so.cache)")
+
+
+def test_a_fifo_as_the_linker_cache_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "ld.so.cache"
+    os.mkfifo(fifo)  # no writer: a read would wait until the scan's 60 s ran out
+    with pytest.raises(VolumeSetupError) as refused:
+        prepare_volumes(tmp_path / "volumes", VERSION, ldcache=fifo)
+    assert str(refused.value).startswith(f"--ldcache {fifo} is a FIFO, not a regular file")
+    assert InstalledDriver(fifo).version() is None  # the watch's look does not wait either
