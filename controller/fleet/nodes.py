@@ -106,7 +106,9 @@ def inventory_tls(host: InventoryHost, path: str, home: str) -> TlsOptions | Non
         values[field_name] = expand_home(value, home) if value else None
     if not any(values.values()):
         return None
-    return TlsOptions(**values)
+    return TlsOptions(
+        ca=values["ca"], cert=values["cert"], key=values["key"], token_file=values["token_file"]
+    )
 
 
 def inventory_endpoint(host: InventoryHost, path: str, user: str) -> Endpoint:
