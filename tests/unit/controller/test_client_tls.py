@@ -44,10 +44,10 @@ def test_one_context_per_ca_and_certificate(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     options = TlsOptions(ca=str(pki.pem("ca")), cert=str(pki.pem("client")),
                          key=str(pki.key("client")))  # fmt: skip
-    assert client_context(options) is client_context(TlsOptions(**{
-        "ca": str(pki.pem("ca")), "cert": str(pki.pem("client")), "key": str(pki.key("client")),
-        "token_file": "/another/token",
-    }))  # fmt: skip
+    assert client_context(options) is client_context(TlsOptions(
+        ca=str(pki.pem("ca")), cert=str(pki.pem("client")), key=str(pki.key("client")),
+        token_file="/another/token",
+    ))  # fmt: skip
     with pytest.raises(ControllerError, match="cannot be used: key values mismatch"):
         client_context(TlsOptions(cert=str(pki.pem("client")), key=str(pki.key("server"))))
     with pytest.raises(ControllerError, match="needs its certificate too"):
