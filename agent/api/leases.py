@@ -202,7 +202,7 @@ def _refused(refused: Refused) -> web.Response:
     status = 408 if refused.kind is Refusal.TIMED_OUT else 409
     if refused.kind is Refusal.UNKNOWN_LEASE:
         status = 404
-    elif refused.kind is Refusal.UNCHECKED:
+    elif refused.kind in (Refusal.UNCHECKED, Refusal.NO_ENGINE_ACCESS):
         status = 503
     return _error(
         status,

@@ -53,7 +53,7 @@ from agent.display import shown
 from agent.edge.rate_limit import RateLimiter
 from agent.engines.containers import LIST_TIMEOUT_S, MAX_CONTAINERS, list_containers
 from agent.engines.facts import EngineFacts, dockerd_version, is_reload, read_facts
-from agent.engines.http import BadAnswer, EngineClient, EngineError, parse_answer
+from agent.engines.http import BadAnswer, EngineClient, EngineDenied, EngineError, parse_answer
 from agent.leases.containers import Container
 
 log = logging.getLogger("nvidia-docker-plugin.engines")
@@ -182,12 +182,20 @@ class EngineEvents:
         self._following = False
         self._down = False  # the events stopped, and that was logged
         self._ever_followed = False
+        self._denied: str | None = None  # the last attempt's EACCES line
         self._callback_lines = RateLimiter(steady_s, clock=clock)
 
     @property
     def following(self) -> bool:
         """Whether a stream is open and resynced now."""
         return self._following
+
+    @property
+    def denied(self) -> str | None:
+        """The line of the last attempt to follow when the engine's socket refused this
+        process (EACCES: the agent's user is not in the socket's group); None once an
+        attempt got further, or ended for another reason (the engine down)."""
+        return self._denied
 
     @property
     def facts(self) -> EngineFacts | None:
@@ -256,6 +264,7 @@ class EngineEvents:
                 await stream.close()
         except EngineError as err:
             why = str(err)
+            self._denied = why if isinstance(err, EngineDenied) else None
         except Exception as err:  # a bug here, not the engine's doing: never end the task
             log.debug("Following the events of %s failed", self.engine.where, exc_info=True)
             why = (
@@ -297,6 +306,7 @@ class EngineEvents:
         elif not self._ever_followed:
             log.info("Following the container events of %s (%s)", self.engine.where, count)
         self._down = False
+        self._denied = None
         self._ever_followed = True
         try:
             self.on_resync(containers)

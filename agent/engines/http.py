@@ -84,6 +84,11 @@ class EngineError(Exception):
     """The engine cannot be asked (no socket, refused, timeout, not Docker): one line."""
 
 
+class EngineDenied(EngineError):
+    """This process may not use the engine's socket (EACCES: not in the socket's group): one
+    line that says so. Not an outage: asking again changes nothing until someone acts."""
+
+
 class EngineTimeout(EngineError):
     """The engine did not answer within the time given: one line. Not always an engine
     that is gone: dockerd holds a container's lock for as long as that container starts
@@ -259,8 +264,9 @@ class EngineClient:
                 str(self.socket_path), limit=MAX_HEAD_BYTES
             )
         except OSError as err:
-            hint = self.access_hint if err.errno == errno.EACCES else ""
-            raise EngineError(f"cannot reach {self.where}: {err}{hint}") from None
+            if err.errno == errno.EACCES:
+                raise EngineDenied(f"cannot reach {self.where}: {err}{self.access_hint}") from None
+            raise EngineError(f"cannot reach {self.where}: {err}") from None
         body_length = "Content-Length: 0\r\n" if method != "GET" else ""
         writer.write(
             f"{method} {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: nvidia-docker-plugin\r\n"

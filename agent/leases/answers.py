@@ -55,6 +55,7 @@ class Refusal(enum.StrEnum):
     OTHER_CONTAINER = "other_container"  # the lease is bound to another container
     BOUND = "bound"  # releasing an unused lease that a container has (or carries the label of)
     UNCHECKED = "unchecked"  # releasing an unused lease: an engine's containers were not listed
+    NO_ENGINE_ACCESS = "no_engine_access"  # an engine's socket refuses the agent: no lease
 
 
 @dataclass(frozen=True, slots=True)

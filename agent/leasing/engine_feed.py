@@ -156,9 +156,15 @@ class EngineFeed:
         and the engine's facts where they are read (``/engines/json``)."""
         return tuple(self._events)
 
+    def denied(self) -> str | None:
+        """The line of an engine whose socket refuses the agent (``EngineEvents.denied``),
+        the first one's; None when none does."""
+        return next((e.denied for e in self._events if e.denied is not None), None)
+
     def start(self) -> None:
         self._service.followed(self._names)
         self._service.find_labelled_with(self.labelled)
+        self._service.refuse_while(self.denied)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lease feed")
         for events in self._events:

@@ -91,6 +91,7 @@ class LeaseService:
         self._dirty = False
         self._closed = False
         self._labelled: Labelled | None = None
+        self._denied: Callable[[], str | None] = lambda: None
         self.saves = 0  # snapshots written, since start
 
     @classmethod
@@ -134,7 +135,17 @@ class LeaseService:
     async def ask(self, ask: Ask) -> Answered:
         """Grant or refuse ``ask``; one that waits is answered when the queue serves it or
         its time is up. ``InvalidAsk`` (nothing changed) for a malformed ask. A caller that
-        goes away while waiting (a cancelled task) leaves the queue."""
+        goes away while waiting (a cancelled task) leaves the queue. Refused with
+        ``NO_ENGINE_ACCESS`` (nothing changed) while an engine's socket refuses the agent
+        (``refuse_while``)."""
+        denied = self._denied()
+        if denied is not None:
+            return Refused(
+                Refusal.NO_ENGINE_ACCESS,
+                f"no GPU leases: the agent {denied}; without that engine's container events "
+                "a lease could not follow its container, and its GPUs could be given twice "
+                "(docs/leases.md)",
+            )
         outcome = self._table.ask(ask, self._clock())
         answer = outcome.answer
         future: asyncio.Future[Answered] | None = None
@@ -166,6 +177,13 @@ class LeaseService:
         """How ``release_unused`` finds the containers that carry a lease's label (the
         engine feed gives its own at start)."""
         self._labelled = labelled
+
+    def refuse_while(self, denied: Callable[[], str | None]) -> None:
+        """Asks are refused while ``denied`` gives a line: an engine whose socket refuses
+        the agent (EACCES; the engine feed gives its own at start). An engine that is down
+        refuses nothing: it creates no containers, and its list resyncs the table when it
+        is back; a refused socket is a setting that stays wrong until someone mends it."""
+        self._denied = denied
 
     async def release_unused(self, lease_id: str) -> Released | Refused:
         """Release ``lease_id`` only if it is pending and no container carries its label:

@@ -16,8 +16,9 @@ lease: ``NV_GPU=0,1`` (explicit GPUs, as Mesos frameworks set it), and no select
 ``lease_ask(command, options)`` reads the form (``LeaseAsk``, or None), before docker is
 asked anything; ``ask_lease(agent, ask, ...)`` runs inside the wrapper's one connection to
 the agent, after the CUDA check: ``POST /leases``, then ``Grant`` (201) or one
-``GpuError`` line with the agent's own reason (409 refused, 408 waited and got none, 400
-the ask is malformed, 404/405 an agent older than leases). The grant's ``Dev`` is what
+``GpuError`` line with the agent's own reason (409 refused, 408 waited and got none, 503 the
+agent may not follow an engine, 400 the ask is malformed, 404/405 an agent older than
+leases). The grant's ``Dev`` is what
 ``/docker/cli?dev=`` (or its CDI form) is asked for; ``Grant.docker_args`` are the labels
 that bind the lease to the container when docker creates it, the cpuset of the GPUs' NUMA
 nodes and ``NVIDIA_VISIBLE_DEVICES`` (so that an NVIDIA runtime, when it is the engine's
@@ -397,7 +398,7 @@ def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool 
             "POST",
             LEASES_PATH,
             payload=ask.body(devices),
-            answers=(201, 400, 404, 405, 408, 409),
+            answers=(201, 400, 404, 405, 408, 409, 503),
             timeout_s=ask.wait_s + WAIT_MARGIN_S,
         )
     finally:

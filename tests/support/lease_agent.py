@@ -106,6 +106,7 @@ class LeaseAgent:
     sharing: int = 1
     unhealthy: dict[int, str] = field(default_factory=dict)  # GPU index -> reason
     cli_status: int | None = None
+    denied: str | None = None  # an agent kept out of an engine's socket: asks get 503
     requests: list[str] = field(default_factory=list)  # "POST /leases"
     asks: list[dict[str, Any]] = field(default_factory=list)
     queries: list[dict[str, str]] = field(default_factory=list)  # /docker/cli
@@ -369,6 +370,8 @@ class LeaseAgent:
         if not isinstance(body, dict):
             return _json({"Error": "the body is not a JSON object", "Field": None}, 400)
         self.asks.append(body)
+        if self.denied is not None:
+            return _refused(503, "no_engine_access", self.denied, [])
         wait_s = body.get("wait_s", 0)
         if not isinstance(wait_s, int | float) or not 0 <= wait_s <= 600:
             return _json({"Error": f"invalid ask: wait_s must be 0 to 600: {wait_s}"}, 400)

@@ -361,6 +361,21 @@ async def test_the_local_node_without_an_agent_cannot_lease(docker: Docker) -> N
     )
 
 
+async def test_an_agent_kept_out_of_the_engine_says_so_in_one_line(
+    docker: Docker, node: Node
+) -> None:
+    """503 ``no_engine_access`` (docs/leases.md): the agent's line, not an HTTP error."""
+    node.agent.denied = (
+        "no GPU leases: the agent cannot reach the Docker engine at unix:///var/run/docker.sock"
+        ": [Errno 13] Permission denied (this user may not use the socket: give it the "
+        "socket's group)"
+    )
+    result = await run(docker, node, "run", "--gpus", "1", IMAGE)
+    assert result.code == 1
+    assert result.error() == f"--gpus 1: {node.url} has no lease for 1 GPU: {node.agent.denied}"
+    assert [c for c in docker.calls() if "run" in c] == []  # docker never ran
+
+
 # --- waiting --------------------------------------------------------------------------------
 
 
