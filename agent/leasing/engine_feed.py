@@ -157,9 +157,21 @@ class EngineFeed:
         return tuple(self._events)
 
     def denied(self) -> str | None:
-        """The line of an engine whose socket refuses the agent (``EngineEvents.denied``),
-        the first one's; None when none does."""
-        return next((e.denied for e in self._events if e.denied is not None), None)
+        """Why leases would go unfollowed (``LeaseService.refuse_while``): the line of the
+        first engine followed (the agent's Docker engine, which the wrapper, Compose and the
+        engine socket create with) while its socket refuses the agent
+        (``EngineEvents.denied``), or of another engine that does while no engine is
+        followed (a Podman-only node); None otherwise. Another engine refused beside a
+        followed Docker (root Podman's socket, for an agent of its own user) refuses
+        nothing: Docker's leases are followed, and Podman's starts still ask the start
+        hook."""
+        if not self._events:
+            return None
+        if self._events[0].denied is not None:
+            return self._events[0].denied
+        if any(e.following for e in self._events):
+            return None
+        return next((e.denied for e in self._events[1:] if e.denied is not None), None)
 
     def start(self) -> None:
         self._service.followed(self._names)

@@ -446,3 +446,93 @@ async def test_a_relist_that_fails_is_one_line(
     lines = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert any("not listed" in r.getMessage() for r in lines)
     assert state_of(service, lease) == (LeaseState.PENDING, None)  # nothing ended by it
+
+
+# -- an engine whose socket refuses the agent -------------------------------------------------
+
+
+@pytest.fixture
+def refused_sockets(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Socket paths whose connect fails with EACCES, as for an agent outside the socket's
+    group (root, as the tests run, passes by any file mode)."""
+    refused: set[str] = set()
+    connect = asyncio.open_unix_connection
+
+    async def open_unix_connection(
+        path: str, **kwargs: object
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if str(path) in refused:
+            raise PermissionError(13, "Permission denied")
+        return await connect(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio, "open_unix_connection", open_unix_connection)
+    return refused
+
+
+async def ask_once(service: LeaseService) -> Granted | Refused:
+    answer = await service.ask(Ask(count=1))
+    if isinstance(answer, Granted):
+        service.release(answer.lease.id)
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("docker", "podman", "refused_by"),
+    [
+        ("refused", "absent", "docker"),  # the packaged unit's user outside Docker's group
+        ("refused", "followed", "docker"),  # the wrapper, Compose, the engine socket: Docker
+        ("followed", "refused", None),  # root Podman's socket: its starts ask the start hook
+        ("absent", "refused", "podman"),  # a Podman-only node
+        ("absent", "absent", None),  # engines down create nothing: their lists resync
+    ],
+)
+async def test_leases_are_refused_while_the_engine_they_follow_refuses_the_agent(
+    tmp_path: Path,
+    service: LeaseService,
+    feed: EngineFeed,
+    refused_sockets: set[str],
+    docker: str,
+    podman: str,
+    refused_by: str | None,
+) -> None:
+    engines: dict[str, EngineClient] = {}
+    fakes: list[FakeEngine] = []
+    for name, how in (("docker", docker), ("podman", podman)):
+        path = tmp_path / f"{name}.sock"
+        if how == "followed":
+            fake = FakeEngine(path)
+            await fake.start()
+            fakes.append(fake)
+        elif how == "refused":
+            refused_sockets.add(str(path))
+        engines[name] = EngineClient(path, timeout_s=5)
+    try:
+        followed = [feed.follow(engines["docker"]), feed.follow(engines["podman"])]
+        feed.start()
+        await eventually(
+            lambda: (
+                all(
+                    e.following or e.denied is not None or not e.engine.socket_path.exists()
+                    for e in followed
+                )
+                and (docker != "refused" or followed[0].denied is not None)
+                and (podman != "refused" or followed[1].denied is not None)
+            ),
+            "every engine tried once",
+        )
+        answer = await ask_once(service)
+        if refused_by is None:
+            assert isinstance(answer, Granted), answer
+        else:
+            assert isinstance(answer, Refused), answer
+            assert answer.kind.value == "no_engine_access"
+            where = engines[refused_by].socket_path
+            assert answer.text.startswith("no GPU leases: the agent cannot reach ")
+            assert f"unix://{where}: [Errno 13] Permission denied" in answer.text
+            assert not service.view().leases  # nothing changed
+            refused_sockets.clear()  # the operator mends the group: the engine is down now
+            await eventually(lambda: all(e.denied is None for e in followed), "the next attempts")
+            assert isinstance(await ask_once(service), Granted)
+    finally:
+        for fake in fakes:
+            await fake.stop()
