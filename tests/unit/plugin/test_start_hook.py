@@ -205,7 +205,9 @@ def test_the_shipped_hook_file_runs_the_packaged_hook_for_podmans_containers_as_
     hook = json.loads(SHIPPED_START_HOOK.read_text())
     assert hook["version"] == "1.0.0"
     assert hook["hook"]["path"] == "/opt/nvidia-docker/venv/bin/nvidia-docker-start-hook"
-    assert hook["hook"]["args"][1:] == ["--socket", start_hook.DEFAULT_SOCKET]
+    # the packaged unit's plugin socket (its NVIDIA_DOCKER_PLUGIN_SOCKET_DIR): the hook is
+    # installed beside it (docs/install.md); start_hook.DEFAULT_SOCKET is the agent's default
+    assert hook["hook"]["args"][1:] == ["--socket", "/run/nvidia-docker/nvidia-docker.sock"]
     assert hook["stages"] == ["prestart"]
     assert hook["when"] == {"annotations": {"^io\\.container\\.manager$": "^libpod$"}}
     docs = (REPO / "docs" / "leases.md").read_text()
