@@ -249,3 +249,18 @@ async def test_the_hook_route_is_served_only_with_a_gate(
     plain = await aiohttp_client(create_app(store))
     resp = await plain.post("/NvidiaDocker.MayStart", data=json.dumps({"Id": CID}), headers=V12)
     assert resp.status == 404
+
+
+async def test_a_response_of_megabytes_is_allowed(client: Client, gate: Gate) -> None:
+    """dockerd sends the served answer's whole body to AuthZRes: a ``docker ps -a`` of a
+    busy node is megabytes, and refusing it would fail the user's command."""
+    listing = [{"Id": f"{n:064x}", "Names": [f"/job-{n}"], "Pad": "x" * 1500} for n in range(2000)]
+    raw = json.dumps(listing).encode()
+    assert len(raw) > MAX_AUTHZ_BODY_BYTES
+    sent = request("GET", "/v1.47/containers/json?all=1") | {
+        "ResponseStatusCode": 200,
+        "ResponseHeaders": {"Content-Type": "application/json"},
+        "ResponseBody": base64.b64encode(raw).decode(),
+    }
+    assert await authz(client, sent, "AuthZPlugin.AuthZRes") == ALLOW
+    assert gate.asked == []
