@@ -221,15 +221,7 @@ def _parse(raw: object) -> NodeFile:
         where = f"devices[{index}]"
         infos.append(codec.from_json(DeviceInfo, dev, where, given={"index": index}))
         simulated.append(_simulated(dev, where))
-    bus_ids = {info.pci.bus_id for info in infos}
-    if len(bus_ids) != len(infos):
-        raise NodeFileError("devices: two devices share a pci.bus_id")
-    for info in infos:
-        for peer in info.topology:
-            if peer.bus_id not in bus_ids or peer.bus_id == info.pci.bus_id:
-                raise NodeFileError(
-                    f"devices[{info.index}].topology: {peer.bus_id} is not another device"
-                )
+    _check_layout(infos, simulated)
     node = codec.from_json(NodeInfo, raw, given={"devices": tuple(infos)})
     return NodeFile(
         info=node,
@@ -238,6 +230,78 @@ def _parse(raw: object) -> NodeFile:
         pcie_sample_s=timing.pcie_sample_s,
         events=_events(raw.get("events"), infos),
     )
+
+
+def _check_layout(infos: Sequence[DeviceInfo], simulated: Sequence[SimulatedDevice]) -> None:
+    """Refuse what no real node has, naming the first field at fault: two devices with one
+    bus id (an empty one, a GPU NVML could not open, may repeat: ``--dump-node`` writes it),
+    one UUID given twice (GPUs and MIG devices together), a topology entry that names no
+    other device or names one twice, MIG devices on a GPU whose ``mig_enabled`` is not
+    true, two MIG devices of a GPU with one index (or one GPU and compute instance), a
+    negative MIG index, and MIG telemetry of a MIG device the GPU does not have."""
+    bus_owner: dict[str, int] = {}
+    uuid_owner: dict[str, str] = {}
+
+    def unique_uuid(uuid: str | None, where: str) -> None:
+        if uuid is None:
+            return
+        if uuid in uuid_owner:
+            raise NodeFileError(
+                f"{where}.uuid: {uuid} is also {uuid_owner[uuid]}'s: every GPU and MIG device "
+                "needs its own UUID"
+            )
+        uuid_owner[uuid] = where
+
+    for info in infos:
+        where = f"devices[{info.index}]"
+        bus_id = info.pci.bus_id
+        if bus_id and bus_id in bus_owner:
+            raise NodeFileError(
+                f"{where}.pci.bus_id: {bus_id} is also devices[{bus_owner[bus_id]}]'s: "
+                "every device needs its own bus id"
+            )
+        bus_owner.setdefault(bus_id, info.index)
+        unique_uuid(info.uuid, where)
+        if info.mig_devices and info.mig_enabled is not True:
+            raise NodeFileError(
+                f"{where}.mig_devices: {len(info.mig_devices)} MIG devices on a GPU whose "
+                "mig_enabled is not true: set mig_enabled to true, or remove them"
+            )
+        indices: set[int] = set()
+        instances: set[tuple[int, int]] = set()
+        for number, mig in enumerate(info.mig_devices):
+            at = f"{where}.mig_devices[{number}]"
+            if mig.index < 0 or mig.index in indices:
+                raise NodeFileError(
+                    f"{at}.index: {mig.index} is "
+                    + ("negative" if mig.index < 0 else "used twice on this GPU")
+                    + ": each MIG device needs its own index >= 0"
+                )
+            indices.add(mig.index)
+            pair = (mig.gpu_instance_id, mig.compute_instance_id)
+            if pair[0] is not None and pair[1] is not None:
+                if pair in instances:
+                    raise NodeFileError(
+                        f"{at}: GPU instance {pair[0]} with compute instance {pair[1]} is "
+                        "another MIG device of this GPU too"
+                    )
+                instances.add((pair[0], pair[1]))
+            unique_uuid(mig.uuid, at)
+        for number, entry in enumerate(simulated[info.index].status.telemetry.mig_devices):
+            if entry.index not in indices:
+                raise NodeFileError(
+                    f"{where}.status.telemetry.mig_devices[{number}].index: {entry.index} is "
+                    "not the index of one of this GPU's mig_devices"
+                )
+    for info in infos:
+        peers: set[str] = set()
+        for number, peer in enumerate(info.topology):
+            where = f"devices[{info.index}].topology[{number}].bus_id"
+            if not peer.bus_id or peer.bus_id not in bus_owner or peer.bus_id == info.pci.bus_id:
+                raise NodeFileError(f"{where}: {peer.bus_id or '(empty)'} is not another device")
+            if peer.bus_id in peers:
+                raise NodeFileError(f"{where}: {peer.bus_id} is listed twice")
+            peers.add(peer.bus_id)
 
 
 def _events(raw: object, devices: Sequence[DeviceInfo]) -> tuple[SimulatedEvent, ...]:

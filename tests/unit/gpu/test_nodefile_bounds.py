@@ -224,7 +224,12 @@ def test_max_devices_are_read(tmp_path: Path) -> None:
     data = builtin()
     device = data["devices"][0]
     data["devices"] = [
-        {**device, "pci": {**device["pci"], "bus_id": f"00000000:{n:02X}:00.0"}, "topology": []}
+        {
+            **device,
+            "uuid": f"GPU-{n}",
+            "pci": {**device["pci"], "bus_id": f"00000000:{n:02X}:00.0"},
+            "topology": [],
+        }
         for n in range(nodefile.MAX_DEVICES)
     ]
     assert len(nodefile.parse(data).devices) == nodefile.MAX_DEVICES
