@@ -17,10 +17,18 @@ container; the names are the runtimes' own, stable for years, and the same under
   task group) ``/mesos/<parent>/mesos/<child>``, shown as Mesos writes nested ids,
   ``parent.child``.
 
+A container nested in another (Docker in Docker, Docker in a Podman container, a Kubernetes
+node in Docker) is the outer one, whichever runtimes and drivers the two have: the node's
+engine knows only that one (``/system.slice/docker-<outer>.scope/docker/<inner>`` is
+``<outer>``).
+
 A cgroup v1 process has a line per hierarchy and they may disagree (the ``name=systemd``
 line can show a session while ``memory`` shows the container), so every line is searched.
+A cgroup v2 path that ends in `` (deleted)`` (a process that has exited, whose container's
+cgroup was removed) is read without it.
 A process in none of these is the host's. A process that ended before its cgroup file
-could be read, or that this agent cannot see (another PID namespace), is ``UNKNOWN``.
+could be read, or that this agent cannot see (another PID namespace), is ``UNKNOWN``; so is
+one that is exiting under cgroup v1, whose every v1 line the kernel shows as ``/``.
 """
 
 from __future__ import annotations
@@ -60,7 +68,8 @@ _DOCKER = (
     re.compile(rf"(?:^|/)docker-({_HEX64})\.scope(?=/|$)"),  # systemd driver
 )
 _PODMAN = re.compile(rf"(?:^|/)libpod-({_HEX64})(?:\.scope)?(?=/|$)")
-# First match wins, in this order (a Docker container in a Kubernetes pod is Docker's).
+# In one path the outermost container wins; between the lines of cgroup v1, the first
+# runtime in this order (a Docker container in a Kubernetes pod is Docker's).
 _RUNTIMES: tuple[tuple[OwnerKind, tuple[re.Pattern[str], ...]], ...] = (
     (OwnerKind.DOCKER, _DOCKER),
     (OwnerKind.PODMAN, (_PODMAN,)),
@@ -78,6 +87,10 @@ _RUNTIMES: tuple[tuple[OwnerKind, tuple[re.Pattern[str], ...]], ...] = (
     ),
 )
 _MESOS = re.compile(r"(?:^|/)mesos/([A-Za-z0-9_.-]+)")
+# cgroup v2 adds this to the path of a cgroup that was removed: the process has exited (a
+# zombie) and its container's cgroup is gone, yet the path still names the container.
+_DELETED = " (deleted)"
+_PF_EXITING = 0x4  # the kernel's flag of a task in do_exit (the 9th field of /proc/<pid>/stat)
 
 
 def place_of(cgroup_text: str) -> CgroupPlace:
@@ -85,25 +98,33 @@ def place_of(cgroup_text: str) -> CgroupPlace:
     lines = [line for line in cgroup_text.splitlines() if line.strip()]
     if not lines:
         return UNKNOWN  # an exiting process: the kernel has already detached it
-    paths = [parts[2] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
+    paths = [
+        parts[2].removesuffix(_DELETED)
+        for parts in (line.split(":", 2) for line in lines)
+        if len(parts) == 3
+    ]
     mesos = next((found for found in map(_MESOS.findall, paths) if found), [])
     mesos_id = ".".join(mesos) if mesos else None
-    for kind, patterns in _RUNTIMES:
-        for path in paths:
-            container_id = _first(patterns, path)
-            if container_id is not None:
+    outermost = [found for found in map(_outermost, paths) if found is not None]
+    for kind, _patterns in _RUNTIMES:
+        for found_kind, container_id in outermost:
+            if found_kind is kind:
                 return CgroupPlace(kind, container_id, mesos_id)
     if mesos_id is not None:
         return CgroupPlace(OwnerKind.MESOS, None, mesos_id)
     return HOST
 
 
-def _first(patterns: tuple[re.Pattern[str], ...], path: str) -> str | None:
-    for pattern in patterns:
-        found = pattern.search(path)
-        if found:
-            return found.group(1)
-    return None
+def _outermost(path: str) -> tuple[OwnerKind, str] | None:
+    """The container of ``path`` nearest its root, of whichever runtime (the one this
+    node's engines know: a container nested in it belongs to the engine inside it)."""
+    best: tuple[int, OwnerKind, str] | None = None
+    for kind, patterns in _RUNTIMES:
+        for pattern in patterns:
+            found = pattern.search(path)
+            if found and (best is None or found.start(1) < best[0]):
+                best = (found.start(1), kind, found.group(1))
+    return None if best is None else (best[1], best[2])
 
 
 def read_place(pid: int, proc: Path = Path("/proc")) -> CgroupPlace:
@@ -115,4 +136,25 @@ def read_place(pid: int, proc: Path = Path("/proc")) -> CgroupPlace:
         text = (proc / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
     except OSError:  # ENOENT: it exited; ESRCH: it is exiting; EACCES: not ours to see
         return UNKNOWN
-    return place_of(text)
+    place = place_of(text)
+    if place is HOST and _v1_root_only(text) and _exiting(pid, proc):
+        return UNKNOWN
+    return place
+
+
+def _v1_root_only(cgroup_text: str) -> bool:
+    """Whether every cgroup v1 line says ``/``: what the kernel shows of a process that is
+    exiting (it still holds its GPU while its files close), whatever its cgroup was."""
+    v1 = [line for line in cgroup_text.splitlines() if line.strip() and not line.startswith("0::")]
+    return bool(v1) and all(line.rpartition(":")[2] == "/" for line in v1)
+
+
+def _exiting(pid: int, proc: Path) -> bool:
+    """Whether ``pid`` is exiting (``PF_EXITING`` in the flags of ``/proc/<pid>/stat``), or
+    is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+        flags = int(stat.rpartition(")")[2].split()[6])
+    except (OSError, ValueError, IndexError):
+        return False  # unreadable: it stays the host's, as its cgroup says
+    return bool(flags & _PF_EXITING)

@@ -43,6 +43,34 @@ def test_docker_in_docker_names_the_outer_container() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # Docker in Docker, the node's dockerd with the systemd driver (cgroup v2's default),
+        # the inner one with cgroupfs: the inner id is unknown to the node's dockerd
+        (f"0::/system.slice/docker-{ID}.scope/docker/{OTHER}\n", OwnerKind.DOCKER),
+        (f"0::/system.slice/docker-{ID}.scope/system.slice/docker-{OTHER}.scope\n",
+         OwnerKind.DOCKER),
+        # Docker inside a Podman container: Podman's container, not a Docker one
+        (f"0::/machine.slice/libpod-{ID}.scope/container/docker/{OTHER}\n", OwnerKind.PODMAN),
+        # Podman inside a Docker container
+        (f"0::/docker/{ID}/libpod_parent/libpod-{OTHER}\n", OwnerKind.DOCKER),
+    ],
+)  # fmt: skip
+def test_nested_containers_are_the_outer_one(text: str, kind: OwnerKind) -> None:
+    assert place_of(text) == CgroupPlace(kind, container_id=ID)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f"0::/system.slice/docker-{ID}.scope (deleted)\n", f"0::/docker/{ID} (deleted)\n"],
+)
+def test_a_removed_cgroup_still_names_its_container(text: str) -> None:
+    """cgroup v2 marks the path of a removed cgroup (an exited process's container, gone):
+    the process is the container's, not the host's."""
+    assert place_of(text) == CgroupPlace(OwnerKind.DOCKER, container_id=ID)
+
+
+@pytest.mark.parametrize(
     "text",
     [
         f"0::/machine.slice/libpod-{ID}.scope/container\n",
@@ -142,3 +170,27 @@ def test_vanished_process_is_unknown() -> None:
 
 def test_unreadable_proc_root_is_unknown(tmp_path: Path) -> None:
     assert read_place(1, proc=tmp_path) == UNKNOWN
+
+
+def _fake_proc(tmp_path: Path, cgroup: str, flags: int) -> Path:
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "cgroup").write_text(cgroup)
+    (tmp_path / "4242" / "stat").write_text(
+        f"4242 (python3 (x)) S 1 4242 4242 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 100\n"
+    )
+    return tmp_path
+
+
+V1_AS_EXITING = "12:memory:/\n4:devices:/\n1:name=systemd:/\n"
+
+
+def test_an_exiting_cgroup_v1_process_is_unknown_not_the_host(tmp_path: Path) -> None:
+    """Under cgroup v1 the kernel shows every line of an exiting process (PF_EXITING, still
+    closing its GPU) as ``/``: that says nothing of its container."""
+    proc = _fake_proc(tmp_path, V1_AS_EXITING, 0x400104)  # PF_EXITING among others
+    assert read_place(4242, proc) == UNKNOWN
+
+
+def test_a_cgroup_v1_process_in_the_root_cgroups_is_the_hosts(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, V1_AS_EXITING, 0x400100)
+    assert read_place(4242, proc) == HOST
