@@ -37,8 +37,10 @@ separated) or by ``IdentityFile``, the SSH agent (``SSH_AUTH_SOCK``), the defaul
 under Mesos or in a fleet query, never for a jump host).
 
 Host keys are checked against ``~/.ssh/known_hosts`` and ``/etc/ssh/ssh_known_hosts`` (or the
-files named in ``NV_SSH_KNOWN_HOSTS``, colon separated, plus ``UserKnownHostsFile``). An
-unknown or changed key stops the connection with the fingerprint and what to do. The opt-out,
+files named in ``NV_SSH_KNOWN_HOSTS``, colon separated, plus ``UserKnownHostsFile``): hashed
+and ``[host]:port`` entries; a key on a ``@revoked`` line is refused for every host;
+``@cert-authority`` lines and lines without a key are skipped. An unknown, changed or revoked
+key stops the connection with the fingerprint and what to do. The opt-out,
 for throw-away test nodes only, is ``NV_SSH_STRICT_HOST_KEY_CHECKING=no``: every key is then
 accepted and nothing is written.
 
@@ -69,7 +71,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import paramiko
 
 from controller.errors import EndpointError, Failure, NodeError
-from controller.transport.endpoint import Endpoint
+from controller.transport.endpoint import DEFAULT_SSH_PORT, Endpoint
 from controller.transport.ssh_config import SshHop, SshRoute, resolve_route
 
 if TYPE_CHECKING:
@@ -159,11 +161,46 @@ class _UnknownHostKey(Exception):
         self.key = key
 
 
+class _RevokedHostKey(_UnknownHostKey):
+    pass
+
+
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    def __init__(self, revoked: frozenset[bytes] = frozenset()) -> None:
+        self.revoked = revoked  # key blobs of known_hosts' @revoked lines
+
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
+        if key.asbytes() in self.revoked:
+            raise _RevokedHostKey(hostname, key)
         raise _UnknownHostKey(hostname, key)
+
+
+def _read_known_hosts(
+    path: Path, entries: list[paramiko.hostkeys.HostKeyEntry], revoked: set[bytes]
+) -> None:
+    """The host keys of one known_hosts file, as OpenSSH reads it: entries (hashed names and
+    ``[host]:port`` included) go to ``entries``, the keys of ``@revoked`` lines to
+    ``revoked``; ``@cert-authority`` lines (paramiko cannot check host certificates) and lines
+    that hold no host key are skipped. Raises ``OSError`` when the file cannot be read."""
+    with path.open(encoding="utf-8", errors="replace") as file:
+        for line in file:
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            if text.startswith("@"):
+                fields = text.split()
+                if fields[0] == "@revoked" and len(fields) >= 4:
+                    with contextlib.suppress(ValueError):
+                        revoked.add(base64.b64decode(fields[3], validate=True))
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(text)
+            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError):
+                continue
+            if entry is not None:
+                entries.append(entry)
 
 
 class _AcceptAny(paramiko.MissingHostKeyPolicy):
@@ -354,14 +391,23 @@ class SshTunnel:
     def _new_client(self, route: SshRoute) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         if self.options.strict_host_key_checking:
+            entries: list[paramiko.hostkeys.HostKeyEntry] = []
+            revoked: set[bytes] = set()
             for path in self._known_hosts(route):
                 full = Path(path)
                 if full.is_file():
                     try:
-                        client.load_system_host_keys(str(full))
-                    except (OSError, paramiko.SSHException) as exc:
-                        raise self._error(f"cannot read known_hosts file {full}: {exc}") from exc
-            client.set_missing_host_key_policy(_RejectUnknown())
+                        _read_known_hosts(full, entries, revoked)
+                    except OSError as exc:
+                        raise self._error(
+                            f"cannot read known_hosts file {full}: {exc.strerror or exc}"
+                        ) from exc
+            known = client.get_host_keys()
+            for entry in entries:
+                if entry.key.asbytes() not in revoked:  # a revoked key is never known
+                    for name in entry.hostnames:
+                        known.add(name, entry.key.get_name(), entry.key)
+            client.set_missing_host_key_policy(_RejectUnknown(frozenset(revoked)))
         else:
             client.set_missing_host_key_policy(_AcceptAny())
         return client
@@ -539,6 +585,12 @@ class SshTunnel:
         return error
 
     def _describe(self, exc: BaseException, hop: SshHop, where: str, timeout_s: float) -> NodeError:
+        if isinstance(exc, _RevokedHostKey):
+            return self._error(
+                f"the SSH host key {exc.key.get_name()} {fingerprint(exc.key)} of {exc.name} "
+                "is marked @revoked in known_hosts: it is refused; if the node has a new key, "
+                "check its fingerprint on the node and add it to ~/.ssh/known_hosts"
+            )
         if isinstance(exc, _UnknownHostKey):
             files = ", ".join(self._known_hosts(self.route))
             return self._error(
@@ -554,7 +606,7 @@ class SshTunnel:
                 f"the SSH host key of {where} has CHANGED ({exc.key.get_name()} "
                 f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}): "
                 "someone may be intercepting the connection; if the node was reinstalled, "
-                f"remove the old key with: ssh-keygen -R '[{hop.hostname}]:{hop.port}'",
+                f"remove the old key with: ssh-keygen -R '{_known_hosts_name(hop)}'",
                 Failure.SSH_HOST_KEY_CHANGED,
             )
         if isinstance(exc, socket.gaierror):
@@ -579,6 +631,12 @@ class SshTunnel:
                 f"cannot connect to {where}: {exc.strerror or exc}", Failure.CANNOT_CONNECT
             )
         return self._error(f"SSH to {where} failed: {exc}")
+
+
+def _known_hosts_name(hop: SshHop) -> str:
+    """The name known_hosts files hold the hop's key under: ``host``, or ``[host]:port``
+    for a port other than 22 (as ``ssh`` writes it, and as ``ssh-keygen -R`` finds it)."""
+    return hop.hostname if hop.port == DEFAULT_SSH_PORT else f"[{hop.hostname}]:{hop.port}"
 
 
 def _short_tmp() -> str | None:

@@ -224,3 +224,45 @@ async def test_no_key_and_no_terminal(sshd_server: SshServer, home: Path) -> Non
     message = str(info.value)
     assert "no terminal to ask for a password" in message
     assert "ssh-add" in message
+
+
+async def test_known_hosts_with_cert_authority_and_revoked_lines(
+    sshd_server: SshServer, agent_port: int, home: Path, tmp_path: Path
+) -> None:
+    """OpenSSH's marker lines: @cert-authority is skipped (the node's own line still
+    counts), and a key on a @revoked line is refused even where another line lists it."""
+    sshd_server.client_home(home, knows_host=False)
+    await asyncio.to_thread(
+        subprocess.run,
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "ca")],
+        check=True,
+        capture_output=True,
+    )
+    ca_type, ca_key = (tmp_path / "ca.pub").read_text().split()[:2]
+    known = home / ".ssh" / "known_hosts"
+    known.write_text(
+        f"@cert-authority *.example.com {ca_type} {ca_key}\n" + sshd_server.known_hosts_line()
+    )
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
+        assert await agent.get_json("/gpu/info/json") == INFO
+
+    host_type, host_key = sshd_server.host_key_pub.read_text().split()[:2]
+    with known.open("a") as file:
+        file.write(f"@revoked * {host_type} {host_key}\n")
+    with pytest.raises(NodeError, match="is marked @revoked in known_hosts"):
+        async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
+            await agent.get("/gpu/info/json")
+
+
+async def test_hashed_known_hosts_entry(
+    sshd_server: SshServer, agent_port: int, home: Path
+) -> None:
+    """HashKnownHosts' form (``ssh-keygen -H``): the ``[host]:port`` name hashed."""
+    sshd_server.client_home(home)
+    known = home / ".ssh" / "known_hosts"
+    await asyncio.to_thread(
+        subprocess.run, ["ssh-keygen", "-H", "-f", str(known)], check=True, capture_output=True
+    )
+    assert known.read_text().startswith("|1|")
+    async with AgentClient(endpoint(sshd_server, agent_port), ssh=ssh_options()) as agent:
+        assert await agent.get_json("/gpu/info/json") == INFO
