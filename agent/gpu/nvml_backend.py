@@ -418,7 +418,8 @@ def _numa_node(handle: Any, bus_id: str, sysfs: str | os.PathLike[str]) -> int |
     """NUMA node of the CPUs closest to the GPU (the old tool's ``CPUAffinity``); -1 -> 0.
 
     The kernel's ``numa_node`` of the PCI device first (what ``nvidia-smi topo -m`` shows
-    as "NUMA Affinity"); else NVML's node-scope CPU affinity mask. Not
+    as "NUMA Affinity"); else the lowest node of NVML's node-scope CPU affinity mask (None
+    when the mask is empty or NVML cannot give it). Not
     ``nvmlDeviceGetNumaNodeId``: that is the NUMA node of the GPU's *own memory* on
     coherent systems (Grace Hopper), "GPU NUMA ID" in ``topo -m``, not the CPU side.
     """
@@ -438,7 +439,7 @@ def _numa_node(handle: Any, bus_id: str, sysfs: str | os.PathLike[str]) -> int |
         value = int(word)
         if value:
             return word_index * bits + (value & -value).bit_length() - 1
-    return 0
+    return None  # no node in the mask: NVML does not know, which is not node 0
 
 
 def _device_info(

@@ -384,6 +384,15 @@ def test_numa_node_from_sysfs(
     assert second.cpu_affinity == 0  # -1 (no NUMA) is reported as 0
 
 
+def test_an_empty_numa_mask_is_unknown_not_node_0(
+    make_fake: MakeFake, start_backend: StartBackend
+) -> None:
+    fake = make_fake("h200")  # no sysfs numa_node here: NVML's mask decides
+    fake.module.nvmlDeviceGetCpuAffinityWithinScope = lambda h, size, scope: [0] * size  # type: ignore[attr-defined]
+    (dev,) = start_backend(fake).node_info().devices
+    assert dev.cpu_affinity is None
+
+
 def test_concurrent_status_of_different_gpus(
     make_fake: MakeFake, start_backend: StartBackend
 ) -> None:
