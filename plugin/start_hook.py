@@ -28,10 +28,13 @@ The runtime runs hooks with an empty environment: the socket is named by ``--soc
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os.path
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 PROG = "nvidia-docker-start-hook"
@@ -54,7 +57,7 @@ def read_ask(state_text: str) -> dict[str, object] | None:
     try:
         state = json.loads(state_text)
         container, bundle = state["id"], state["bundle"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise HookError(
             "no OCI container state with an 'id' and a 'bundle' on standard input"
         ) from None
@@ -67,8 +70,10 @@ def read_ask(state_text: str) -> dict[str, object] | None:
         linux = config.get("linux") or {}
         raw_devices = linux.get("devices") or []
         raw_annotations = config.get("annotations") or {}
-    except (OSError, ValueError, AttributeError) as err:
+    except (OSError, ValueError, AttributeError, RecursionError) as err:
         raise HookError(f"cannot read {path}: {err}") from None
+    if not isinstance(raw_devices, list):
+        raise HookError(f"cannot read {path}: its linux.devices is not a list")
     devices = [
         {"Path": d["path"], "Major": d.get("major"), "Minor": d.get("minor")}
         for d in raw_devices
@@ -97,7 +102,8 @@ def _is_nvidia(device: Mapping[str, object]) -> bool:
 
 def ask_agent(socket_path: str, ask: Mapping[str, object], timeout_s: float) -> str | None:
     """The agent's refusal of ``ask`` (its line), or None: allowed. ``OSError`` and
-    ``ValueError`` when there is no answer that says either.
+    ``ValueError`` when there is no answer that says either, ``TimeoutError`` (an
+    ``OSError``) when the whole exchange, connect to last byte, takes over ``timeout_s``.
 
     One HTTP/1.0 request on the unix socket, its answer read to the end (the agent closes
     it), written here rather than through ``http.client``, whose imports (the ``email``
@@ -109,11 +115,17 @@ def ask_agent(socket_path: str, ask: Mapping[str, object], timeout_s: float) -> 
         f"Accept: {MEDIA_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
     raw = bytearray()
+    deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
+        sock.settimeout(_left(deadline))
         sock.connect(socket_path)
+        sock.settimeout(_left(deadline))
         sock.sendall(head + body)
-        while chunk := sock.recv(65536):
+        while True:
+            sock.settimeout(_left(deadline))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
             raw += chunk
             if len(raw) > MAX_ANSWER_BYTES:
                 raise ValueError(
@@ -139,6 +151,25 @@ def ask_agent(socket_path: str, ask: Mapping[str, object], timeout_s: float) -> 
     return str(answer.get("Msg") or "refused by the lease table")
 
 
+def _left(deadline: float) -> float:
+    """Seconds left until ``deadline``; ``TimeoutError`` once none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(errno.ETIMEDOUT, "timed out")
+    return left
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -152,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_TIMEOUT_S,
         help="seconds to wait for the agent's answer before allowing the start "
         f"(default: {DEFAULT_TIMEOUT_S:g})",

@@ -5,9 +5,11 @@ and line, and how it fails open."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,76 @@ async def test_an_agent_that_does_not_answer_in_time_is_an_allow(
     assert status == 0
     assert "allowed without the agent's answer" in err
     assert "timed out" in err
+
+
+async def test_an_agent_that_trickles_its_answer_is_an_allow_within_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--timeout bounds the whole exchange: an answer that comes a byte at a time must not
+    keep the hook past it (Podman kills a hook at its file's timeout and fails the start)."""
+    path = tmp_path / "slow.sock"
+    stop = asyncio.Event()
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        for byte in b"HTTP/1.0 200 OK\r\n\r\n" + b'{"Allow": false, "Msg": "late"}':
+            writer.write(bytes([byte]))
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+            if stop.is_set():
+                break
+        writer.close()
+
+    server = await asyncio.start_unix_server(trickle, str(path))
+    try:
+        state = bundle(tmp_path, [GPU3], {})
+        started = time.monotonic()
+        status, err = await run_hook(
+            monkeypatch, capsys, state, "--socket", str(path), "--timeout", "0.5"
+        )
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.close()
+        await server.wait_closed()
+    assert status == 0
+    assert "allowed without the agent's answer" in err
+    assert "timed out" in err
+    assert took < 2.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        start_hook.main(["--timeout", value])
+    assert stopped.value.code == 2
+    assert f"{value!r} is not a number of seconds above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("config", "line"),
+    [
+        ("[" * 100_000, "maximum recursion depth"),
+        (json.dumps({"linux": {"devices": 5}}), "its linux.devices is not a list"),
+    ],
+)
+async def test_a_config_that_is_no_runtime_config_exits_1_with_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    config: str,
+    line: str,
+) -> None:
+    (tmp_path / "config.json").write_text(config)
+    state = json.dumps({"id": CID, "bundle": str(tmp_path)})
+    status, err = await run_hook(monkeypatch, capsys, state)
+    assert status == 1
+    assert err.startswith(f"nvidia-docker-start-hook: cannot read {tmp_path}/config.json: ")
+    assert line in err
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize(
