@@ -151,6 +151,11 @@ def _check_json(inflated: bytes) -> None:
             f"inflated data ({len(inflated)} bytes) is not JSON: {error.msg} at line "
             f"{error.lineno} column {error.colno}"
         ) from None
+    except (ValueError, RecursionError):  # nested too deep, a number of 4,300+ digits
+        raise BlobError(
+            f"inflated data ({len(inflated)} bytes) is not the GPU info JSON: it nests too "
+            "deep or holds a number too large to read"
+        ) from None
     if not isinstance(document, dict):
         raise BlobError(f"inflated JSON is a {type(document).__name__}, not the GPU info object")
 

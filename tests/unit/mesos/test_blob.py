@@ -113,6 +113,8 @@ def _garbage() -> list[tuple[str, str]]:
         (encode(b"hello, world"), "is not JSON"),
         (encode(b"\xff\xfe{}"), "not UTF-8"),
         (encode(b"[1, 2]"), "JSON is a list, not the GPU info object"),
+        (encode(b"[" * 100_000), "it nests too deep or holds a number too large"),
+        (encode(b'{"Devices": ' + b"9" * 5000 + b"}"), "nests too deep or holds a number"),
         ("rack:a;zone:b", "no 'gpus:' attribute"),
         ("gpus:", "is empty"),
         ("--resources=gpus:{GPU-a} --master=x", "no --attributes= flag"),
