@@ -157,13 +157,9 @@ def _context(options: TlsOptions) -> ssl.SSLContext:
     ca, cert, key = options.ca, options.cert, options.key
     if key is not None and cert is None:
         raise TlsFileError(f"a client key ({options.where('key')}) needs its certificate too")
-    host_cert = "cert" in options.host_fields
     for path, what in (
         (ca, f"CA file ({options.where('ca')})"),
-        (
-            cert,
-            f"client certificate ({options.where('cert')})" if host_cert else "client certificate",
-        ),
+        (cert, f"client certificate ({options.where('cert')})"),
     ):
         if path is not None and not os.path.isfile(path):
             raise TlsFileError(f"TLS {what} {path} does not exist")
@@ -180,13 +176,30 @@ def _context(options: TlsOptions) -> ssl.SSLContext:
         else:
             where = "--cert/--key, NV_TLS_CERT/NV_TLS_KEY"
         try:
-            context.load_cert_chain(cert, key)
+            context.load_cert_chain(cert, key, password=_no_passphrase)
+        except _EncryptedKeyError:
+            raise TlsFileError(
+                f"TLS client key {key or cert} ({where}) is encrypted (passphrase-protected) "
+                "and no passphrase is asked for: give the key decrypted (openssl pkey -in KEY "
+                "-out PLAIN.key), mode 0600"
+            ) from None
         except (ssl.SSLError, OSError) as err:
             raise TlsFileError(
                 f"TLS client certificate {cert} / key {key or cert} ({where}) cannot be used: "
                 f"{_reason(err)}"
             ) from None
     return context
+
+
+class _EncryptedKeyError(Exception):
+    """OpenSSL asked for the client key's passphrase."""
+
+
+def _no_passphrase() -> str:
+    """``load_cert_chain``'s password callback: OpenSSL calls it only for an encrypted key,
+    which is refused rather than prompted for (a fleet query or a cron job has no one to
+    type it, and OpenSSL's own prompt reads the terminal, not the command's input)."""
+    raise _EncryptedKeyError
 
 
 def bearer_token(options: TlsOptions) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,30 @@ def test_one_context_per_ca_and_certificate(tmp_path: Path) -> None:
     (tmp_path / "junk.pem").write_text("junk\n")
     with pytest.raises(ControllerError, match=r"TLS CA file .*junk.pem \(--ca, NV_TLS_CA\)"):
         client_context(TlsOptions(ca=str(tmp_path / "junk.pem")))
+
+
+def test_encrypted_client_key_is_refused_without_a_prompt(tmp_path: Path) -> None:
+    """OpenSSL would prompt 'Enter PEM pass phrase:' on the terminal (a fleet query or cron
+    job has nobody to type it) and then fail with a bare 'Invalid argument'."""
+    pki = make_pki(tmp_path / "pki")
+    encrypted = tmp_path / "client-encrypted.key"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(pki.key("client")), "-out", str(encrypted),
+         "-aes256", "-passout", "pass:secret"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    options = TlsOptions(cert=str(pki.pem("client")), key=str(encrypted))
+    with pytest.raises(ControllerError) as info:
+        client_context(options)
+    message = str(info.value)
+    assert f"TLS client key {encrypted} (--cert/--key, NV_TLS_CERT/NV_TLS_KEY)" in message
+    assert "is encrypted (passphrase-protected)" in message
+
+
+def test_missing_client_certificate_names_its_setting(tmp_path: Path) -> None:
+    missing = tmp_path / "op.pem"
+    with pytest.raises(ControllerError) as info:
+        client_context(TlsOptions(cert=str(missing)))
+    assert (
+        str(info.value) == f"TLS client certificate (--cert, NV_TLS_CERT) {missing} does not exist"
+    )
