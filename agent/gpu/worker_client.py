@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -152,8 +153,8 @@ class WorkerClient:
         except BaseException:
             await client.stop(timeout_s=STOP_TIMEOUT_S)
             raise
-        client._name = str(hello.get("name") or "GPU worker")
         try:
+            client._name = str(hello.get("name") or "GPU worker")
             client._node = wp.decode_node(hello.get("node") or {})
         except (CodecError, AttributeError, TypeError) as err:  # a bug of ours: say so
             await client.stop()
@@ -290,6 +291,12 @@ class WorkerClient:
         self.closed.set()
 
 
+def _show(message: dict[str, Any]) -> str:
+    """A frame in a message: its JSON, cut to 80 characters (one short line)."""
+    text = json.dumps(message)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 _WHAT = {
     wp.STATUS_ALL: "a status read",
     wp.PCIE_ALL: "a PCIe sample",
@@ -318,7 +325,13 @@ class _Pipe(asyncio.Protocol):
                 self._transport.close()
             return
         for message in messages:
-            self._client._dispatch(message)
+            try:
+                self._client._dispatch(message)
+            except (TypeError, AttributeError) as err:  # a frame of JSON, but not ours
+                self._client._lost(f"the GPU worker sent garbage ({_show(message)}: {err})")
+                if self._transport is not None:
+                    self._transport.close()
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         process = self._client.process
