@@ -10,7 +10,8 @@ nvidia-docker: <line>`` (HTTP 403). After serving it sends the answer to
 ``/AuthZPlugin.AuthZRes``, which allows everything here.
 
 Two requests are asked about (``ask_of``), every other one is allowed at once, without a
-look at the body:
+look at the body. The URI's path is matched as dockerd routes it: percent-decoded, and
+``[/v1.NN]`` standing for any ``/v`` of digits and dots (``/v1.44.0``):
 
 - ``POST [/v1.NN]/containers/<id or name>/start`` and ``.../restart`` (``docker restart``
   starts a container too, stopped or running): ``StartAsk``;
@@ -38,7 +39,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from plugin.json_body import BodyError, parse_json
 
@@ -55,7 +56,7 @@ MAX_HOOK_ANNOTATIONS = 256
 MAX_HOOK_STRING_CHARS = 4096
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
-_VERSION = r"(?:/v[0-9]{1,3}(?:\.[0-9]{1,3})?)?"
+_VERSION = r"(?:/v[0-9.]{1,16})?"  # dockerd routes /v{version:[0-9.]+}: /v1.44.0 too
 _START = re.compile(_VERSION + r"/containers/([^/?#]{1,256})/(?:start|restart)")
 _CREATE = re.compile(_VERSION + r"/containers/create")
 
@@ -114,10 +115,11 @@ def ask_of(request: Mapping[str, object]) -> Ask | None:
     if method.upper() != "POST" or len(uri) > MAX_URI_CHARS:
         return None
     parts = urlsplit(uri)
-    start = _START.fullmatch(parts.path)
+    path = unquote(parts.path)  # dockerd routes the decoded path: /containers/web/st%61rt
+    start = _START.fullmatch(path)
     if start is not None:
         return StartAsk(start.group(1))
-    if _CREATE.fullmatch(parts.path) is None:
+    if _CREATE.fullmatch(path) is None:
         return None
     body = _create_body(request.get("RequestBody"))
     if body is None:

@@ -97,6 +97,27 @@ async def test_a_start_or_restart_is_asked_about(client: Client, gate: Gate, uri
     assert gate.asked == [StartAsk(name)]
 
 
+@pytest.mark.parametrize(
+    ("uri", "name"),
+    [
+        ("/v1.44.0/containers/web-1/start", "web-1"),  # dockerd routes /v{version:[0-9.]+}
+        ("/v1.0044/containers/web-1/restart", "web-1"),
+        ("/v1.47/containers/web-1/st%61rt", "web-1"),  # and the decoded path
+        ("/containers/%77eb-1/start", "web-1"),
+    ],
+)
+async def test_a_start_that_dockerd_routes_is_asked_about_however_its_uri_is_spelled(
+    client: Client, gate: Gate, uri: str, name: str
+) -> None:
+    gate.refusal = REFUSAL
+    answer = await authz(client, request("POST", uri))
+    assert answer == {"Allow": False, "Msg": REFUSAL, "Err": ""}
+    assert gate.asked == [StartAsk(name)]
+    body = {"Image": "busybox", "HostConfig": {"Devices": [{"PathOnHost": "/dev/nvidia3"}]}}
+    await authz(client, request("POST", "/v1.47.0/containers/%63reate", body))
+    assert gate.asked[-1] == CreateAsk(None, body)
+
+
 async def test_a_refused_start_is_denied_with_the_gates_line(client: Client, gate: Gate) -> None:
     gate.refusal = REFUSAL
     answer = await authz(client, request("POST", f"/v1.50/containers/{CID}/start"))
