@@ -26,6 +26,7 @@ the file (``NodeFileError``):
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -204,8 +205,8 @@ def _parse(raw: object) -> NodeFile:
         raise NodeFileError(f"schema: {_show(schema)} is not supported (expected {SCHEMA!r})")
     timing = codec.from_json(Timing, raw.get("timing"), "timing")
     for name in ("status_call_s", "pcie_sample_s"):
-        if getattr(timing, name) < 0:
-            raise NodeFileError(f"timing.{name}: expected a number >= 0")
+        if not 0 <= getattr(timing, name) < math.inf:  # 1e999 is JSON, and infinite
+            raise NodeFileError(f"timing.{name}: expected a finite number >= 0")
     devices = raw.get("devices")
     if devices is not None and not isinstance(devices, list | tuple):
         raise NodeFileError("devices: expected a list")

@@ -144,3 +144,12 @@ def test_a_dump_with_two_gpus_nvml_cannot_open_loads_back(
     parsed = nodefile.parse(data)
     assert parsed.info == backend.node_info()
     assert [d.uuid for d in parsed.info.devices] == [None, None]
+
+
+@pytest.mark.parametrize("seconds", ["1e999", "-0.5"])
+def test_a_timing_that_cannot_be_slept_is_refused(seconds: str) -> None:
+    text = json.dumps({**mig_node(), "timing": {"status_call_s": 0}})
+    raw = text.replace('"status_call_s": 0', f'"status_call_s": {seconds}')
+    with pytest.raises(nodefile.NodeFileError) as caught:
+        nodefile.parse(nodefile.decode_json(raw.encode()))
+    assert str(caught.value) == "timing.status_call_s: expected a finite number >= 0"
