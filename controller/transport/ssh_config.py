@@ -12,7 +12,9 @@ what the endpoint writes wins over the file: ``ssh://admin@gpu1:2222`` keeps adm
 operator's back).
 
 The file is the one the edge's options name (``Options.ssh_config``: ``~/.ssh/config``,
-``NV_SSH_CONFIG`` another, ``none`` none); it is parsed once per process and file version.
+``NV_SSH_CONFIG`` another, ``none`` none); ``Include`` lines are replaced by the files they
+name (``~/.ssh/`` for relative paths, glob patterns), which paramiko's parser would skip. It
+is parsed once per process and version of the named file (included files are read with it).
 A file that cannot be read is an ``EndpointError``
 naming it. Jump hosts' own ``ProxyJump`` lines are not followed (write the whole chain in
 the target's ``ProxyJump``, as ``ssh -J`` does).
@@ -21,7 +23,9 @@ the target's ``ProxyJump``, as ``ssh -J`` does).
 from __future__ import annotations
 
 import functools
+import glob
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +70,7 @@ class SshRoute:
         return f"{self.target.where}{via}"
 
 
-def _load(path: str | None) -> paramiko.SSHConfig | None:
+def _load(path: str | None, home: str) -> paramiko.SSHConfig | None:
     if path is None:
         return None
     try:
@@ -75,18 +79,61 @@ def _load(path: str | None) -> paramiko.SSHConfig | None:
         return None
     except OSError as err:
         raise EndpointError(f"SSH config {path}: cannot read it: {err.strerror}") from None
-    return _parse(path, stat.st_mtime_ns, stat.st_size)
+    return _parse(path, stat.st_mtime_ns, stat.st_size, home)
 
 
 @functools.lru_cache(maxsize=8)
-def _parse(path: str, _mtime_ns: int, _size: int) -> paramiko.SSHConfig:
+def _parse(path: str, _mtime_ns: int, _size: int, home: str) -> paramiko.SSHConfig:
     try:
-        return paramiko.SSHConfig.from_path(path)
+        return paramiko.SSHConfig.from_text(_text_with_includes(path, home, 0))
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise EndpointError(f"SSH config {path}: cannot read it: {why}") from None
+        name = getattr(err, "filename", None) or path
+        where = path if name == path else f"{path} (Include {name})"
+        raise EndpointError(f"SSH config {where}: cannot read it: {why}") from None
+    except EndpointError:
+        raise
     except Exception as err:  # paramiko raises ConfigParseError and bare exceptions
         raise EndpointError(f"SSH config {path}: cannot parse it: {err}") from None
+
+
+_MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+
+
+def _text_with_includes(path: str, home: str, depth: int) -> str:
+    """The file's text, each ``Include`` line replaced in place by the text of the files it
+    names (paramiko's parser ignores ``Include``): as ``ssh`` reads a user's file, ``~`` is
+    ``home``, a relative path is under ``~/.ssh``, a glob pattern is its matches in sorted
+    order, and a name that matches nothing is skipped. An Include inside a ``Host`` or
+    ``Match`` block gives that block the included lines before their first ``Host`` or
+    ``Match``, and the block's own lines after the Include stay its own; unlike ``ssh``, the
+    included file's ``Host`` and ``Match`` blocks are then evaluated even where the outer
+    block does not match. Raises ``OSError``, and ``EndpointError`` for Includes nested more
+    than 16 deep."""
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().splitlines()
+    out: list[str] = []
+    header: str | None = None  # the Host or Match line of the block being read
+    for line in lines:
+        keyword, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        if keyword.lower() in ("host", "match"):
+            header = line
+        if keyword.lower() != "include":
+            out.append(line)
+            continue
+        if depth >= _MAX_INCLUDE_DEPTH:
+            raise EndpointError(
+                f"SSH config {path}: Include nested more than {_MAX_INCLUDE_DEPTH} deep "
+                "(does a file include itself?)"
+            )
+        for name in shlex.split(value):
+            pattern = os.path.join(home, ".ssh", expand_home(name, home))
+            for included in sorted(glob.glob(pattern)):
+                if os.path.isfile(included):
+                    out.append(_text_with_includes(included, home, depth + 1))
+        if header is not None:  # the lines after the Include belong to its block again
+            out.append(header)
+    return "\n".join(out) + "\n"
 
 
 def _port(text: object, where: str) -> int:
@@ -138,7 +185,7 @@ def resolve_route(
     """The route to an ``ssh://`` endpoint under ``config_file`` (see the module docstring);
     ``default_user``: the user of jump hosts the file gives none (the edge's ``$USER``);
     ``home``: what ``~`` means in the file's paths."""
-    config = _load(config_file)
+    config = _load(config_file, home)
     where = f"SSH config {config_file}, Host {endpoint.host}"
     # a jump host's user is its own (the file's, else this machine's), never the target's
     fallback = default_user

@@ -115,3 +115,39 @@ def test_config_path_from_the_environment(tmp_path: Path) -> None:
     assert config_path({"NV_SSH_CONFIG": str(tmp_path / "c")}) == str(tmp_path / "c")
     assert config_path({"NV_SSH_CONFIG": "~/my-ssh"}) == "/home/alice/my-ssh"
     assert config_path({}) == "/home/alice/.ssh/config"
+
+
+def test_include_as_ssh_reads_it(tmp_path: Path) -> None:
+    """``Include config.d/*`` (under ~/.ssh, sorted), ``~/``, absolute paths, a pattern that
+    matches nothing, and an Include inside a Host block (whose later lines stay its own)."""
+    ssh_dir = tmp_path / ".ssh"
+    (ssh_dir / "config.d").mkdir(parents=True)
+    (ssh_dir / "config.d" / "10-rack7").write_text("Host rack7-*\n  User rack7ops\n")
+    (ssh_dir / "config.d" / "20-lab").write_text("Host lab\n  HostName 10.1.1.1\n")
+    (tmp_path / "extra").write_text("Host extra\n  HostName 10.3.3.3\n")
+    (tmp_path / "abs").write_text("Host abs\n  HostName 10.2.2.2\n")
+    (tmp_path / "gpu1-extra").write_text("  Port 2201\nHost other\n  HostName 10.4.4.4\n")
+    config = ssh_dir / "config"
+    config.write_text(
+        f"Include config.d/* ~/extra\nInclude={tmp_path}/abs\nInclude none-such/*\n"
+        "Host gpu1\n  HostName 10.0.0.1\n  Include ~/gpu1-extra\n  User gpu1ops\n"
+    )
+    home = str(tmp_path)
+
+    def described(value: str) -> str:
+        endpoint = parse_endpoint(value, user="alice")
+        return resolve_route(endpoint, str(config), "alice", home).describe()
+
+    assert described("ssh://rack7-gpu3") == "rack7ops@rack7-gpu3:22"
+    assert described("ssh://lab") == "alice@10.1.1.1:22"
+    assert described("ssh://extra") == "alice@10.3.3.3:22"
+    assert described("ssh://abs") == "alice@10.2.2.2:22"
+    assert described("ssh://gpu1") == "gpu1ops@10.0.0.1:2201"
+    assert described("ssh://other") == "alice@10.4.4.4:22"
+
+
+def test_include_loop_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text(f"Include {config}\n")
+    with pytest.raises(EndpointError, match=r"Include nested more than 16 deep"):
+        resolve_route(parse_endpoint("ssh://x", user="alice"), str(config), "alice", "/h")
