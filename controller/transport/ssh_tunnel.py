@@ -630,6 +630,14 @@ class SshTunnel:
             return self._error(
                 f"cannot connect to {where}: {exc.strerror or exc}", Failure.CANNOT_CONNECT
             )
+        if isinstance(exc, paramiko.SSHException) and (
+            "SSH protocol banner" in str(exc) or "Indecipherable protocol version" in str(exc)
+        ):
+            return self._error(
+                f"{where} does not speak SSH (no SSH greeting within {timeout_s:g} s): is "
+                f"{hop.port} the node's SSH port? ssh:// takes the SSH port first and the "
+                "agent's HTTP port second (ssh://user@host:SSH_PORT:HTTP_PORT)"
+            )
         return self._error(f"SSH to {where} failed: {exc}")
 
 
