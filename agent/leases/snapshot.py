@@ -6,7 +6,11 @@ containers' labels, to know again who holds what (``LeaseTable.restore``, then
 ``resync``). The queue is not in it: the asks that waited were connections of the process
 that ended, and nobody would take what it handed them. The integrator writes the JSON to a
 file (atomically) and reads it back within bounds; ``snapshot_from_json`` checks every field
-and refuses what is not a snapshot with one line (``SnapshotError``).
+and refuses what is not a snapshot with one line (``SnapshotError``). ``snapshot_to_json``
+keeps to the same bounds, so that what it writes always reads back: at most ``MAX_ENTRIES``
+leases and as many foreign holders (beyond that it leaves out first what a resync or the next
+status sweep finds again, and logs one warning line saying how many), and an ``asked`` text
+shortened to ``_MAX_TEXT`` characters.
 
 Each bound lease, and each running container's foreign hold, names its container's engine
 (``engine``; the agent's feed names an engine by its socket path), and such a hold of an
@@ -17,6 +21,7 @@ which the table keeps until an engine lists their containers (``LeaseTable.resyn
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +43,13 @@ MAX_ENTRIES = 4096  # leases or foreign holders in one snapshot
 _MAX_TEXT = 512
 E = TypeVar("E")
 
+log = logging.getLogger(__name__)
+
+# Which leases a snapshot over the bound keeps first: a pending lease and a stopped
+# container's are known from the snapshot alone; a running container's lease is rebuilt from
+# its labels by the resync after a restart.
+_LEASE_KEPT_FIRST = {LeaseState.PENDING: 0, LeaseState.STOPPED: 1, LeaseState.RUNNING: 2}
+
 
 class SnapshotError(ValueError):
     """A value that is not a lease table snapshot; the message names the field."""
@@ -51,8 +63,44 @@ class Snapshot:
     foreign: tuple[ForeignHold, ...]
 
 
+def _bounded(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` within what ``snapshot_from_json`` reads: at most ``MAX_ENTRIES`` leases
+    (pending ones kept first, then stopped containers', then running containers', whose
+    labels rebuild them at a resync) and ``MAX_ENTRIES`` foreign holders (containers' kept
+    before processes', which the next status sweep sees again); one warning line when any is
+    left out."""
+    leases, foreign = snapshot.leases, snapshot.foreign
+    if len(leases) > MAX_ENTRIES:
+        ranked = sorted(leases, key=lambda x: (_LEASE_KEPT_FIRST[x.state], x.number))
+        leases = tuple(ranked[:MAX_ENTRIES])
+    if len(foreign) > MAX_ENTRIES:
+        ranked_holds = sorted(foreign, key=lambda h: h.source is not ForeignSource.CONTAINER)
+        foreign = tuple(ranked_holds[:MAX_ENTRIES])
+    dropped_leases = len(snapshot.leases) - len(leases)
+    dropped_holds = len(snapshot.foreign) - len(foreign)
+    if dropped_leases or dropped_holds:
+        log.warning(
+            "Leases: the snapshot holds at most %d leases and %d foreign holders: %d leases "
+            "(of running containers first; a resync rebuilds them from their labels) and %d "
+            "foreign holders (GPU processes first; seen again by the next sweep) are left "
+            "out of the state file",
+            MAX_ENTRIES,
+            MAX_ENTRIES,
+            dropped_leases,
+            dropped_holds,
+        )
+    return Snapshot(snapshot.saved_s, snapshot.next_lease, leases, foreign)
+
+
+def _short(text: str) -> str:
+    """``text`` cut to ``_MAX_TEXT`` characters (an ``asked`` of many named devices)."""
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "\u2026"
+
+
 def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
-    """The snapshot as a JSON-ready dict (``json.dumps`` it)."""
+    """The snapshot as a JSON-ready dict (``json.dumps`` it), within the bounds that
+    ``snapshot_from_json`` reads (``_bounded``; ``asked`` shortened to ``_MAX_TEXT``)."""
+    snapshot = _bounded(snapshot)
     return {
         "schema": SCHEMA,
         "saved_s": snapshot.saved_s,
@@ -64,7 +112,7 @@ def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
                 "names": list(lease.names),
                 "exclusive": lease.exclusive,
                 "owner": dict(lease.owner),
-                "asked": lease.asked,
+                "asked": _short(lease.asked),
                 "since_s": lease.since_s,
                 "state": lease.state.value,
                 "container_id": lease.container_id,

@@ -4,6 +4,7 @@ rebuild after a restart: restore the snapshot, resync with the live containers."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from agent.leases.answers import ChangeKind
 from agent.leases.asks import Ask
 from agent.leases.containers import Container
-from agent.leases.holders import LeaseState
+from agent.leases.holders import ForeignHold, ForeignSource, Lease, LeaseState
 from agent.leases.labels import (
     LABEL_DEVICES,
     LABEL_ID,
@@ -263,3 +264,63 @@ def test_a_label_not_of_the_tables_form_is_no_label(spoil: dict[str, str | None]
 def test_malformed_owner_labels_read_as_none(owner: str) -> None:
     labels = {LABEL_ID: "lease-3", LABEL_DEVICES: "GPU-a", LABEL_OWNER: owner}
     assert read_label(labels) == LeaseLabel("lease-3", ("GPU-a",), True, ())
+
+
+def test_a_snapshot_over_the_bound_is_written_so_that_it_reads_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """More leases and foreign holders than a snapshot reads (4,096 each: shared MIG devices
+    of a 16-GPU node, thousands of GPU processes): what is written reads back after a
+    restart, keeps every pending and stopped lease and every container's hold, and one
+    warning line says what was left out."""
+    pending = [
+        Lease(f"lease-{n}", (f"GPU-{n}",), ("0",), False, (), "1 GPU, shared", T0, until_s=T0 + 60)
+        for n in range(1, 1101)
+    ]
+    stopped = [
+        replace(x, id=f"lease-{x.number + 2000}", state=LeaseState.STOPPED)
+        for x in pending
+        for x in [replace(x, container_id=cid(x.number), until_s=T0 + 600, engine="/d.sock")]
+    ]
+    running = [
+        replace(x, id=f"lease-{x.number + 4000}", state=LeaseState.RUNNING, until_s=None)
+        for x in stopped
+    ] + [
+        replace(x, id=f"lease-{x.number + 6000}", state=LeaseState.RUNNING, until_s=None)
+        for x in stopped
+    ]
+    containers = [
+        ForeignHold(cid(n), ForeignSource.CONTAINER, ("GPU-1",), "--device /dev/nvidia1", T0)
+        for n in range(1, 101)
+    ]
+    processes = [
+        ForeignHold(f"pid {n}", ForeignSource.PROCESS, ("GPU-2",), "a GPU process", T0, False)
+        for n in range(1, 4101)
+    ]
+    snapshot = Snapshot(T0, 9001, (*running, *stopped, *pending), (*processes, *containers))
+    with caplog.at_level("WARNING", logger="agent.leases.snapshot"):
+        back = _round_trip(snapshot)
+    assert len(back.leases) == 4096
+    assert len(back.foreign) == 4096
+    assert set(pending) | set(stopped) <= set(back.leases)
+    assert set(containers) <= set(back.foreign)
+    assert back.next_lease == 9001
+    assert [r.getMessage() for r in caplog.records] == [
+        "Leases: the snapshot holds at most 4096 leases and 4096 foreign holders: 304 leases "
+        "(of running containers first; a resync rebuilds them from their labels) and 104 "
+        "foreign holders (GPU processes first; seen again by the next sweep) are left out of "
+        "the state file"
+    ]
+
+
+def test_a_lease_of_many_named_mig_devices_reads_back() -> None:
+    """An ask naming every GPU of a 20-GPU node in MIG mode (140 MIG devices) is asked in
+    more words than a snapshot's text field holds: its lease still reads back."""
+    node = build_node([i // 10 for i in range(20)], migs={i: ["1g.10gb"] * 7 for i in range(20)})
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    lease = granted(table.ask(Ask(devices=" ".join(map(str, range(20)))), T0)).lease
+    assert len(lease.units) == 140
+    assert len(lease.asked) > 512
+    (back,) = _round_trip(table.snapshot()).leases
+    assert back.units == lease.units
+    assert back.asked == lease.asked[:511] + "\u2026"
