@@ -10,7 +10,8 @@ memory used, in steps of 10 %, summed over the set) wins, then the lowest indice
 the same state and loads always pick the same set). Connection comes first: a busy NVLink
 pair is picked before an idle pair that only shares a PCIe switch. Up to ``EXHAUSTIVE``
 candidate sets are all compared; beyond that (large nodes, large asks) a greedy search from
-every starting GPU picks one.
+every starting GPU picks one, which is not always the best (docs/leases.md, "Picking", has a
+16-GPU case).
 
 MIG devices are picked least loaded first, then in index order: the MIG devices of one GPU
 share its links.
