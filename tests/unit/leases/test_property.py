@@ -2,20 +2,21 @@
 
 Any interleaving of asks (count, named devices, MIG profiles, shared, waiting), releases,
 withdrawals, time passing, container events of two engines (create, start, die, destroy;
-leased containers, clones of them, foreign containers with devices), missed events and
-per-engine resyncs, an engine that goes down (its containers change unseen: started,
-stopped, created, removed) and comes back with its list, health changes, GPU processes, the
-GPUs' loads (which steer picks), MIG changes and agent restarts (snapshot through JSON, of
-this agent or without engines as an older one wrote it, restore, then each engine that is
-up lists in any order; or the snapshot lost) never gives an exclusive GPU to two holders,
-never exceeds a GPU's sharing count, never leases an unhealthy GPU, never grants what a
-foreign holder holds, never keeps a holder the world no longer has except a container its
-down engine has not listed yet (or one of an unknown engine, for the grace time at most),
-so that, everyone gone and every engine back, every GPU is free again: checked too at the
-end of every run; keeps every container's lease bound to it until it ends by a rule
-(removal told by its own engine, release, grace), so that one engine's list never ends
-another's leases; keeps the documented timings, and serves the queue first come, first
-served with nothing overtaking it.
+leased containers, clones of them, foreign containers with devices), missed events and per-
+engine resyncs, an engine that goes down (its containers change unseen: started, stopped,
+created, removed) and comes back with its list, health changes, GPU processes, the GPUs'
+loads (which steer picks), MIG changes and agent restarts (snapshot through JSON, of this
+agent or without engines as an older one wrote it, restore, then each engine that is up
+lists in any order; or the snapshot lost) never gives an exclusive GPU to two holders, never
+exceeds a GPU's sharing count, never leases an unhealthy GPU, never grants what a foreign
+holder holds, never refuses (or queues) an ask with nobody waiting while enough of the units
+it may get are free, says each granted unit's sharing as it counts it, never keeps a holder
+the world no longer has except a container its down engine has not listed yet (or one of an
+unknown engine, for the grace time at most), so that, everyone gone and every engine back,
+every GPU is free again: checked too at the end of every run; keeps every container's lease
+bound to it until it ends by a rule (removal told by its own engine, release, grace), so
+that one engine's list never ends another's leases; keeps the documented timings, and serves
+the queue first come, first served with nothing overtaking it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from agent.leases.answers import (
     Change,
     ChangeKind,
     Granted,
+    Hold,
     Outcome,
     Queued,
     Refused,
@@ -50,7 +52,7 @@ from agent.leases.settings import LeaseSettings
 from agent.leases.snapshot import snapshot_from_json, snapshot_to_json
 from agent.leases.table import LeaseTable
 from agent.leases.units import NodeUnits
-from agent.leases.view import TableView, UnitState
+from agent.leases.view import TableView, UnitState, UnitView
 
 from .nodes import T0, build_node, cid, sick, uuid
 
@@ -109,6 +111,15 @@ class Box:
 
     def container(self) -> Container:
         return Container(self.id, self.running, self.lease, self.devices, "--device", self.engine)
+
+
+def _fits(unit: UnitView, exclusive: bool) -> bool:
+    """Whether ``unit`` can take one more lease of that mode, by what the view shows."""
+    if not unit.healthy or any(t.hold is Hold.FOREIGN for t in unit.holders):
+        return False
+    if exclusive:
+        return not unit.holders
+    return all(not t.exclusive for t in unit.holders) and len(unit.holders) < unit.sharing
 
 
 # Preconditions are named functions, not lambdas: Hypothesis 6.100 (the declared minimum)
@@ -180,8 +191,15 @@ class LeaseMachine(RuleBasedStateMachine):
                 self.waiting.pop(0)
             else:  # nothing overtakes a waiting ask
                 assert not self.waiting, (change.text, list(self.waiting))
+            sharing = {u.name: u.sharing for u in after.units}
             for unit in grant.units:
                 assert self.health[unit.gpu].healthy, f"leased unhealthy GPU {unit.gpu}"
+                assert unit.sharing == sharing[unit.name], (change.text, unit)
+                assert 1 <= unit.sharers <= unit.sharing, (change.text, unit)
+                if grant.lease.exclusive:
+                    assert unit.sharers == 1, (change.text, unit)
+                shown = f"shared ({unit.sharers} of {unit.sharing})"
+                assert grant.lease.exclusive or shown in change.text, (change.text, unit)
             keys = set(grant.lease.units)
             still = {(h.holder, h.source): h for h in after.foreign}
             for hold in before.foreign:
@@ -241,10 +259,26 @@ class LeaseMachine(RuleBasedStateMachine):
 
     # --- asks ----------------------------------------------------------------------------
 
+    def _ask(self, ask: Ask) -> Any:
+        """Ask, and check that no free unit is lost to it: with nobody waiting, an ask is
+        refused for want of units (or queued) only when too few of those it may get fit."""
+        before = self.table.view()
+        answer = self._do(lambda: self.table.ask(ask, self.now))
+        if before.waiting or not isinstance(answer, Refused | Queued):
+            return answer
+        fit = [u for u in before.units if _fits(u, ask.exclusive)]
+        if ask.devices is not None:
+            named = {u.key for u in NodeUnits(self.node).named(ask.devices)}
+            assert not named <= {u.uuid for u in fit}, (ask, answer.text)
+        elif ask.mig_profile is not None:
+            assert len([u for u in fit if u.profile == ask.mig_profile]) < ask.count, answer
+        else:
+            assert len([u for u in fit if u.mig is None]) < ask.count, answer.text
+        return answer
+
     @rule(count=st.integers(1, 3), exclusive=st.booleans(), wait=WAITS)
     def ask_count(self, count: int, exclusive: bool, wait: float) -> None:
-        ask = Ask(count=count, exclusive=exclusive, wait_s=wait)
-        self._do(lambda: self.table.ask(ask, self.now))
+        self._ask(Ask(count=count, exclusive=exclusive, wait_s=wait))
 
     @rule(
         devices=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3),
@@ -255,14 +289,13 @@ class LeaseMachine(RuleBasedStateMachine):
         ask = Ask(devices=" ".join(devices), exclusive=exclusive, wait_s=wait)
         before = self.table.view()
         try:
-            self._do(lambda: self.table.ask(ask, self.now))
+            self._ask(ask)
         except InvalidAsk:  # a MIG device the layout does not have
             assert self.table.view() == before
 
     @rule(profile=st.sampled_from(PROFILES), count=st.integers(1, 2), wait=WAITS)
     def ask_mig(self, profile: str, count: int, wait: float) -> None:
-        ask = Ask(count=count, mig_profile=profile, wait_s=wait)
-        self._do(lambda: self.table.ask(ask, self.now))
+        self._ask(Ask(count=count, mig_profile=profile, wait_s=wait))
 
     @precondition(_any_granted)
     @rule(data=st.data())
@@ -326,7 +359,7 @@ class LeaseMachine(RuleBasedStateMachine):
         devices), start it (on an engine that is down: unseen)."""
         ask = Ask(count=count, devices=named, exclusive=exclusive)
         try:
-            grant = self._do(lambda: self.table.ask(ask, self.now))
+            grant = self._ask(ask)
         except InvalidAsk:
             return
         if not isinstance(grant, Granted):
