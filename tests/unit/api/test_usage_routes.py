@@ -3,22 +3,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent.api.usage import USAGE, make_routes
 from agent.usage.ledger import UsageLedger, UsageSettings
 from agent.usage.store import LedgerBusy
 from tests.unit.usage import GPUS, T0, batch, delta, hold, open_store
 
-Client = TestClient[web.Request, web.Application]
-AiohttpClient = Callable[[web.Application], Awaitable[Client]]
+if TYPE_CHECKING:  # types only: generic from aiohttp 3.11 / pytest-aiohttp 1.1 (above the floors)
+    from aiohttp.test_utils import TestClient
+    from pytest_aiohttp import AiohttpClient
+
+    Client = TestClient[web.Request, web.Application]
 
 
 def ledger_of(path: Path, *, with_store: bool) -> UsageLedger:
