@@ -152,17 +152,25 @@ async def test_an_agent_that_trickles_its_answer_is_an_allow_within_the_timeout(
     keep the hook past it (Podman kills a hook at its file's timeout and fails the start)."""
     path = tmp_path / "slow.sock"
     stop = asyncio.Event()
+    ended = asyncio.Event()  # the handler's end: awaited before the test's loop closes
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(65536)
-        for byte in b"HTTP/1.0 200 OK\r\n\r\n" + b'{"Allow": false, "Msg": "late"}':
-            writer.write(bytes([byte]))
-            await writer.drain()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.1)
-            if stop.is_set():
-                break
-        writer.close()
+        try:
+            await reader.read(65536)
+            for byte in b"HTTP/1.0 200 OK\r\n\r\n" + b'{"Allow": false, "Msg": "late"}':
+                writer.write(bytes([byte]))
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+                if stop.is_set():
+                    break
+        except ConnectionError:
+            pass  # the hook gave up and closed its end
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            ended.set()
 
     server = await asyncio.start_unix_server(trickle, str(path))
     try:
@@ -176,6 +184,7 @@ async def test_an_agent_that_trickles_its_answer_is_an_allow_within_the_timeout(
         stop.set()
         server.close()
         await server.wait_closed()
+        await asyncio.wait_for(ended.wait(), 10)
     assert status == 0
     assert "allowed without the agent's answer" in err
     assert "timed out" in err
