@@ -41,6 +41,22 @@ class ListenAddress:
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
+def parse_engine_socket(text: str) -> Path:
+    """An engine's API socket, as a path or in the ``unix://PATH`` form of ``DOCKER_HOST``
+    (click has made ``unix:///x`` the path ``unix:/x`` by then); ``ValueError`` for another
+    scheme (``tcp://``, ``ssh://``): the agent asks the engines of its own node, over their
+    unix sockets."""
+    scheme, colon, rest = text.partition(":")
+    if colon and "/" not in scheme and scheme:
+        if scheme != "unix":
+            raise ValueError(
+                f"{text!r}: give the engine's unix socket, as a path or unix://PATH (the "
+                "agent asks the engines of its own node, not over TCP or SSH)"
+            )
+        return Path("/" + rest.lstrip("/"))
+    return Path(text)
+
+
 def parse_listen(value: str) -> ListenAddress:
     """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every interface); an IPv6 address
     without brackets (``::1:3476``) or with unmatched ones is refused."""
@@ -227,6 +243,7 @@ class Config:
         "using GPUs (/metrics, /gpu/processes/json). If it does not answer, containers are "
         "shown by id.",
         kind="file",
+        parse=parse_engine_socket,
     )
     podman_socket: Path = _setting(
         Path("/run/podman/podman.sock"),
@@ -234,6 +251,7 @@ class Config:
         help="Podman's API socket (podman system service, the podman.socket unit), asked the "
         "same for Podman containers using GPUs. Without it, they are shown by id.",
         kind="file",
+        parse=parse_engine_socket,
     )
     engine_socket: Path | None = _setting(
         None,

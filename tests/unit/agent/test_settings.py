@@ -152,3 +152,28 @@ def test_the_go_forms_of_1_0s_flags_are_read_as_1_0_read_them(
         "--simulate",
         "h200",
     ]
+
+
+def test_an_engine_socket_in_docker_host_form_is_its_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--docker-socket unix:///var/run/docker.sock`` (DOCKER_HOST's form) was the relative
+    path ``unix:/var/run/docker.sock``: never reached, containers shown by id."""
+    config = _parsed(
+        monkeypatch,
+        "--docker-socket",
+        "unix:///var/run/docker.sock",
+        NVIDIA_DOCKER_PLUGIN_PODMAN_SOCKET="unix:///run/podman/podman.sock",
+    )
+    assert config.docker_socket == Path("/var/run/docker.sock")
+    assert config.podman_socket == Path("/run/podman/podman.sock")
+    assert _parsed(monkeypatch, "--docker-socket", "/x:y/d.sock").docker_socket == Path(
+        "/x:y/d.sock"
+    )
+
+
+@pytest.mark.parametrize("value", ["tcp://127.0.0.1:2375", "ssh://gpu-node"])
+def test_an_engine_socket_of_another_scheme_is_refused_in_one_line(value: str) -> None:
+    result = CliRunner().invoke(cli.command, ["--docker-socket", value])
+    assert result.exit_code == 2
+    assert "give the engine's unix socket, as a path or unix://PATH" in result.output
