@@ -221,6 +221,7 @@ class UsageLedger:
                 self._submit_to(self.store, batch)
         for found in newly_idle:
             self._act(found)
+        self._forget_actions()
         self._release_stopped()
 
     async def _lease_containers(
@@ -352,6 +353,14 @@ class UsageLedger:
                 found.unit,
                 _duration(found.idle_s),
             )
+
+    def _forget_actions(self) -> None:
+        """What was done for holders that are no longer idle (they worked again, or let
+        their GPU go) is forgotten: an action is shown only beside an idle holder, and a new
+        idle spell is acted on anew. A stop still in flight writes its outcome when done."""
+        idle = {(u.mig_uuid or u.gpu_uuid, u.holder.ident) for u in self.idle.idle}
+        for slot in [s for s in self.actions if s not in idle]:
+            del self.actions[slot]
 
     def action_of(self, found: IdleUnit) -> str | None:
         return self.actions.get((found.mig_uuid or found.gpu_uuid, found.holder.ident))

@@ -154,3 +154,20 @@ async def test_a_process_on_a_mig_gpu_the_attribution_cannot_place_keeps_its_dev
     mig.reader.statuses = (first, *mig.reader.statuses[1:])
     await mig.ticks(7)
     assert [f.unit for f in mig.ledger.idle.idle] == ["0:2"]
+
+
+async def test_what_was_done_is_kept_only_while_its_holder_is_idle(h200: Node) -> None:
+    """The ledger's record of its actions does not grow with every holder that was ever
+    idle: a lease released is forgotten at the next sweep."""
+    lease_id = await lease(h200, Ask(count=1))
+    await h200.ticks(7)
+    (found,) = h200.ledger.idle.idle
+    assert h200.ledger.action_of(found) == "notified"
+    h200.leases.release(lease_id)
+    await h200.ticks(1)
+    assert list(h200.ledger.idle.idle) == []
+    assert h200.ledger.actions == {}
+    lease_id = await lease(h200, Ask(count=1))  # a new holder: acted on anew once idle
+    await h200.ticks(7)
+    (found,) = h200.ledger.idle.idle
+    assert h200.ledger.action_of(found) == "notified"
