@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import ipaddress
 import json
 import re
 import shlex
@@ -42,6 +41,7 @@ from typing import Any
 
 from controller.errors import UsageError
 from controller.fleet.vars_dirs import VarsDirs, VarsFileError
+from controller.transport.endpoint import is_ipv6
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
@@ -335,18 +335,10 @@ def _split_port(pattern: str) -> tuple[str, int | None]:
             last = index
     if last > 0 and pattern[last + 1 :].isdigit():
         host = pattern[:last]
-        if host.startswith("[") and host.endswith("]") and _is_ipv6(host[1:-1]):
+        if host.startswith("[") and host.endswith("]") and is_ipv6(host[1:-1]):
             host = host[1:-1]  # [fd00::5]:2222: an IPv6 address with a port, as Ansible reads it
         return host, int(pattern[last + 1 :])
     return pattern, None
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        ipaddress.IPv6Address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _literal(value: str) -> Any:

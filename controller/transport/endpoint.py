@@ -300,13 +300,13 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
         if end < 0:
             raise invalid("missing ] after the IPv6 address")
         host, rest = address[1:end], address[end + 1 :]
-        if not _is_ipv6(host):
+        if not is_ipv6(host):
             raise invalid(f"{host!r} is not an IPv6 address")
         if rest and not rest.startswith(":"):
             raise invalid("expected : after the ] of the IPv6 address")
         ports = rest[1:].split(":") if rest else []
     else:
-        if address.count(":") >= 2 and (_is_ipv6(address) or _is_ipv6(address.rstrip(":"))):
+        if address.count(":") >= 2 and (is_ipv6(address) or is_ipv6(address.rstrip(":"))):
             raise invalid("write an IPv6 address in brackets, e.g. [fd00::1]:")
         host, sep, tail = address.partition(":")
         if host and not _is_name(host):
@@ -317,7 +317,8 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
     return host, ports
 
 
-def _is_ipv6(text: str) -> bool:
+def is_ipv6(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address (no brackets, no zone)."""
     import ipaddress  # noqa: PLC0415 (IPv6 only)
 
     try:
