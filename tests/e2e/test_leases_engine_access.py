@@ -18,11 +18,8 @@ import ctypes
 import json
 import os
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -55,18 +52,6 @@ def _may_drop_capabilities() -> bool:
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
-
-
-def call(agent: AgentProcess, method: str, path: str, body: object = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{agent.port}{path}", data=data, method=method
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 @pytest.fixture
@@ -106,7 +91,7 @@ def test_an_agent_refused_by_the_engines_socket_grants_no_lease_and_says_why(
         timeout_s=30,
         proc=agent.proc,
     )
-    status, answer = call(agent, "POST", "/leases", {"count": 1})
+    status, answer = agent.call("POST", "/leases", {"count": 1})
     assert status == 503, answer
     assert answer["Refusal"] == "no_engine_access"
     text = answer["Error"]
@@ -117,12 +102,12 @@ def test_an_agent_refused_by_the_engines_socket_grants_no_lease_and_says_why(
         "socket's group"
     )
     assert "could be given twice" in text
-    assert call(agent, "GET", "/leases/json")[1]["Leases"] == []
+    assert agent.call("GET", "/leases/json")[1]["Leases"] == []
 
     engine_socket.chmod(0o666)  # the agent may connect now; nothing listens: engine down
 
     def granted() -> bool:
-        return call(agent, "POST", "/leases", {"count": 1})[0] == 201
+        return agent.call("POST", "/leases", {"count": 1})[0] == 201
 
     wait_until(granted, what="a lease once the socket lets the agent in", timeout_s=60)
-    assert "no_engine_access" not in json.dumps(call(agent, "GET", "/leases/json")[1])
+    assert "no_engine_access" not in json.dumps(agent.call("GET", "/leases/json")[1])

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,18 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "agent" / "gpu" / "nodes" / "hgx-h200-8.json"
 BUSY_GPU = 5
-
-
-def call(agent: AgentProcess, method: str, path: str, body: object = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{agent.port}{path}", data=data, method=method
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 @pytest.fixture
@@ -80,7 +66,7 @@ def agent(tmp_path: Path, process: subprocess.Popen[bytes]) -> Iterator[AgentPro
 
 
 def foreign_holders(agent: AgentProcess) -> list[dict[str, Any]]:
-    status, table = call(agent, "GET", "/leases/json")
+    status, table = agent.call("GET", "/leases/json")
     assert status == 200, table
     return list(table["Foreign"])
 
@@ -94,19 +80,19 @@ def test_a_gpu_process_outside_the_engines_holds_its_gpu_until_it_ends(
         what=f"{holder} a foreign holder",
         timeout_s=30,
     )
-    status, refused = call(agent, "POST", "/leases", {"devices": str(BUSY_GPU)})
+    status, refused = agent.call("POST", "/leases", {"devices": str(BUSY_GPU)})
     assert status == 409, refused
     assert f"GPU {BUSY_GPU} by {holder} (a GPU process)" in refused["Error"], refused
-    status, refused = call(agent, "POST", "/leases", {"count": 8})
+    status, refused = agent.call("POST", "/leases", {"count": 8})
     assert status == 409, refused
     assert "asked for 8, 7 free" in refused["Error"], refused
-    status, granted = call(agent, "POST", "/leases", {"count": 7})
+    status, granted = agent.call("POST", "/leases", {"count": 7})
     assert status == 201, granted
     assert sorted(d["GPU"] for d in granted["Devices"]) == [0, 1, 2, 3, 4, 6, 7], granted
-    assert call(agent, "DELETE", f"/leases/{granted['Lease']}")[0] == 200
+    assert agent.call("DELETE", f"/leases/{granted['Lease']}")[0] == 200
 
     process.kill()
     process.wait(timeout=10)
     wait_until(lambda: not foreign_holders(agent), what="the holder gone", timeout_s=30)
-    status, granted = call(agent, "POST", "/leases", {"devices": str(BUSY_GPU)})
+    status, granted = agent.call("POST", "/leases", {"devices": str(BUSY_GPU)})
     assert status == 201, granted

@@ -22,11 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -60,26 +57,14 @@ def agent_at(base: Path, *args: str) -> Iterator[AgentProcess]:
         stop_process(agent.proc)
 
 
-def call(agent: AgentProcess, method: str, path: str, body: object = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{agent.port}{path}", data=data, method=method
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 def ask(agent: AgentProcess, team: str) -> str:
-    status, answer = call(agent, "POST", "/leases", {"count": 1, "owner": {"team": team}})
+    status, answer = agent.call("POST", "/leases", {"count": 1, "owner": {"team": team}})
     assert status == 201, answer
     return str(answer["Lease"])
 
 
 def team_seconds(agent: AgentProcess, team: str) -> float:
-    status, answer = call(agent, "GET", "/usage/json?by=label:team&since=-1h")
+    status, answer = agent.call("GET", "/usage/json?by=label:team&since=-1h")
     if status == 503:  # the ledger is being opened (the agent serves meanwhile)
         return 0.0
     assert status == 200, answer
@@ -121,7 +106,7 @@ def test_a_damaged_ledger_is_moved_aside_and_a_new_one_starts(tmp_path: Path, da
     damaged = ledger.read_bytes()
     with agent_at(tmp_path / "first") as agent:
         wait_team_seconds(agent, "ml", 0.5)  # the lease is back (leases.json), a new ledger
-        status, info = call(agent, "GET", "/gpu/info/json")
+        status, info = agent.call("GET", "/gpu/info/json")
         log = agent.log()
     aside = [
         p
@@ -146,7 +131,7 @@ def test_kill_9_loses_nothing_written_and_the_hold_goes_on(tmp_path: Path) -> No
         agent.proc.wait(timeout=10)
         agent = start(tmp_path / "node")
         after = wait_team_seconds(agent, "ml", before + 1.0)
-        _status, table = call(agent, "GET", "/leases/json")
+        _status, table = agent.call("GET", "/leases/json")
     finally:
         stop_process(agent.proc)
     assert [row["Lease"] for row in table["Leases"]] == [lease]
@@ -167,11 +152,11 @@ def test_without_its_lease_state_the_agent_numbers_leases_above_the_ledgers(
         first, second = ask(agent, "ml"), ask(agent, "ml")
         wait_team_seconds(agent, "ml", 1.0)  # both leases are in the ledger's holds
         for lease in (first, second):
-            assert call(agent, "DELETE", f"/leases/{lease}")[0] == 200
+            assert agent.call("DELETE", f"/leases/{lease}")[0] == 200
     (tmp_path / "node" / "state" / "leases.json").unlink()  # lost, or deleted by hand
     with agent_at(tmp_path / "node") as agent:
         third = ask(agent, "ml")
-        _status, table = call(agent, "GET", "/leases/json")
+        _status, table = agent.call("GET", "/leases/json")
     # lease-1 again would merge a new owner's figures into the old lease's in the ledger
     assert (first, second, third) == ("lease-1", "lease-2", "lease-3")
     assert [row["Lease"] for row in table["Leases"]] == ["lease-3"]
@@ -192,7 +177,7 @@ def small_tmpfs(size: str) -> Iterator[Path]:
 
 def behind(agent: AgentProcess) -> tuple[bool, str]:
     """What ``GET /usage/json`` says of the ledger: behind, and why."""
-    status, answer = call(agent, "GET", "/usage/json?by=label:team&since=-1h")
+    status, answer = agent.call("GET", "/usage/json?by=label:team&since=-1h")
     assert status == 200, answer  # asked once the ledger has figures: it is open
     return bool(answer["ledger"]["behind"]), str(answer["ledger"]["reason"])
 
@@ -224,9 +209,9 @@ def test_a_full_filesystem_puts_the_ledger_behind_and_it_catches_up(tmp_path: Pa
         wait_until(lambda: behind(agent)[0] and metric_behind(agent), what="the ledger behind",
                    timeout_s=30, proc=agent.proc)  # fmt: skip
         reason = behind(agent)[1]
-        status, _ = call(agent, "GET", "/gpu/info/json")  # the agent serves meanwhile
+        status, _ = agent.call("GET", "/gpu/info/json")  # the agent serves meanwhile
         assert status == 200
-        assert call(agent, "DELETE", f"/leases/{first}")[0] == 200
+        assert agent.call("DELETE", f"/leases/{first}")[0] == 200
         filler.unlink()
         wait_until(lambda: not behind(agent)[0] and not metric_behind(agent),
                    what="the ledger caught up", timeout_s=60, proc=agent.proc)  # fmt: skip
@@ -251,12 +236,12 @@ def test_two_agents_on_one_ledger_file_the_second_serves_without_one(tmp_path: P
         ask(first, "ml")
         wait_team_seconds(first, "ml", 1.0)
         wait_until(
-            lambda: call(second, "GET", "/usage/json")[0] != 503,
+            lambda: second.call("GET", "/usage/json")[0] != 503,
             what="the second agent's ledger opened or given up",
             proc=second.proc,
         )
-        status, answer = call(second, "GET", "/usage/json")
-        info, _ = call(second, "GET", "/gpu/info/json")
+        status, answer = second.call("GET", "/usage/json")
+        info, _ = second.call("GET", "/gpu/info/json")
         log = second.log()
     assert status == 404
     assert str(shared) in answer["Error"]
@@ -279,11 +264,11 @@ def test_the_fleet_report_sums_the_agents_ledgers(tmp_path: Path) -> None:
         wait_team_seconds(one, "cv", 1.0)
         wait_team_seconds(two, "ml", 1.0)
         for agent, lease in leases:
-            assert call(agent, "DELETE", f"/leases/{lease}")[0] == 200
+            assert agent.call("DELETE", f"/leases/{lease}")[0] == 200
         until = time.time() + 5
         wait_settled([(one, "ml"), (one, "cv"), (two, "ml")])  # the holds' ends written
         query = f"/usage/json?by=label:team&since={since:.3f}&until={until:.3f}"
-        answers = [call(agent, "GET", query)[1] for agent in (one, two)]
+        answers = [agent.call("GET", query)[1] for agent in (one, two)]
         nodes = [f"http://127.0.0.1:{agent.port}" for agent in (one, two)]
         done = ctl("usage", "--by", "label:team", "--since", f"{since:.3f}",
                    "--until", f"{until:.3f}", "--json", *nodes)  # fmt: skip

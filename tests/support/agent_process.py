@@ -16,6 +16,8 @@ import resource
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,6 +93,19 @@ class AgentProcess:
             return resp.status, dict(resp.getheaders()), resp.read()
         finally:
             conn.close()
+
+    def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        """One REST request with an optional JSON body: status and decoded JSON answer
+        (error answers included)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
 
     def plugin(
         self,
