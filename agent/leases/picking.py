@@ -8,10 +8,9 @@ pair, then its next worst, and so on; among equal sets the one with the fewest l
 units and then the lowest busy level (``agent.leases.loads``: the larger of utilization and
 memory used, in steps of 10 %, summed over the set) wins, then the lowest indices (so that
 the same state and loads always pick the same set). Connection comes first: a busy NVLink
-pair is picked before an idle pair that only shares a PCIe switch. Up to ``EXHAUSTIVE``
-candidate sets are all compared; beyond that (large nodes, large asks) a greedy search from
-every starting GPU picks one, which is not always the best (docs/leases.md, "Picking", has a
-16-GPU case).
+pair is picked before an idle pair that only shares a PCIe switch. The set is found by
+``agent.leases.set_search``, which gets the set comparing every set would get without
+building most of them.
 
 MIG devices are picked least loaded first, then in index order: the MIG devices of one GPU
 share its links.
@@ -20,16 +19,13 @@ share its links.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 
 from agent.gpu.model import DeviceInfo, NodeInfo, PciLink
+from agent.leases.set_search import Load, best_set
 from agent.leases.units import Unit
 
-EXHAUSTIVE = 2000  # candidate sets compared one by one (C(8,4) = 70, C(16,4) = 1820)
-
 PairScore = tuple[int, int, int]  # (NVLink, PCIe tier, PciLink value): larger is better
-Load = tuple[int, int]  # (leases on it, busy level 0-10): smaller is better
 LoadOf = Callable[[Unit], Load]
 
 TIER_SWITCH = 3
@@ -88,20 +84,6 @@ class Connectivity:
         return self._scores[(min(a, b), max(a, b))]
 
 
-def _negated(scores: list[PairScore]) -> tuple[tuple[int, ...], ...]:
-    """Worst pair first, negated, so that a smaller key is a better-connected set."""
-    return tuple(tuple(-v for v in s) for s in sorted(scores))
-
-
-def _key(
-    units: Sequence[Unit], conn: Connectivity, load_of: LoadOf
-) -> tuple[tuple[tuple[int, ...], ...], Load, tuple[int, ...]]:
-    scores = [conn.score(a.gpu, b.gpu) for a, b in itertools.combinations(units, 2)]
-    loads = [load_of(u) for u in units]
-    load = (sum(x for x, _ in loads), sum(y for _, y in loads))
-    return _negated(scores), load, tuple(u.gpu for u in units)
-
-
 def pick_gpus(
     candidates: Sequence[Unit], count: int, conn: Connectivity, load_of: LoadOf
 ) -> tuple[Unit, ...]:
@@ -110,31 +92,16 @@ def pick_gpus(
     ordered = sorted(candidates, key=lambda u: u.gpu)
     if count <= 0 or count > len(ordered):
         raise ValueError(f"cannot pick {count} of {len(ordered)} GPUs")
-    if math.comb(len(ordered), count) <= EXHAUSTIVE:
-        sets: Sequence[Sequence[Unit]] = list(itertools.combinations(ordered, count))
-    else:
-        sets = [_greedy(seed, ordered, count, conn, load_of) for seed in ordered]
-    best = min(sets, key=lambda s: _key(s, conn, load_of))
-    return tuple(sorted(best, key=lambda u: u.gpu))
-
-
-def _greedy(
-    seed: Unit, ordered: Sequence[Unit], count: int, conn: Connectivity, load_of: LoadOf
-) -> tuple[Unit, ...]:
-    chosen = [seed]
-    while len(chosen) < count:
-        rest = [u for u in ordered if u not in chosen]
-        chosen.append(
-            min(
-                rest,
-                key=lambda u: (
-                    _negated([conn.score(u.gpu, c.gpu) for c in chosen]),
-                    load_of(u),
-                    u.gpu,
-                ),
-            )
-        )
-    return tuple(chosen)
+    scores = {
+        (i, j): conn.score(a.gpu, b.gpu)
+        for (i, a), (j, b) in itertools.combinations(enumerate(ordered), 2)
+    }
+    rank_of = {score: rank for rank, score in enumerate(sorted(set(scores.values())))}
+    ranks = [[0] * len(ordered) for _ in ordered]
+    for (i, j), score in scores.items():
+        ranks[i][j] = ranks[j][i] = rank_of[score]
+    chosen = best_set(ranks, [load_of(u) for u in ordered], count)
+    return tuple(ordered[i] for i in chosen)
 
 
 def pick_migs(candidates: Sequence[Unit], count: int, load_of: LoadOf) -> tuple[Unit, ...]:

@@ -31,8 +31,9 @@ from agent.leases.answers import (
 from agent.leases.containers import Container
 from agent.leases.holders import ForeignHold, ForeignSource, Lease, LeaseState, Owner, lease_number
 from agent.leases.occupancy import Occupancy
-from agent.leases.picking import Connectivity, Load
+from agent.leases.picking import Connectivity
 from agent.leases.plans import FINAL, Planner, Wanted
+from agent.leases.set_search import Load
 from agent.leases.settings import LeaseSettings
 from agent.leases.texts import engine_text, short_id, taken_list, unit_label, when
 from agent.leases.units import NodeUnits, Unit

@@ -90,6 +90,19 @@ def build_node(
     return NodeInfo("580.159.04", "13.0", tuple(devices))
 
 
+def nvswitch_16() -> NodeInfo:
+    """16 GPUs all joined by NVSwitch, 0-7 on socket 0 and 8-15 on socket 1, each pair (0+1,
+    2+3, ...) under one PCIe switch."""
+    links: dict[tuple[int, int], tuple[PciLink, int]] = {}
+    for a in range(16):
+        for b in range(a + 1, 16):
+            if a // 2 == b // 2:
+                links[(a, b)] = (PciLink.SINGLE_SWITCH, 12)
+            else:
+                links[(a, b)] = (PciLink.SAME_CPU if a // 8 == b // 8 else PciLink.CROSS_CPU, 12)
+    return build_node([i // 8 for i in range(16)], links)
+
+
 def builtin(name: str) -> NodeInfo:
     return nodefile.load(name).info
 

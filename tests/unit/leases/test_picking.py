@@ -4,7 +4,6 @@ then across sockets), the least loaded among equals, and the cpuset hint of the 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -17,14 +16,14 @@ from agent.gpu.model import NodeInfo, PciLink
 from agent.leases.answers import Refusal, Refused
 from agent.leases.asks import Ask
 from agent.leases.loads import GpuLoad
-from agent.leases.picking import EXHAUSTIVE, Connectivity, pick_gpus
+from agent.leases.picking import Connectivity, LoadOf, pick_gpus
 from agent.leases.settings import LeaseSettings
 from agent.leases.table import LeaseTable
-from agent.leases.units import NodeUnits
+from agent.leases.units import NodeUnits, Unit
 from agent.node.status import Sweep
 from agent.usage.table_feed import gpu_loads
 
-from .nodes import T0, build_node, builtin, granted, healthy, names
+from .nodes import T0, build_node, builtin, granted, healthy, names, nvswitch_16
 
 NV = (PciLink.SAME_CPU, 4)  # NVLink between two GPUs of one socket
 PIX = (PciLink.SINGLE_SWITCH, 0)
@@ -266,9 +265,18 @@ def test_shared_asks_spread_over_the_least_shared_gpus_first() -> None:
     assert picks == [["0"], ["1"], ["2"], ["3"], ["4"], ["5"], ["6"], ["7"], ["0"]]
 
 
-def test_a_large_node_is_searched_greedily_and_still_picks_nvlink_islands() -> None:
-    """16 GPUs in NVLink islands of 4 (two per socket): C(16, 8) sets are too many to
-    compare one by one, and the greedy search still keeps an 8-GPU ask on one socket."""
+def test_a_16_gpu_node_gets_its_best_set_for_every_ask() -> None:
+    """With GPU 8 taken, a 10-GPU ask takes a whole socket and the one PCIe switch pair of
+    the other that is whole (10+11), not 9 and 10 (two switches): the set comparing every
+    set of 10 finds, which a greedy search missed."""
+    node = nvswitch_16()
+    table = LeaseTable(node, healthy(node), now_s=T0)
+    _take(table, "8")
+    got = names(granted(table.ask(Ask(count=10), T0)))
+    assert got == [str(g) for g in (0, 1, 2, 3, 4, 5, 6, 7, 10, 11)]
+
+
+def test_islands_of_four_on_16_gpus_keep_an_8_gpu_ask_on_one_socket() -> None:
     links: dict[tuple[int, int], tuple[PciLink, int]] = {}
     for a in range(16):
         for b in range(a + 1, 16):
@@ -278,12 +286,41 @@ def test_a_large_node_is_searched_greedily_and_still_picks_nvlink_islands() -> N
                 links[(a, b)] = NV
     node = build_node([i // 8 for i in range(16)], links)
     units = NodeUnits(node)
-    assert len(units.whole_gpus()) == 16
-    assert math.comb(16, 8) > EXHAUSTIVE
-    chosen = pick_gpus(units.whole_gpus(), 8, Connectivity(node), lambda u: (0, 0))
-    assert {u.numa_node for u in chosen} == {0} or {u.numa_node for u in chosen} == {1}
-    chosen = pick_gpus(units.whole_gpus(), 4, Connectivity(node), lambda u: (0, 0))
-    assert [u.gpu for u in chosen] == [0, 1, 2, 3]
+    idle: LoadOf = lambda u: (0, 0)  # noqa: E731
+    chosen = pick_gpus(units.whole_gpus(), 8, Connectivity(node), idle)
+    assert [u.gpu for u in chosen] == list(range(8))
+    free = [u for u in units.whole_gpus() if u.gpu not in (0, 5)]
+    chosen = pick_gpus(free, 4, Connectivity(node), idle)
+    assert [u.gpu for u in chosen] == [8, 9, 10, 11]  # the first whole island
+
+
+LINKS = st.sampled_from([NV, PIX, NODE_LINK, SYS, (PciLink.HOST_BRIDGE, 0), (PciLink.UNKNOWN, 0)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), size=st.integers(2, 9))
+def test_the_pick_is_the_best_of_every_set(data: st.DataObject, size: int) -> None:
+    """Any links, sockets, loads and count: the pick is the set that comparing every set of
+    that many free GPUs gives (its worst pair best, then its next worst, ...; then the fewest
+    leases and the lowest busy level; then the lowest indices)."""
+    numa = data.draw(st.lists(st.sampled_from([0, 1, None]), min_size=size, max_size=size))
+    links = {
+        pair: data.draw(LINKS, label=str(pair)) for pair in itertools.combinations(range(size), 2)
+    }
+    node = build_node(numa, links)
+    conn = Connectivity(node)
+    free = [u for u in NodeUnits(node).whole_gpus() if data.draw(st.booleans(), label="free")]
+    assume(free)
+    loads = {u.gpu: data.draw(st.tuples(st.integers(0, 2), st.integers(0, 10))) for u in free}
+    count = data.draw(st.integers(1, len(free)), label="count")
+
+    def key(units: Sequence[Unit]) -> tuple[list[tuple[int, ...]], tuple[int, int], list[int]]:
+        worst_first = sorted(conn.score(a.gpu, b.gpu) for a, b in itertools.combinations(units, 2))
+        leases, busy = (sum(loads[u.gpu][i] for u in units) for i in (0, 1))
+        return [tuple(-v for v in s) for s in worst_first], (leases, busy), [u.gpu for u in units]
+
+    best = min(itertools.combinations(free, count), key=key)
+    assert pick_gpus(free, count, conn, lambda u: loads[u.gpu]) == best
 
 
 def test_mig_profile_ask_on_h200x2_mig() -> None:
