@@ -209,6 +209,26 @@ def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
     return None
 
 
+def follows_own_engine(answer: object) -> bool:
+    """``answer`` (the agent's ``GET /engines/json``) says the agent runs on this machine
+    and follows an engine whose socket is this user's (rootless Podman's service, as
+    ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow)."""
+    own = _boot_id()
+    if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
+        return False
+    rows = answer.get("Engines")
+    for row in rows if isinstance(rows, list) else ():
+        if not isinstance(row, dict) or row.get("Following") is not True:
+            continue
+        socket = row.get("Socket")
+        try:
+            if isinstance(socket, str) and os.stat(socket).st_uid == os.geteuid():
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def _boot_id() -> str | None:
     """This kernel's boot id, as ``agent.api.engines.boot_id`` reads it (not imported from
     there: ``agent.api`` brings aiohttp, and even ``pathlib`` costs the run path 8 ms)."""

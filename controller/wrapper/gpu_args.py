@@ -68,7 +68,14 @@ from controller.transport.tls import TlsOptions
 from controller.wrapper import docker_cli, engine_api, podman_labels
 from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
 from controller.wrapper.lease_watch import LeaseWatch, watchable
-from controller.wrapper.leases import GPUS_OPTION, Grant, LeaseAsk, ask_lease, lease_ask, release
+from controller.wrapper.leases import (
+    GPUS_OPTION,
+    Grant,
+    LeaseAsk,
+    ask_lease,
+    lease_ask,
+    release,
+)
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
 TYPE_CHECKING = False
@@ -561,6 +568,10 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         docker_reads_docker_host=not is_podman(docker),
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
+    if lease is not None and podman_labels.runs_rootless(
+        docker, command.global_args, options.environment
+    ):
+        lease = replace(lease, rootless_podman=True)
     engine_socket = engine_api.engine_socket(options, command)
     started = time.perf_counter()
     labels, asked = image_labels(options, command, engine_socket)

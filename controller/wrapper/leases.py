@@ -31,6 +31,7 @@ use (its own later step fails) it gives back at once (``release``).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -51,6 +52,7 @@ GPUS_OPTION = "gpus"  # docker's --gpus: dropped from the command line when it a
 CPUSET_OPTIONS = ("cpuset-cpus", "cpuset-mems")
 LEASES_PATH = "/leases"
 HEALTH_PATH = "/gpu/health/json"
+ENGINES_PATH = "/engines/json"
 WAIT_MARGIN_S = 10.0  # a waiting ask's answer may come this long after its wait
 WAIT_NOTE_AFTER_S = 1.0  # on a terminal, say that the ask waits once it has this long
 RELEASE_TIMEOUT_S = 2.0
@@ -79,6 +81,7 @@ class LeaseAsk:
     wait_s: float = 0.0
     cpuset: bool = True
     owner: tuple[tuple[str, str], ...] = ()
+    rootless_podman: bool = False  # the engine is rootless Podman (``podman_labels``)
 
     @property
     def what(self) -> str:
@@ -220,6 +223,30 @@ def lease_ask(command: DockerCommand, options: Options) -> LeaseAsk | None:
     if parsed.count < 0:
         return LeaseAsk(source, every_gpu=True, **common)
     return LeaseAsk(source, parsed.count, **common)
+
+
+def rootless_refusal(ask: LeaseAsk) -> str:
+    """The line for a lease asked with rootless Podman whose containers the node's agent
+    does not follow: the lease would not hold."""
+    return (
+        f"{ask.source} asks for a GPU lease, but Podman runs rootless here (uid {os.geteuid()}) "
+        "and the node's agent does not follow this user's containers, so the lease would end "
+        "as soon as podman returns and its GPUs would go to the next ask: run it with root "
+        'Podman (NV_DOCKER="sudo podman"), or name GPUs without a lease (NV_GPU=0,1, and no '
+        "--gpus)"
+    )
+
+
+def _follows_own_engine(agent: BlockingAgent) -> bool:
+    from controller.wrapper.engine_cdi import follows_own_engine  # noqa: PLC0415 (rootless only)
+
+    status, body, _headers = agent.request("GET", ENGINES_PATH, answers=(200, 404, 405))
+    if status != 200:  # an agent older than the route follows no such engine
+        return False
+    try:
+        return follows_own_engine(json_codec.loads(body))
+    except ValueError:
+        return False
 
 
 def owner_labels(command: DockerCommand, options: Options) -> tuple[tuple[str, str], ...]:
@@ -384,7 +411,11 @@ def every_gpu(agent: BlockingAgent, info: Any) -> str:
 def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool = False) -> Grant:
     """``POST /leases`` for ``ask`` on ``agent`` (``info``: its ``/gpu/info/json``); the
     grant, or ``GpuError`` with the agent's reason (see the module docstring). ``terminal``:
-    stderr is one, so a wait longer than a second is said there."""
+    stderr is one, so a wait longer than a second is said there. An ask of rootless Podman
+    is refused (``rootless_refusal``) unless the agent follows this user's own Podman
+    service (``engine_cdi.follows_own_engine``)."""
+    if ask.rootless_podman and not _follows_own_engine(agent):
+        raise GpuError(rootless_refusal(ask))
     devices = every_gpu(agent, info) if ask.every_gpu else None
     note = None
     if terminal and ask.wait_s > 0:

@@ -92,13 +92,9 @@ class Memory:
     ) -> Memory | None:
         """The memory of this Podman setting; None where nothing may be remembered (docker
         too)."""
-        if not docker or os.path.basename(docker[0]) != "podman":
+        if not _local_podman(docker, global_args, environment):
             return None
         words = [*docker[1:], *global_args]
-        if any(word.split("=", 1)[0] in _REMOTE_OPTIONS for word in words):
-            return None
-        if any(environment.get(name) for name in _REMOTE_VARIABLES):
-            return None
         path = user_cache.cache_file(environment, FILE_NAME)
         if path is None:
             return None
@@ -181,6 +177,33 @@ def _stamp(path: str) -> list[int] | None:
         return user_cache.identity(os.stat(path))
     except OSError:
         return None
+
+
+def _local_podman(
+    docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+) -> bool:
+    """``docker`` is ``podman`` itself, with no option or variable that sends it to a service
+    (``sudo podman`` and ``podman-remote`` are not)."""
+    if not docker or os.path.basename(docker[0]) != "podman":
+        return False
+    words = [*docker[1:], *global_args]
+    if any(word.split("=", 1)[0] in _REMOTE_OPTIONS for word in words):
+        return False
+    return not any(environment.get(name) for name in _REMOTE_VARIABLES)
+
+
+def runs_rootless(
+    docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+) -> bool:
+    """Podman, run as ``docker`` says, is rootless Podman: a local ``podman`` (see
+    ``_local_podman``; no containers.conf of this user's making it a client of a service, as
+    ``remote = true`` does) run by a user other than root. Its containers are this user's
+    alone: no service the node's agent follows sees them (docs/nvidia-docker.md, "Leases")."""
+    euid = os.geteuid()
+    if euid == 0 or not _local_podman(docker, global_args, environment):
+        return False
+    _, containers_conf = _settings_stamps(_settings_paths(environment, euid))
+    return not any(_says_remote(file) for file in containers_conf)
 
 
 def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str, str]]:

@@ -257,3 +257,45 @@ def test_a_one_word_podman_is_one_memory_wherever_it_runs(
         node.run("cuda:12.4", GPU_LABELS)
     monkeypatch.chdir(tmp_path)
     assert node.memory().recall("cuda:12.4") == GPU_LABELS
+
+
+# --- rootless Podman: leases are refused unless the agent follows the user's own service ---
+
+
+@pytest.mark.parametrize(
+    ("docker", "environment", "euid", "rootless"),
+    [
+        (("podman",), {}, 1000, True),
+        (("/usr/bin/podman", "--log-level=info"), {}, 1000, True),
+        (("podman",), {}, 0, False),  # root Podman: the agent's own --podman-socket
+        (("sudo", "podman"), {}, 1000, False),
+        (("podman-remote",), {}, 1000, False),
+        (("podman", "--remote"), {}, 1000, False),
+        (("podman", "--url", "unix:///run/podman/podman.sock"), {}, 1000, False),
+        (("podman",), {"CONTAINER_HOST": "unix:///run/podman/podman.sock"}, 1000, False),
+        (("docker",), {}, 1000, False),
+    ],
+)
+def test_rootless_podman_is_a_local_podman_of_a_user_other_than_root(
+    node: Node,
+    docker: tuple[str, ...],
+    environment: dict[str, str],
+    euid: int,
+    rootless: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    env = {**node.environment, **environment}
+    assert podman_labels.runs_rootless(docker, (), env) is rootless
+
+
+def test_a_rootless_podman_made_remote_by_its_settings_is_not_rootless(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    settings = Path(node.environment["XDG_CONFIG_HOME"]) / "containers" / "containers.conf"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text("[engine]\nremote = true\n")
+    assert not podman_labels.runs_rootless(("podman",), (), node.environment)
+    settings.write_text("[engine]\nremote = false\n")
+    assert podman_labels.runs_rootless(("podman",), (), node.environment)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -677,3 +678,51 @@ def test_podman_s_containers_get_the_lease_as_annotations_too() -> None:
         "--annotation=nvidia-docker.lease.mode=exclusive",
         *plain[4:],
     ]
+
+
+# --- rootless Podman ------------------------------------------------------------------------
+
+
+def _ask_as_rootless_podman(port: int) -> Grant:
+    """``ask_lease`` as the wrapper makes it for rootless Podman (``runs_rootless``)."""
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+    from controller.transport.plain_http import PlainAgentClient  # noqa: PLC0415
+    from controller.wrapper.leases import LeaseAsk, ask_lease  # noqa: PLC0415
+
+    ask = LeaseAsk("NV_GPU=auto", owner=(("user", "alice"),), rootless_podman=True)
+    with PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent:
+        return ask_lease(agent, ask, agent.get_json("/gpu/info/json"))
+
+
+async def test_rootless_podman_gets_no_lease_from_an_agent_that_does_not_follow_it(
+    node: Node, tmp_path: Path
+) -> None:
+    """Its containers are seen by no engine the agent follows: the lease would end when
+    podman returns. Root Podman's socket (another user's) followed does not count."""
+    root_podman = tmp_path / "podman.sock"
+    root_podman.touch()
+    os.chown(root_podman, 65534, 65534)
+    for engines in ([], [{"Socket": str(root_podman), "Following": True}]):
+        node.agent.engines = engines
+        with pytest.raises(GpuError) as refused:
+            await asyncio.to_thread(_ask_as_rootless_podman, node.port)
+        assert str(refused.value).startswith(
+            "NV_GPU=auto asks for a GPU lease, but Podman runs rootless here (uid 0) and the "
+            "node's agent does not follow this user's containers"
+        )
+        assert 'NV_DOCKER="sudo podman"' in str(refused.value)
+    assert node.agent.asks == []
+
+
+async def test_rootless_podman_gets_a_lease_where_the_agent_follows_its_service(
+    node: Node, tmp_path: Path
+) -> None:
+    own = tmp_path / "podman.sock"  # this user's: rootless Podman's service
+    own.touch()
+    node.agent.engines = [{"Socket": str(own), "Following": False}]
+    with pytest.raises(GpuError):
+        await asyncio.to_thread(_ask_as_rootless_podman, node.port)
+    node.agent.engines = [{"Socket": str(own), "Following": True}]
+    grant = await asyncio.to_thread(_ask_as_rootless_podman, node.port)
+    assert grant.lease == "lease-1"
+    assert len(node.agent.asks) == 1
