@@ -11,6 +11,8 @@ Grammar::
     [scheme://][user@][host][:port_1][:port_2]
 
     scheme   ssh | http | https | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
+    path     none, or a single / after the host or port (a pasted URL's root: the same
+             node); any other path is refused
     host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost
     ports    ssh:       port_1 is the SSH port (default 22), port_2 the agent's HTTP port
                         (default 3476) on the node's localhost
@@ -31,6 +33,7 @@ Examples (``parse_endpoint``)::
     "10.0.0.1:"                  http  10.0.0.1   http 3476       (tcp:// assumed)
     "http://127.0.0.1:8080"      http  127.0.0.1  http 8080
     "http://127.0.0.1:8080:"     http  127.0.0.1  http 8080
+    "http://127.0.0.1:8080/"     http  127.0.0.1  http 8080
     "https://node3:3476"         http  node3      https 3476 (TLS)
     "tcp://node1:22:80"          http  node1      http 80
     "ssh://10.0.0.1:"            ssh   10.0.0.1   ssh 22, tunnel to localhost:3476, user $USER
@@ -41,7 +44,8 @@ Examples (``parse_endpoint``)::
 
 Compared with nvidia-docker 1.0: the bare host (``10.0.0.1``) is accepted as well as the
 trailing colon form (``10.0.0.1:``), and a lone port after an ``http``/``tcp`` host is the HTTP
-port (1.0 read ``host:N:`` as an SSH port and ignored it).
+port (1.0 read ``host:N:`` as an SSH port and ignored it). 1.0 ignored any path after the
+host; here only a trailing ``/`` is, and another path (``tcp://host:2375/v1``) is refused.
 """
 
 from __future__ import annotations
@@ -233,6 +237,8 @@ def parse_endpoint(
     transport = _SCHEMES.get(scheme)
     if transport is None:
         raise invalid(f"unknown scheme {scheme}://")
+    if rest.endswith("/") and len(rest) > 1:  # a pasted URL's root path: the same node
+        rest = rest[:-1]
     if "/" in rest:
         raise invalid("a path is not allowed after the host")
 

@@ -113,6 +113,45 @@ def test_invalid_values_say_what_to_do(value: str, why: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        "http://node1:3476",
+        "https://node1:3476",
+        "http://10.0.0.5:3476",
+        "http://node1",
+        "tcp://10.0.0.1:2375",
+        "http://[fd00::5]:9000",
+        "ssh://admin@node2:2222:80",
+        "ssh://node2",
+        "node1:",
+        "[::1]:",
+    ],
+)
+def test_a_trailing_slash_names_the_same_node(value: str) -> None:
+    """A URL pasted with its root path: 1.0 ignored the path; the node is the same."""
+    assert parse(value + "/") == parse(value)
+    assert parse(value + "/", docker_address=True) == parse(value, docker_address=True)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://node1:3476//",
+        "http://node1:3476/gpu",
+        "http://node1:3476/gpu/",
+        "https://node1/?x=1",
+        "ssh://admin@node2:22/home",
+        "http://node1/:3476",
+        "http:///",
+        "/",
+    ],
+)
+def test_any_other_path_is_refused(value: str) -> None:
+    with pytest.raises(EndpointError, match="a path is not allowed after the host"):
+        parse(value)
+
+
+@pytest.mark.parametrize(
     ("value", "port", "uri"),
     [
         ("https://10.0.0.1:", 3476, "https://10.0.0.1:3476"),

@@ -317,6 +317,22 @@ def test_endpoint_variable_and_bad_values(tmp_path: Path) -> None:
         inventory_nodes(str(path), None)
 
 
+def test_endpoints_pasted_with_a_trailing_slash(tmp_path: Path) -> None:
+    """A URL with its root path, in a nodes file or in nvidia_docker_endpoint: the same node
+    as without it; another path names the host and the refusal."""
+    nodes = write(tmp_path, "nodes", "http://10.0.0.5:3476/\nhttps://node1:3476/  # pasted\n")
+    assert [(n.name, n.endpoint.uri()) for n in file_nodes(str(nodes))] == [
+        ("http://10.0.0.5:3476/", "http://10.0.0.5:3476"),
+        ("https://node1:3476/", "https://node1:3476"),
+    ]
+    yaml = "all:\n  hosts:\n    gpu01:\n      nvidia_docker_endpoint: {}\n"
+    path = write(tmp_path, "hosts.yml", yaml.format("http://10.0.0.5:3476/"))
+    assert inventory_nodes(str(path), None)[0].endpoint.uri() == "http://10.0.0.5:3476"
+    path.write_text(yaml.format("http://10.0.0.5:3476/v1"))
+    with pytest.raises(InventoryError, match=r"host gpu01: invalid .*a path is not allowed"):
+        inventory_nodes(str(path), None)
+
+
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
