@@ -15,7 +15,9 @@ Public API::
   (``ssh_tunnel.SshTunnel``), which serves a private unix socket whose every connection is a
   ``direct-tcpip`` channel to ``localhost:http_port`` on the node, and aiohttp's public
   ``UnixConnector`` connects there. Everything above the connector (requests, keep-alive,
-  timeouts, errors) is the same code for both.
+  timeouts, errors) is the same code for both. An IPv6 zone (``[fe80::1%eth0]``) reaches
+  the connector only: requests to an ``http`` node carry ``Endpoint.host_header`` and check
+  the certificate for ``Endpoint.server_name``, both without it.
 - TLS and tokens (``controller.transport.tls``): ``tls`` names the CA to trust, a client
   certificate and a token file (``TlsOptions.from_options``: the edge's; default none, the
   system's CAs). ``ssh`` (``SshOptions.from_options``) is needed for ``ssh://`` nodes.
@@ -120,7 +122,9 @@ class AgentClient:
         self._tunnel: SshTunnel | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | bool = True
-        self._headers: dict[str, str] | None = None
+        self._headers: dict[str, str] = {}
+        # the name checked in the certificate of a direct https:// node: never an IPv6 zone
+        self._server_name: str | None = None
 
     @property
     def node(self) -> str:
@@ -144,9 +148,14 @@ class AgentClient:
             return
         if self.endpoint.scheme == "https":
             self._ssl = client_context(self.tls)
+        if self.endpoint.transport == "http":
+            # aiohttp would write the URL's host, an IPv6 zone (%eth0) included
+            self._headers["Host"] = self.endpoint.host_header
+            if self.endpoint.scheme == "https":
+                self._server_name = self.endpoint.server_name
         token = bearer_token(self.tls)
         if token is not None:
-            self._headers = {"Authorization": f"Bearer {token}"}
+            self._headers["Authorization"] = f"Bearer {token}"
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s)
         connector: aiohttp.BaseConnector
         if self.endpoint.transport == "ssh":
@@ -224,6 +233,7 @@ class AgentClient:
                 params=params,
                 json=payload,
                 ssl=self._ssl,
+                server_hostname=self._server_name,
                 headers=self._headers,
                 timeout=timeout,
             ) as response:
@@ -279,7 +289,7 @@ class AgentClient:
         return bytes(body)
 
     def _tls_error(self, error: BaseException) -> NodeError:
-        failure, message = tls_failure(error, self.tls, self.endpoint.host)
+        failure, message = tls_failure(error, self.tls, self.endpoint.server_name)
         return NodeError(self.node, message, failure)
 
     def _request_error(self, path: str, exc: aiohttp.ClientError, method: str) -> NodeError:

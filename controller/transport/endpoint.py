@@ -13,7 +13,11 @@ Grammar::
     scheme   ssh | http | https | tcp (no scheme: tcp) | unix (local node; the rest is ignored)
     path     none, or a single / after the host or port (a pasted URL's root: the same
              node); any other path is refused
-    host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost
+    host     a name, an IPv4 address or an [IPv6] address in brackets; default localhost.
+             A link-local address takes its zone (the interface) after %, as ip and ssh
+             write it ([fe80::1%eth0]) or as RFC 6874 writes it in URLs ([fe80::1%25eth0]):
+             both are the zone eth0. A zone is letters, digits and -._~; one that starts
+             with 25 is read as RFC 6874's (%251 is the zone 1; the zone 25 alone: %25)
     ports    ssh:       port_1 is the SSH port (default 22), port_2 the agent's HTTP port
                         (default 3476) on the node's localhost
              http, https, tcp: the HTTP port is the last port given (default 3476); the
@@ -39,6 +43,7 @@ Examples (``parse_endpoint``)::
     "ssh://10.0.0.1:"            ssh   10.0.0.1   ssh 22, tunnel to localhost:3476, user $USER
     "ssh://admin@node2:2222"     ssh   node2      ssh 2222, localhost:3476, user admin
     "ssh://admin@[fd00::5]:22:80" ssh  fd00::5    ssh 22, localhost:80
+    "http://[fe80::1%25eth0]:3476" http fe80::1%eth0  http 3476, on the link of eth0
     "unix:///run/docker.sock"    local
     "ftp://x"                    EndpointError: invalid remote host URI ...
 
@@ -76,6 +81,7 @@ _LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _DIGITS = frozenset("0123456789")
 _SCHEME_CHARACTERS = _LETTERS | _DIGITS | frozenset("+.-")
 _NAME_CHARACTERS = _LETTERS | _DIGITS | frozenset("_.-")
+_ZONE_CHARACTERS = _LETTERS | _DIGITS | frozenset("-._~")  # RFC 6874's unreserved
 
 SYNTAX_HINT = (
     "use [ssh://|http://|https://|tcp://][user@][host][:ssh_port][:http_port], "
@@ -89,7 +95,9 @@ class Endpoint:
 
     ``transport`` is ``local`` (this machine: agent on localhost, else NVML), ``http``
     (``http://host:http_port``) or ``ssh`` (SSH to ``host:ssh_port`` as ``user``, then
-    ``localhost:http_port`` on that node). ``source`` says where the value came from;
+    ``localhost:http_port`` on that node). ``host`` is what sockets and SSH take: an IPv6
+    address without brackets, its zone after ``%`` (``fe80::1%eth0``). ``source`` says where
+    the value came from;
     ``tls``: HTTPS to the agent (``https://``). ``ssh_defaults`` names the SSH settings that
     were not written (``user``, ``ssh_port``): ``~/.ssh/config`` may then supply them, as
     OpenSSH lets a value on the command line win over the file.
@@ -137,8 +145,22 @@ class Endpoint:
 
     @property
     def url_host(self) -> str:
-        """The host as written in a URL: IPv6 addresses in brackets."""
+        """The host as written in a URL and in messages: IPv6 addresses in brackets, a zone
+        as ``%eth0`` (the form aiohttp connects to, and curl takes as well as ``%25eth0``)."""
         return f"[{self.host}]" if ":" in self.host else self.host
+
+    @property
+    def server_name(self) -> str:
+        """The host as the agent's TLS certificate must name it: ``host`` without an IPv6
+        zone (``fe80::1%eth0`` -> ``fe80::1``), which means something on this machine only."""
+        return self.host.partition("%")[0]
+
+    @property
+    def host_header(self) -> str:
+        """The ``Host`` header of a request to the agent over ``http``: ``server_name`` (in
+        brackets for IPv6) and the HTTP port, the zone left out as curl and Go leave it out."""
+        name = self.server_name
+        return f"[{name}]:{self.http_port}" if ":" in name else f"{name}:{self.http_port}"
 
     @property
     def agent_url(self) -> str:
@@ -157,11 +179,13 @@ class Endpoint:
         return "local node"
 
     def uri(self) -> str:
-        """The canonical spelling, which ``parse_endpoint`` reads back to the same endpoint."""
+        """The canonical spelling, which ``parse_endpoint`` reads back to the same endpoint;
+        a zone as RFC 6874 writes it in a URL (``[fe80::1%25eth0]``)."""
+        host = self.url_host.replace("%", "%25", 1)
         if self.transport == "ssh":
-            return f"ssh://{self.user}@{self.url_host}:{self.ssh_port}:{self.http_port}"
+            return f"ssh://{self.user}@{host}:{self.ssh_port}:{self.http_port}"
         if self.transport == "http":
-            return f"{self.scheme}://{self.url_host}:{self.http_port}"
+            return f"{self.scheme}://{host}:{self.http_port}"
         return "unix://"
 
     def describe(self) -> str:
@@ -305,7 +329,7 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
         end = address.find("]")
         if end < 0:
             raise invalid("missing ] after the IPv6 address")
-        host, rest = address[1:end], address[end + 1 :]
+        host, rest = _zone_unescaped(address[1:end], invalid), address[end + 1 :]
         if not is_ipv6(host):
             raise invalid(f"{host!r} is not an IPv6 address")
         if rest and not rest.startswith(":"):
@@ -323,8 +347,25 @@ def _split_host(address: str, invalid: _Invalid) -> tuple[str, list[str]]:
     return host, ports
 
 
+def _zone_unescaped(text: str, invalid: _Invalid) -> str:
+    """``fe80::1%25eth0`` (RFC 6874, in URLs) and ``fe80::1%eth0`` -> ``fe80::1%eth0``; a
+    zone of other characters than ``_ZONE_CHARACTERS`` is refused."""
+    address, percent, zone = text.partition("%")
+    if not percent:
+        return text
+    if zone.startswith("25") and len(zone) > 2:
+        zone = zone[2:]
+    if not zone or not set(zone) <= _ZONE_CHARACTERS:
+        raise invalid(
+            f"bad zone {zone!r} after the % of {address}: give the interface, e.g. "
+            "[fe80::1%eth0] or [fe80::1%25eth0]"
+        )
+    return f"{address}%{zone}"
+
+
 def is_ipv6(text: str) -> bool:
-    """Whether ``text`` is an IPv6 address (no brackets, no zone)."""
+    """Whether ``text`` is an IPv6 address, without brackets; a zone (``%eth0``) may follow,
+    as ``ipaddress`` reads it."""
     import ipaddress  # noqa: PLC0415 (IPv6 only)
 
     try:

@@ -11,12 +11,13 @@ own share of the two cores is counted; this client costs about a fifth of that. 
 ``AgentConnection.open(endpoint, node, tls=..., unix_path=None)`` connects (TCP, or the unix
 socket of an SSH tunnel; TLS for ``https://`` spoken by ``_TlsReader`` over that connection
 rather than by asyncio's TLS transport, whose states and extra sends a fleet query never needs:
-7% less CPU per HTTPS node, see its docstring); ``get_all(requests)`` sends a node's
-requests in one write (pipelined) and reads the answers in order, the last request asking
-the agent to close the connection (``last=False``: kept open for requests that depend on
-these answers). Answers are read as HTTP/1.1 says: ``Content-Length``, ``chunked``, or until the
-connection closes; at most ``MAX_HEAD_BYTES`` of status line and headers and
-``MAX_BODY_BYTES`` of body (an agent's answer is a few kilobytes).
+7% less CPU per HTTPS node, see its docstring; the ``Host`` header and the name checked in the
+certificate never carry an IPv6 zone: ``Endpoint.host_header``, ``server_name``);
+``get_all(requests)`` sends a node's requests in one write (pipelined) and reads the answers in
+order, the last request asking the agent to close the connection (``last=False``: kept open for
+requests that depend on these answers). Answers are read as HTTP/1.1 says: ``Content-Length``,
+``chunked``, or until the connection closes; at most ``MAX_HEAD_BYTES`` of status line and
+headers and ``MAX_BODY_BYTES`` of body (an agent's answer is a few kilobytes).
 
 Every failure is a ``NodeError`` with the same one-line messages and ``Failure`` kinds as
 ``AgentClient``'s (``controller.transport.agent_errors``, ``controller.transport.tls``).
@@ -261,18 +262,21 @@ class AgentConnection:
         used: the command's own were checked before any node was asked)."""
         loop = asyncio.get_running_loop()
         reader = _Reader()
-        host = endpoint.url_host if unix_path is None else "localhost"
+        # the Host header and the name checked in the certificate: never an IPv6 zone
+        if unix_path is None:
+            host, server = endpoint.host_header, endpoint.server_name
+        else:
+            host, server = f"localhost:{endpoint.http_port}", TUNNEL_SERVER_NAME
         try:
             token = bearer_token(tls)
             context = client_context(tls) if endpoint.scheme == "https" else None
         except TlsFileError as exc:
             raise NodeError(node, str(exc), Failure.TLS_ERROR) from None
-        headers = f"Host: {host}:{endpoint.http_port}\r\nUser-Agent: {USER_AGENT}\r\n"
+        headers = f"Host: {host}\r\nUser-Agent: {USER_AGENT}\r\n"
         headers += "Accept: application/json, text/plain\r\n"
         if token is not None:
             headers += f"Authorization: Bearer {token}\r\n"
         if context is not None:
-            server = TUNNEL_SERVER_NAME if unix_path is not None else endpoint.host
             reader = _TlsReader(context, server, loop.create_future())
         try:
             if unix_path is not None:  # an SSH tunnel; TLS inside it when the agent serves TLS
@@ -286,7 +290,6 @@ class AgentConnection:
                     reader.close()
                     raise
         except ssl.SSLError as exc:
-            server = TUNNEL_SERVER_NAME if unix_path is not None else endpoint.host
             failure, message = tls_failure(exc, tls, server)
             raise NodeError(node, message, failure) from exc
         except OSError as exc:
@@ -369,7 +372,7 @@ class AgentConnection:
     def _ended(self, path: str) -> NodeError:
         error = self._reader.error
         if isinstance(error, ssl.SSLError):
-            failure, message = tls_failure(error, self._tls, self.endpoint.host)
+            failure, message = tls_failure(error, self._tls, self.endpoint.server_name)
             return NodeError(self.node, message, failure)
         why = "Server disconnected" if error is None else str(error) or type(error).__name__
         plain = self.endpoint.scheme == "http" and self.endpoint.transport == "http"

@@ -10,16 +10,16 @@ localhost:3476; ``http://`` and ``tcp://`` nodes). HTTPS, tokens and SSH keep
 with the same methods as this one.
 
 ``PlainAgentClient(endpoint, timeout_s=10, connect_timeout_s=None)`` is a context manager
-holding one HTTP/1.1 connection, kept alive from one request to the next (a new one when
-the agent closes it). It speaks HTTP/1.1 itself, over a ``socket``, as ``http.client``
-would (the request line, ``Host``, ``Accept-Encoding: identity``, ``Content-Length``; an
-answer with ``Content-Length``, chunked, or up to the close): ``http.client`` imports the
-``email`` package, which alone costs more than the questions (docs/nvidia-docker.md,
-"Speed"). ``request``, ``get`` and ``get_json`` take and return what
-``AgentClient``'s do (headers: names in lower case). As there, ``timeout_s`` bounds each
-request as a whole, connecting included (a deadline that every send and receive honours),
-``connect_timeout_s`` the connect alone; a body is read up to ``MAX_BODY_BYTES``. Every
-failure is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.agent_errors``).
+holding one HTTP/1.1 connection, kept alive from one request to the next (a new one when the
+agent closes it). It speaks HTTP/1.1 itself, over a ``socket``, as ``http.client`` would (the
+request line, ``Host`` (``Endpoint.host_header``: always the port, never an IPv6 zone),
+``Accept-Encoding: identity``, ``Content-Length``; an answer with ``Content-Length``, chunked,
+or up to the close): ``http.client`` imports the ``email`` package, which alone costs more than
+the questions (docs/nvidia-docker.md, "Speed"). ``request``, ``get`` and ``get_json`` take and
+return what ``AgentClient``'s do (headers: names in lower case). As there, ``timeout_s`` bounds
+each request as a whole, connecting included (a deadline that every send and receive honours),
+``connect_timeout_s`` the connect alone; a body is read up to ``MAX_BODY_BYTES``. Every failure
+is a ``NodeError`` with ``AgentClient``'s lines (``controller.transport.agent_errors``).
 
 ``unix_get(path, target, timeout_s)`` makes one ``GET`` of an HTTP server on a unix socket
 with the same code (the wrapper's questions to the local container engine:
@@ -151,16 +151,14 @@ class _Connection:
     agent said it closes); every send and receive ends by ``deadline``
     (``time.monotonic``), the connect by ``timeout`` too."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
+    def __init__(self, host: str, port: int, host_header: str) -> None:
+        self.host = host  # what getaddrinfo takes: an IPv6 zone after % (fe80::1%eth0)
         self.port = port
         self.timeout = DEFAULT_TIMEOUT_S
         self.deadline = float("inf")
         self.sock: _socket.socket | None = None
         self._buffer = bytearray()
-        # The Host header as http.client writes it: IPv6 in brackets, no port when it is 80
-        host_text = f"[{host}]" if ":" in host else host
-        self._host_header = host_text if port == 80 else f"{host_text}:{port}"
+        self._host_header = host_header
 
     def connect(self) -> None:
         # An ASCII name as bytes: getaddrinfo then does not import the idna codec for it
@@ -371,7 +369,7 @@ class _UnixConnection(_Connection):
     docker CLI's older clients name the engine)."""
 
     def __init__(self, path: str) -> None:
-        super().__init__("docker", 80)
+        super().__init__("docker", 80, "docker")
         self.path = path
 
     def connect(self) -> None:
@@ -428,7 +426,7 @@ class PlainAgentClient:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s or timeout_s
-        self._connection = _Connection(endpoint.host, endpoint.http_port)
+        self._connection = _Connection(endpoint.host, endpoint.http_port, endpoint.host_header)
 
     @property
     def node(self) -> str:

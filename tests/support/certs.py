@@ -1,10 +1,11 @@
 """Real X.509 certificates for TLS tests, made by the ``openssl`` command line.
 
-``make_pki(directory)`` writes, as PEM files:
+``make_pki(directory, server_names=SERVER_NAMES)`` writes, as PEM files:
 
 - ``ca.pem``/``ca.key``: the CA the agent's operators run;
 - ``server.pem``/``server.key``: the agent's certificate, signed by that CA, for the names
-  ``127.0.0.1`` and ``localhost`` (subjectAltName, as clients check);
+  ``127.0.0.1`` and ``localhost`` (subjectAltName, as clients check), or ``server_names``
+  (``IP:::1,...``);
 - ``client.pem``/``client.key``: a client certificate (extendedKeyUsage clientAuth) from the
   same CA, for mutual TLS;
 - ``node.pem``/``node.key``: like the server's, for the same names, but usable as a client
@@ -89,15 +90,15 @@ def _leaf(root: Path, name: str, ca: str, subject: str, extensions: str) -> None
     (root / f"{name}.key").chmod(0o600)
 
 
-def _server_extensions() -> str:
-    return f"subjectAltName={SERVER_NAMES}\nextendedKeyUsage=serverAuth"
+def _server_extensions(names: str = SERVER_NAMES) -> str:
+    return f"subjectAltName={names}\nextendedKeyUsage=serverAuth"
 
 
-def make_pki(root: Path) -> Pki:
+def make_pki(root: Path, server_names: str = SERVER_NAMES) -> Pki:
     root.mkdir(parents=True, exist_ok=True)
     _ca(root, "ca", "nvd test CA")
     _ca(root, "other-ca", "unrelated test CA")
-    _leaf(root, "server", "ca", "nvd agent", _server_extensions())
+    _leaf(root, "server", "ca", "nvd agent", _server_extensions(server_names))
     _leaf(root, "client", "ca", "nvd operator", "extendedKeyUsage=clientAuth")
     _leaf(
         root,

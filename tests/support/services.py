@@ -34,19 +34,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     ports out for every outgoing connection and every other bind to port 0 on the machine,
     so with other test runs busy on it another process often takes the port before the
     server binds it ("address already in use"). A port outside that range is only taken by
-    someone who asks for it by number.
+    someone who asks for it by number. ``host`` may be an IPv6 address (``::1``).
     """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     low, high = _ephemeral_ports()
     ranges = [r for r in (range(10000, low), range(high + 1, 65536)) if len(r) > 0]
     for _ in range(200 if ranges else 0):
         port = random.choice(random.choice(ranges))
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room outside it
+    with socket.socket(family, socket.SOCK_STREAM) as sock:  # no room outside it
         sock.bind((host, 0))
         picked: int = sock.getsockname()[1]
         return picked

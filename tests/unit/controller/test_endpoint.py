@@ -152,6 +152,63 @@ def test_any_other_path_is_refused(value: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "host", "node", "uri"),
+    [
+        # as ip, ssh and ping write a zone, and as RFC 6874 writes it in a URL
+        ("http://[fe80::1%eth0]:3476", "fe80::1%eth0", "[fe80::1%eth0]:3476",
+         "http://[fe80::1%25eth0]:3476"),
+        ("http://[fe80::1%25eth0]:3476", "fe80::1%eth0", "[fe80::1%eth0]:3476",
+         "http://[fe80::1%25eth0]:3476"),
+        ("https://[FE80::1%25enp3s0]/", "FE80::1%enp3s0", "[FE80::1%enp3s0]:3476",
+         "https://[FE80::1%25enp3s0]:3476"),
+        ("[fe80::1%br-1a.2]:", "fe80::1%br-1a.2", "[fe80::1%br-1a.2]:3476",
+         "http://[fe80::1%25br-1a.2]:3476"),
+        ("ssh://admin@[fe80::1%25eth0]:2222:80", "fe80::1%eth0",
+         "admin@[fe80::1%eth0]:2222", "ssh://admin@[fe80::1%25eth0]:2222:80"),
+        # numeric zones (interface indexes); 25 alone is the zone 25, %2525 its URL form
+        ("http://[fe80::1%2]:", "fe80::1%2", "[fe80::1%2]:3476", "http://[fe80::1%252]:3476"),
+        ("http://[fe80::1%25]:", "fe80::1%25", "[fe80::1%25]:3476",
+         "http://[fe80::1%2525]:3476"),
+        ("http://[fe80::1%25251]:", "fe80::1%251", "[fe80::1%251]:3476",
+         "http://[fe80::1%25251]:3476"),
+    ],
+)  # fmt: skip
+def test_ipv6_zones(value: str, host: str, node: str, uri: str) -> None:
+    """The host keeps the zone as sockets and SSH take it; the Host header and the name in
+    the agent's certificate never carry it; uri() reads back to the same endpoint."""
+    got = parse(value)
+    assert (got.host, got.node, got.uri()) == (host, node, uri)
+    assert got.server_name == host.partition("%")[0]
+    assert got.host_header == f"[{got.server_name}]:{got.http_port}"
+    assert parse(got.uri()) == got
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("http://[fe80::1%]:", "bad zone '' after the % of fe80::1"),
+        ("http://[fe80::1%eth 0]:", "bad zone 'eth 0'"),
+        ("http://[fe80::1%eth0%1]:", "bad zone 'eth0%1'"),
+        ("http://[fe80::1%25%65th0]:", "bad zone '%65th0'"),
+        ("http://[fe80::1%eth/0]:", "a path is not allowed"),
+        ("fe80::1%eth0", "write an IPv6 address in brackets"),
+        ("http://[node1%eth0]:", "'node1%eth0' is not an IPv6 address"),
+    ],
+)
+def test_bad_zones_are_refused_in_one_line(value: str, why: str) -> None:
+    with pytest.raises(EndpointError) as info:
+        parse(value)
+    assert why in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_host_without_zone_is_its_own_server_name() -> None:
+    assert parse("http://[fd00::5]:9000").host_header == "[fd00::5]:9000"
+    assert parse("https://node1").server_name == "node1"
+    assert parse("10.0.0.1:").host_header == "10.0.0.1:3476"
+
+
+@pytest.mark.parametrize(
     ("value", "port", "uri"),
     [
         ("https://10.0.0.1:", 3476, "https://10.0.0.1:3476"),

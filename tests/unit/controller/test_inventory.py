@@ -333,6 +333,24 @@ def test_endpoints_pasted_with_a_trailing_slash(tmp_path: Path) -> None:
         inventory_nodes(str(path), None)
 
 
+def test_link_local_hosts_keep_their_zone(tmp_path: Path) -> None:
+    """ansible_host with its zone, as Ansible reads it and hands it to ssh (``fe80::1%eth0``;
+    Ansible refuses a zone in a host's name); nvidia_docker_endpoint in the NV_HOST grammar,
+    RFC 6874's ``%25`` too."""
+    text = (
+        "gpu01 ansible_host=fe80::1%eth0 ansible_port=2222\n"
+        "gpu02 ansible_host=[fe80::2%eth1] nvidia_docker_transport=https\n"
+        "gpu03 nvidia_docker_endpoint=http://[fe80::3%25eth0]:3476/\n"
+    )
+    nodes = inventory_nodes(str(write(tmp_path, "hosts", text)), None)
+    assert [(n.name, n.endpoint.host, n.endpoint.uri()) for n in nodes] == [
+        ("gpu01", "fe80::1%eth0", "ssh://alice@[fe80::1%25eth0]:2222:3476"),
+        ("gpu02", "fe80::2%eth1", "https://[fe80::2%25eth1]:3476"),
+        ("gpu03", "fe80::3%eth0", "http://[fe80::3%25eth0]:3476"),
+    ]
+    assert nodes[1].endpoint.server_name == "fe80::2"
+
+
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
