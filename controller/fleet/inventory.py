@@ -291,8 +291,13 @@ def _read_ini(builder: _Builder, text: str) -> None:
 
 
 def _looks_like_host_range(line: str) -> bool:
-    """``[01:10]node`` is not a section (rare, but legal as a host pattern)."""
-    return bool(re.match(r"^\[[0-9a-z]*:[0-9a-z]*(:\d+)?\]\S", line))
+    """``[01:10]node`` (rare, but legal as a host pattern) and ``[fd00::1:2:3]:22`` (an IPv6
+    address and its port, as Ansible reads it; with a zone too, ``[fe80::1%eth0]:22``, as
+    in a YAML inventory's host keys, where Ansible refuses it) are hosts, not sections."""
+    if re.match(r"^\[[0-9a-z]*:[0-9a-z]*(:\d+)?\]\S", line):
+        return True
+    end = line.find("]")
+    return line[end + 1 : end + 2] == ":" and is_ipv6(line[1:end])
 
 
 def _ini_host_line(builder: _Builder, group: str, line: str, number: int) -> None:

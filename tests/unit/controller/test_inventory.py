@@ -80,13 +80,26 @@ all:
 """
 
 
+# [IPv6]:port host lines, which Ansible reads as hosts (not as [group] headers)
+IPV6_INI = """\
+[fd00::1:2:3]:22
+[fd00::5]:2222 x=1
+[2001:db8::1]:2200
+
+[gpu]
+[fd00::9]:2201 nvidia_docker_transport=http
+"""
+
+
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
 
 
-@pytest.mark.parametrize(("name", "text"), [("hosts", INI), ("hosts.yml", YAML)])
+@pytest.mark.parametrize(
+    ("name", "text"), [("hosts", INI), ("hosts.yml", YAML), ("hosts", IPV6_INI)]
+)
 def test_same_hosts_groups_and_vars_as_ansible_inventory(
     tmp_path: Path, name: str, text: str
 ) -> None:
@@ -349,6 +362,22 @@ def test_link_local_hosts_keep_their_zone(tmp_path: Path) -> None:
         ("gpu03", "fe80::3%eth0", "http://[fe80::3%25eth0]:3476"),
     ]
     assert nodes[1].endpoint.server_name == "fe80::2"
+
+
+def test_ini_lines_of_an_ipv6_host_and_its_port(tmp_path: Path) -> None:
+    """``[IPv6]:port`` opens a host line, not a section; a zone too (Ansible refuses that in
+    a host's name, as in YAML's host keys, which this reader takes as well)."""
+    nodes = inventory_nodes(str(write(tmp_path, "hosts", IPV6_INI + "[fe80::1%eth0]:22\n")), None)
+    assert [n.endpoint.uri() for n in nodes] == [
+        "ssh://alice@[fd00::1:2:3]:22:3476",
+        "ssh://alice@[fd00::5]:2222:3476",
+        "ssh://alice@[2001:db8::1]:2200:3476",
+        "http://[fd00::9]:3476",
+        "ssh://alice@[fe80::1%25eth0]:22:3476",
+    ]
+    (tmp_path / "hosts").write_text("[fd00::9]\n")
+    with pytest.raises(InventoryError, match=r"line 1: bad section header '\[fd00::9\]'"):
+        inventory_nodes(str(tmp_path / "hosts"), None)
 
 
 @pytest.mark.parametrize(
