@@ -117,7 +117,9 @@ class RemoteAccess:
         exposed = [a for a in addresses if not is_loopback(a)]
         if not exposed:
             return
-        where = ", ".join(f"{a or '*'}:{port}" for a in exposed)
+        where = ", ".join(
+            f"[{a}]:{port}" if a and ":" in a else f"{a or '*'}:{port}" for a in exposed
+        )
         authenticated = self.authenticated
         if self.tls is None and self.tokens is None:
             why = (

@@ -45,6 +45,17 @@ def _what_to_do(err: OSError) -> str:
     return "choose another address with -l"
 
 
+def _numeric(sockaddr: tuple[object, ...], zone: str) -> str:
+    """An address of ``getaddrinfo`` as text that names it again: a link-local IPv6 address
+    keeps its zone (``fe80::1%2``, or the ``zone`` given after ``%`` in ``-l``, since
+    uvloop's ``getaddrinfo`` leaves the scope out), without which it cannot be bound."""
+    address = str(sockaddr[0])
+    scope = sockaddr[3] if len(sockaddr) == 4 else 0
+    if scope:
+        return f"{address}%{scope}"
+    return f"{address}%{zone}" if zone and ":" in address else address
+
+
 async def bind(host: str | None, port: int) -> list[socket.socket]:
     """Sockets bound (not yet listening) on every address of ``host`` (all interfaces for None)
     at ``port``; ``StartupError`` (one line, with what to do) when none can be bound or one is
@@ -60,7 +71,8 @@ async def bind(host: str | None, port: int) -> list[socket.socket]:
             )
         except OSError as err:
             raise StartupError(f"cannot listen on {where}: {err} (check -l)") from None
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        zone = host.partition("%")[2]
+        addresses = list(dict.fromkeys(_numeric(info[4], zone) for info in infos))
     sockets: list[socket.socket] = []
     for address in addresses:
         try:
@@ -94,7 +106,8 @@ async def serve(
     ``fast``'s GETs itself (``agent.edge.fast_gets``). TLS needs a
     ``guard``: its sites accept through ``agent.edge.tls_or_plain``, which hands each
     connection the newest context (reloads reach new connections, and end the resumption of
-    older sessions). Returns the (host, port) of every socket served."""
+    older sessions). Returns the (host, port) of every socket served (a link-local host with
+    its zone: ``fe80::1%2``)."""
     if ssl_context is not None and guard is None:
         raise ValueError("listen: TLS is served through a ConnectionGuard's sites (give guard)")
     for sock in sockets:
@@ -119,7 +132,7 @@ async def serve(
                 fast=fast,
             )
         await site.start()
-    return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in sockets]
+    return [(_numeric(sock.getsockname(), ""), int(sock.getsockname()[1])) for sock in sockets]
 
 
 async def listen(

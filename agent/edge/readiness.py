@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 from pathlib import Path
 
 PLUGIN_REQUEST = (
@@ -68,13 +69,14 @@ async def check_rest(
     if ipaddress.ip_address(host).is_unspecified:  # bound to every interface
         host = "::1" if ":" in host else "127.0.0.1"
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    named = f"[{host.partition('%')[0]}]:{port}" if ":" in host else shown  # no zone in Host
     request = (
-        f"GET /gpu/info/json HTTP/1.1\r\nHost: {shown}\r\nX-Readiness-Check: {mark}\r\n"
+        f"GET /gpu/info/json HTTP/1.1\r\nHost: {named}\r\nX-Readiness-Check: {mark}\r\n"
         "Connection: close\r\n\r\n"
     )
     try:
         async with asyncio.timeout(timeout_s):
-            connection = await asyncio.open_connection(host, port)
+            connection = await _connect(host, port)
             if tls:
                 connection[1].close()
                 return
@@ -83,3 +85,21 @@ async def check_rest(
         raise NotAnswering(f"the REST API on {shown} does not answer ({err})") from None
     if code != 200 and not (token and code == 401):
         raise NotAnswering(f"the REST API on {shown} answered {code} to GET /gpu/info/json")
+
+
+async def _connect(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``host``'s ``port``; a link-local host's zone (``fe80::1%2``) is
+    resolved here, since uvloop's resolver leaves it out (the connect then fails)."""
+    if "%" not in host:
+        return await asyncio.open_connection(host, port)
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)

@@ -1,17 +1,16 @@
-"""A real agent reached at IPv6 addresses: ``[::1]``, and this machine's link-local address
-with its zone, as ``ip`` writes it (``[fe80::...%eth0]``) and as RFC 6874 writes it in URLs
-(``[fe80::...%25eth0]``), a URL's trailing ``/`` included. Through what users run:
+"""A real agent reached at IPv6 addresses: ``[::1]``, and a link-local address
+with its zone, as ``ip`` writes it (``[fe80::...%lo]``) and as RFC 6874 writes it in URLs
+(``[fe80::...%25lo]``), a URL's trailing ``/`` included. Through what users run:
 ``nvidia-docker`` (plain HTTP, HTTPS), ``nvidia-docker-ctl info`` (the fleet client: HTTP,
 HTTPS, and SSH through a real sshd) and ``nvidia-docker-ctl mesos flags`` (aiohttp).
 
-The agent listens on every address (``-l :PORT``: it cannot bind a zoned address itself).
-On a machine without a link-local address the link-local tests are skipped; the ``[::1]``
-ones run everywhere.
+The link-local address is the tests' own, added to the loopback interface for the module
+(``fe80::d0c:3476%lo``), so the traffic stays on this machine whatever its network; the
+link-local agents listen on it alone, their zone in ``-l``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
@@ -22,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent_process import AgentProcess, running_agent
+from tests.support.agent_process import AgentProcess, launch_agent
 from tests.support.certs import Pki, make_pki
-from tests.support.prerequisites import require_root
-from tests.support.services import free_port
+from tests.support.prerequisites import require_command, require_root
+from tests.support.services import free_port, port_open, stop_process, wait_until
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.e2e
@@ -33,64 +32,104 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 FAKE_DOCKER = REPO / "tests" / "unit" / "controller" / "fake_docker.py"
 GPU_LABELS = {"com.nvidia.volumes.needed": "nvidia_driver", "com.nvidia.cuda.version": "12.4"}
-_LINK_SCOPE = 0x20  # /proc/net/if_inet6: scope of a link-local address
-_NOT_READY = 0x40 | 0x08  # IFA_F_TENTATIVE, IFA_F_DADFAILED: not usable yet, or never
+LINK_LOCAL = "fe80::d0c:3476"  # the tests' own link-local address, on the loopback interface
 
 
 @dataclass(frozen=True)
 class LinkLocal:
-    address: str  # fe80::fc:ff:fe00:1
-    interface: str  # eth0
+    address: str  # fe80::d0c:3476
+    interface: str  # lo
 
     def host(self, spelling: str) -> str:
         """``[address%interface]`` with ``%`` or RFC 6874's ``%25``."""
         return f"[{self.address}{spelling}{self.interface}]"
 
 
-def _link_local() -> LinkLocal | None:
-    """This machine's first usable link-local IPv6 address and its interface, if any."""
-    try:
-        lines = Path("/proc/net/if_inet6").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        hexed, _index, _prefix, scope, flags, name = line.split()
-        if int(scope, 16) == _LINK_SCOPE and not int(flags, 16) & _NOT_READY:
-            return LinkLocal(str(ipaddress.IPv6Address(int(hexed, 16))), name)
-    return None
+def _has_address(ip: str, address: str) -> bool:
+    shown = subprocess.run(
+        [ip, "-6", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True
+    ).stdout
+    return f"inet6 {address}/" in shown
 
 
 @pytest.fixture(scope="module")
-def link_local() -> LinkLocal:
-    found = _link_local()
-    if found is None:
-        pytest.skip("no usable link-local IPv6 address on this machine (/proc/net/if_inet6)")
-    return found
+def link_local() -> Iterator[LinkLocal]:
+    """A link-local address on the loopback interface (``ip -6 addr add ... dev lo``) for the
+    module, so that the tests' traffic stays on this machine whatever its network; removed
+    afterwards unless it was there before."""
+    require_root()
+    ip = require_command("ip", "apt-get install iproute2")
+    added = not _has_address(ip, LINK_LOCAL)
+    if added:
+        subprocess.run(
+            [ip, "-6", "addr", "add", f"{LINK_LOCAL}/128", "dev", "lo", "nodad"], check=True
+        )
+    try:
+        yield LinkLocal(LINK_LOCAL, "lo")
+    finally:
+        if added:
+            subprocess.run([ip, "-6", "addr", "del", f"{LINK_LOCAL}/128", "dev", "lo"], check=False)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """The agent's certificate names ::1 and the link-local address (without its zone)."""
-    found = _link_local()
-    names = "IP:::1" + (f",IP:{found.address}" if found else "")
+    """The agents' certificate names ::1 and the link-local address (without its zone)."""
+    names = f"IP:::1,IP:{LINK_LOCAL}"
     return make_pki(tmp_path_factory.mktemp("ipv6-pki"), server_names=names)
+
+
+def _agent(base: Path, host: str, *args: str) -> Iterator[AgentProcess]:
+    """An agent listening on ``host`` alone (an IPv6 address, its zone after ``%``), ready
+    once it answers there."""
+    port = free_port()
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    started = launch_agent(base, "-l", listen, *args, port=port)
+    try:
+        wait_until(
+            lambda: port_open(port, host) and started.socket_path.is_socket(),
+            what=f"agent on {listen} (log: {started.log_path})",
+            timeout_s=60,
+            proc=started.proc,
+        )
+        yield started
+    finally:
+        stop_process(started.proc)
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    port = free_port()
-    base = tmp_path_factory.mktemp("ipv6-agent")
-    with running_agent(base, "-l", f":{port}", port=port) as started:
-        yield started
+    """An agent on [::1]."""
+    yield from _agent(tmp_path_factory.mktemp("ipv6-agent"), "::1")
 
 
 @pytest.fixture(scope="module")
 def tls_agent(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[AgentProcess]:
-    port = free_port()
-    base = tmp_path_factory.mktemp("ipv6-tls-agent")
     tls = ("--tls-cert", str(pki.pem("server")), "--tls-key", str(pki.key("server")))
-    with running_agent(base, "-l", f":{port}", *tls, port=port) as started:
-        yield started
+    yield from _agent(tmp_path_factory.mktemp("ipv6-tls-agent"), "::1", *tls)
+
+
+@pytest.fixture(scope="module")
+def loopback_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    """An agent on 127.0.0.1: what an SSH node's tunnel reaches (its ``localhost``)."""
+    yield from _agent(tmp_path_factory.mktemp("loopback-agent"), "127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def link_agent(
+    tmp_path_factory: pytest.TempPathFactory, link_local: LinkLocal
+) -> Iterator[AgentProcess]:
+    """An agent listening on the link-local address alone, its zone in ``-l``."""
+    host = f"{link_local.address}%{link_local.interface}"
+    yield from _agent(tmp_path_factory.mktemp("link-agent"), host)
+
+
+@pytest.fixture(scope="module")
+def link_tls_agent(
+    tmp_path_factory: pytest.TempPathFactory, pki: Pki, link_local: LinkLocal
+) -> Iterator[AgentProcess]:
+    tls = ("--tls-cert", str(pki.pem("server")), "--tls-key", str(pki.key("server")))
+    host = f"{link_local.address}%{link_local.interface}"
+    yield from _agent(tmp_path_factory.mktemp("link-tls-agent"), host, *tls)
 
 
 def _environment(**extra: str) -> dict[str, str]:
@@ -184,23 +223,27 @@ def test_wrapper_on_ipv6_loopback(agent: AgentProcess, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spelling", ["%", "%25"])
 def test_fleet_over_http_and_https(
-    agent: AgentProcess, tls_agent: AgentProcess, pki: Pki, link_local: LinkLocal, spelling: str
+    link_agent: AgentProcess,
+    link_tls_agent: AgentProcess,
+    pki: Pki,
+    link_local: LinkLocal,
+    spelling: str,
 ) -> None:
     host = link_local.host(spelling)
     nodes = [
-        f"http://{host}:{agent.port}",
-        f"{host}:{agent.port}/",
-        f"https://{host}:{tls_agent.port}/",
+        f"http://{host}:{link_agent.port}",
+        f"{host}:{link_agent.port}/",
+        f"https://{host}:{link_tls_agent.port}/",
     ]
     _answered(ctl("info", *nodes, "--ca", str(pki.pem("ca"))), nodes)
 
 
 @pytest.mark.parametrize("spelling", ["%", "%25"])
 def test_mesos_flags_over_https(
-    tls_agent: AgentProcess, pki: Pki, link_local: LinkLocal, spelling: str
+    link_tls_agent: AgentProcess, pki: Pki, link_local: LinkLocal, spelling: str
 ) -> None:
     """``mesos flags`` asks with aiohttp's client: NV_HOST as the node."""
-    nv_host = f"https://{link_local.host(spelling)}:{tls_agent.port}/"
+    nv_host = f"https://{link_local.host(spelling)}:{link_tls_agent.port}/"
     done = ctl("mesos", "flags", NV_HOST=nv_host, NV_TLS_CA=str(pki.pem("ca")))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("--attributes=gpus:")
@@ -208,24 +251,25 @@ def test_mesos_flags_over_https(
 
 @pytest.mark.parametrize("spelling", ["%", "%25"])
 def test_wrapper_over_http_and_https(
-    agent: AgentProcess,
-    tls_agent: AgentProcess,
+    link_agent: AgentProcess,
+    link_tls_agent: AgentProcess,
     pki: Pki,
     link_local: LinkLocal,
     spelling: str,
     tmp_path: Path,
 ) -> None:
     host = link_local.host(spelling)
-    _gpu_arguments(nvidia_docker(tmp_path, f"http://{host}:{agent.port}"))
-    https = f"https://{host}:{tls_agent.port}/"
+    _gpu_arguments(nvidia_docker(tmp_path, f"http://{host}:{link_agent.port}"))
+    https = f"https://{host}:{link_tls_agent.port}/"
     _gpu_arguments(nvidia_docker(tmp_path, https, NV_TLS_CA=str(pki.pem("ca"))))
 
 
 @pytest.fixture(scope="module")
-def sshd_everywhere() -> Iterator[SshServer]:
-    """A real sshd on 127.0.0.1 and every IPv6 address, the link-local one included."""
+def sshd_everywhere(link_local: LinkLocal) -> Iterator[SshServer]:
+    """A real sshd on 127.0.0.1 and on the link-local address."""
     require_root()
-    server, proc = start_sshd(extra_config=("ListenAddress ::",))
+    listen = f"ListenAddress {link_local.address}%{link_local.interface}"
+    server, proc = start_sshd(extra_config=(listen,))
     try:
         yield server
     finally:
@@ -233,7 +277,7 @@ def sshd_everywhere() -> Iterator[SshServer]:
 
 
 def test_fleet_over_ssh(
-    agent: AgentProcess, sshd_everywhere: SshServer, link_local: LinkLocal, tmp_path: Path
+    loopback_agent: AgentProcess, sshd_everywhere: SshServer, link_local: LinkLocal, tmp_path: Path
 ) -> None:
     """The zone reaches SSH as ``ssh`` takes it; known_hosts names the node as ``ssh`` and
     ``ssh-keyscan`` write it: ``[fe80::...%eth0]:PORT``."""
@@ -243,7 +287,7 @@ def test_fleet_over_ssh(
     known = f"{link_local.host('%')}:{server.port} {key_type} {key}\n"
     (home / ".ssh" / "known_hosts").write_text(known)
     nodes = [
-        f"ssh://{server.user}@{link_local.host(spelling)}:{server.port}:{agent.port}{slash}"
+        f"ssh://{server.user}@{link_local.host(spelling)}:{server.port}:{loopback_agent.port}{slash}"
         for spelling, slash in (("%", ""), ("%25", "/"))
     ]
     _answered(ctl("info", *nodes, HOME=str(home)), nodes)
