@@ -21,6 +21,11 @@ else, or a file of many gigabytes. So:
   there, link or not, is ever opened), writes, sets the mode, fsyncs, renames it over
   ``name`` (a rename replaces a link or a FIFO at ``name`` itself, never what a link points
   to) and fsyncs the directory. Readers see the old file or the new one, never a part.
+- ``writable_directory(directory, what=...)`` makes ``directory`` (and its parents) if it is
+  missing and creates and removes one such temporary file in it: the check, at start, that
+  ``write_atomically`` will be able to write there. A failure is an ``UnusableFile`` of one
+  line: the directory and why (``Not a directory``, naming the file in the way;
+  ``Permission denied``; ``Read-only file system``).
 
 Only the standard library is imported here: ``agent.gpu`` (the node file) uses it too.
 """
@@ -136,6 +141,41 @@ def write_atomically(directory: Path, name: str, data: bytes, *, mode: int = 0o6
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def writable_directory(directory: Path, *, what: str) -> None:
+    """Make ``directory`` (and its parents) if it is missing, then create a temporary file
+    in it as ``write_atomically`` does, and remove it; ``UnusableFile`` (one line: ``what``,
+    the directory and why) if either cannot be done."""
+    try:
+        with contextlib.suppress(FileExistsError):  # something else at the name: ENOTDIR below
+            directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            temporary, fd = _create_temporary(dir_fd, "probe", 0o600)
+            os.close(fd)
+            os.unlink(temporary, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as err:
+        why = err.strerror or str(err)
+        if err.errno == errno.ENOTDIR:
+            why += _in_the_way(directory)
+        raise UnusableFile(f"{what} {directory}: {why}") from None
+
+
+def _in_the_way(directory: Path) -> str:
+    """`` (/x is a regular file)``: the nearest of ``directory`` and its parents that exists
+    and is not a directory; empty if none is found."""
+    for path in (directory, *directory.parents):
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode):
+            return ""
+        return f" ({path} is {kind_of(mode)})"
+    return ""
 
 
 def _random_suffix() -> str:

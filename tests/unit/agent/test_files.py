@@ -168,3 +168,32 @@ def test_a_directory_at_the_name_fails_the_write_and_leaves_no_temporary(tmp_pat
 )
 def test_sizes_read_as_a_person_reads_them(size: int, text: str) -> None:
     assert files.describe_size(size) == text
+
+
+def test_a_missing_directory_is_made_and_found_writable_leaving_nothing_in_it(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "var" / "state"
+    files.writable_directory(directory, what="state directory")
+    assert directory.is_dir()
+    assert list(directory.iterdir()) == []
+
+
+def test_a_file_in_the_way_of_a_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "var").write_text("x")
+    with pytest.raises(UnusableFile) as err:
+        files.writable_directory(tmp_path / "var" / "state", what="state directory")
+    assert str(err.value) == (
+        f"state directory {tmp_path}/var/state: Not a directory ({tmp_path}/var is a regular file)"
+    )
+    with pytest.raises(UnusableFile) as err:
+        files.writable_directory(tmp_path / "var", what="state directory")
+    assert str(err.value) == (
+        f"state directory {tmp_path}/var: Not a directory ({tmp_path}/var is a regular file)"
+    )
+
+
+def test_a_directory_no_file_can_be_created_in_is_refused(tmp_path: Path) -> None:
+    """/proc: the directory exists, but nothing can be created in it."""
+    with pytest.raises(UnusableFile, match=r"^state directory /proc/self: .+$"):
+        files.writable_directory(Path("/proc/self"), what="state directory")
