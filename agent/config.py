@@ -346,7 +346,8 @@ class Config:
         Path("/var/lib/nvidia-docker/state"),
         "--state-dir",
         help="Where the agent keeps what must survive a restart: the lease table's state "
-        "(leases.json, docs/leases.md).",
+        "(leases.json, docs/leases.md) and the usage ledger (usage.db). Made if missing; "
+        "one the agent cannot write stops its start.",
         kind="dir",
     )
     lease_pending_s: float = _setting(

@@ -3,17 +3,17 @@
 Start-up, each step logged on one line (docs/agent.md, "Start-up"): bind the REST API's
 address (an address in use is the first thing said), read the TLS and token files, make
 sure the UVM device exists, start the GPU worker (NVML, or the simulated node) and discover
-the GPUs, find the driver files of each volume, start the PCIe sampler, serve Docker's
-volume plugin API on the unix socket, write the CDI spec (only once this agent owns its
-socket directory), open the lease table and follow the engines, open the usage ledger,
-serve the REST API on TCP, check that both servers answer, serve ``--engine-socket`` (when
-given), then follow the node and start the ledger's ticks. Each part is built once, given
-what it needs when it is built; each registers its own cleanup on the ``AsyncExitStack``
-that ``run`` holds, so a start that fails half-way undoes what it did, and a stop ends the
-parts in the reverse order. If the plugin socket file is removed (checked every
-``WATCH_INTERVAL_S``), the agent stops with ``EXIT_SERVER_STOPPED``. The first
-SIGINT/SIGTERM shuts down gracefully (the socket file is removed); a second one exits at
-once; SIGHUP re-reads what can change (``Agent.reload``).
+the GPUs, check that the state directory can be written (made if missing), find the driver
+files of each volume, start the PCIe sampler, serve Docker's volume plugin API on the unix
+socket, write the CDI spec (only once this agent owns its socket directory), open the lease
+table and follow the engines, open the usage ledger, serve the REST API on TCP, check that
+both servers answer, serve ``--engine-socket`` (when given), then follow the node and start
+the ledger's ticks. Each part is built once, given what it needs when it is built; each
+registers its own cleanup on the ``AsyncExitStack`` that ``run`` holds, so a start that
+fails half-way undoes what it did, and a stop ends the parts in the reverse order. If the
+plugin socket file is removed (checked every ``WATCH_INTERVAL_S``), the agent stops with
+``EXIT_SERVER_STOPPED``. The first SIGINT/SIGTERM shuts down gracefully (the socket file is
+removed); a second one exits at once; SIGHUP re-reads what can change (``Agent.reload``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent import files
 from agent.api import render_text
 from agent.api.docker_cli import control_devices
 from agent.api.fast_routes import fast_gets
@@ -102,6 +103,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     watch = DriverWatch.for_daemon(simulate=config.simulate, ldcache=config.ldcache)
     worker = await _first_worker(watch, parts)
     node = worker.node_info()
+    _check_state_dir(config)  # a node without a driver has stopped before: nothing made
     log.info("Finding the driver files of each volume (ld.so.cache: %s)", config.ldcache or "none")
     try:
         store = await asyncio.to_thread(
@@ -241,6 +243,23 @@ async def _first_worker(watch: DriverWatch, parts: contextlib.AsyncExitStack) ->
     )
     log.info("MIG mode: %s", render_text.mig_summary(node))
     return worker
+
+
+def _check_state_dir(config: Config) -> None:
+    """The state directory, made if missing and found writable before a volume, a socket or
+    the CDI spec is written: the lease table always keeps ``leases.json`` there (and the
+    usage ledger its ``usage.db``, unless ``--usage-db`` or ``--no-usage-ledger``); one that
+    is not would fail only at the first lease or sweep, the agent serving meanwhile."""
+    kept = "the lease table's leases.json"
+    if config.usage_ledger and config.usage_db is None:
+        kept += f" and the usage ledger's {LEDGER_FILE}"
+    try:
+        files.writable_directory(config.state_dir, what="state directory")
+    except files.UnusableFile as err:
+        raise StartupError(
+            f"cannot use the {err}: give --state-dir a directory the agent can create and "
+            f"write (it holds {kept})"
+        ) from None
 
 
 async def _serve_plugin(

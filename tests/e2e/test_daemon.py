@@ -260,6 +260,71 @@ def test_an_address_in_use_is_said_before_anything_is_built_or_served(
     assert not (tmp_path / "v2").exists()  # no volume directory opened either
 
 
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A directory the agent cannot write, and why: as root a read-only tmpfs (as a unit's
+    sandbox, ProtectSystem=strict, leaves a --state-dir outside ReadWritePaths), else a
+    directory of mode 0555."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield directory, "Permission denied"
+        return
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        unavailable(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield directory, "Read-only file system"
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
+
+
+def _refused_state_dir(tmp_path: Path, state_dir: Path) -> str:
+    """The one error line of an agent started with ``--state-dir state_dir``, once it is
+    checked that nothing was built, served or written before it."""
+    result = _run(
+        "-l", f"127.0.0.1:{free_port()}", "--simulate", "h200",
+        "-s", str(tmp_path / "plugins"), "-d", str(tmp_path / "volumes"),
+        "--cdi-spec-dir", str(tmp_path / "cdi"), "--state-dir", str(state_dir),
+    )  # fmt: skip
+    line = _one_error_line(result)
+    before_error = result.stderr.partition("Error:")[0]
+    assert "Discovered 1 GPU(s)" in before_error  # a node without a driver makes nothing
+    assert "Finding the driver files" not in before_error
+    assert "Serving" not in before_error
+    for written in ("plugins", "volumes", "cdi"):
+        assert not (tmp_path / written).exists(), written
+    return line
+
+
+def test_a_state_dir_under_a_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """It started, and said so only at the first lease (its state not written) and sweep
+    (serving without a usage ledger)."""
+    (tmp_path / "var").write_text("x")
+    state_dir = tmp_path / "var" / "state"
+    line = _refused_state_dir(tmp_path, state_dir)
+    assert line.endswith(
+        f"Error: cannot use the state directory {state_dir}: Not a directory ({tmp_path}/var "
+        "is a regular file): give --state-dir a directory the agent can create and write (it "
+        "holds the lease table's leases.json and the usage ledger's usage.db)"
+    )
+
+
+def test_a_read_only_state_dir_stops_the_start_in_one_line(
+    tmp_path: Path, read_only_dir: tuple[Path, str]
+) -> None:
+    directory, why = read_only_dir
+    line = _refused_state_dir(tmp_path, directory)
+    assert f"Error: cannot use the state directory {directory}: {why}: give --state-dir" in line
+    assert list(directory.iterdir()) == []
+
+
 def test_bad_listen_address_is_a_usage_error() -> None:
     result = _run("-l", "localhost", "--simulate", "h200")
     assert result.returncode == 2
