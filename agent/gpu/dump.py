@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.files import write_atomically
 from agent.gpu import nodefile
 from agent.gpu.backend import GpuBackend, GpuBackendError
 from agent.gpu.model import DeviceStatus, PcieThroughput
@@ -28,6 +27,7 @@ from agent.gpu.model import DeviceStatus, PcieThroughput
 # takes about 42 ms on NVML, so it is timed once per device plus a few extra on GPU 0.
 STATUS_REPEATS = 15
 EXTRA_PCIE_SAMPLES = 2
+NODE_FILE_MODE = 0o600  # its owner only, as the agent's lease state; copy it to share it
 
 T = TypeVar("T")
 
@@ -70,20 +70,16 @@ def dump_node(backend: GpuBackend) -> dict[str, Any]:
 
 
 def write_node_file(data: dict[str, Any], target: str) -> None:
-    """Write a node file to ``target`` (``-``: stdout), atomically: never a half file."""
+    """Write a node file to ``target`` (``-``: stdout) as the agent writes its state files,
+    through ``agent.files.write_atomically``: mode 0600, synced to disk before it is renamed
+    into place (its directory made if missing, and synced after), so that readers, and the
+    disk after a crash, hold the old file or the whole new one; ``OSError``."""
     text = json.dumps(data, indent=1) + "\n"
     if target == "-":
         sys.stdout.write(text)
         return
     path = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path.parent, path.name, text.encode(), mode=NODE_FILE_MODE)
 
 
 def dump_to(simulate: str | None, target: str, report: Callable[[str], None]) -> int:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +54,34 @@ def test_main_without_driver_is_one_line(
     assert err.count("\n") == 1
     assert "--simulate" in err
     assert not (tmp_path / "node.json").exists()
+
+
+def test_the_node_file_is_on_disk_before_it_is_renamed_into_place_and_its_name_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durable as the agent's state files: a crash or a power loss right after the dump
+    leaves the whole file at its name, not an empty or a half one."""
+    events: list[tuple[str, ...]] = []
+    fsync, rename, replace = os.fsync, os.rename, os.replace
+
+    def recorded_fsync(fd: int) -> None:
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append(("fsync", kind))
+        fsync(fd)
+
+    def recorded(name: str, move: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: Any, **kwargs: Any) -> None:
+            events.append((name,))
+            move(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "rename", recorded("rename", rename))
+    monkeypatch.setattr(os, "replace", recorded("replace", replace))
+    target = tmp_path / "node.json"
+    dump.write_node_file({"schema": 1, "devices": []}, str(target))
+    assert events == [("fsync", "file"), ("rename",), ("fsync", "directory")]
+    assert json.loads(target.read_text()) == {"schema": 1, "devices": []}
+    assert stat.S_IMODE(target.stat().st_mode) == dump.NODE_FILE_MODE == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["node.json"]
