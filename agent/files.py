@@ -119,8 +119,10 @@ def read_regular(
 
 def write_atomically(directory: Path, name: str, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``directory/name`` with ``data`` (see the module docstring); raises
-    ``OSError`` (the previous file stays, no temporary file is left behind)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    ``OSError`` (the previous file stays, no temporary file is left behind; a file where
+    ``directory`` should be is ``ENOTDIR``, ``Not a directory``)."""
+    with contextlib.suppress(FileExistsError):  # something else at the name: ENOTDIR below
+        directory.mkdir(parents=True, exist_ok=True)
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         temporary, fd = _create_temporary(dir_fd, name, mode)

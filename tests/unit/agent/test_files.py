@@ -162,6 +162,14 @@ def test_a_directory_at_the_name_fails_the_write_and_leaves_no_temporary(tmp_pat
     assert sorted(p.name for p in directory.iterdir()) == ["spec.json"]
 
 
+def test_a_file_where_the_directory_should_be_is_not_a_directory(tmp_path: Path) -> None:
+    """Not ``File exists``, which mkdir says: that names no problem a person can see."""
+    (tmp_path / "cdi").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        write_atomically(tmp_path / "cdi", "spec.json", b"{}\n")
+    assert (tmp_path / "cdi").read_text() == "x"
+
+
 @pytest.mark.parametrize(
     ("size", "text"),
     [(10, "10 bytes"), (4096, "4 KiB"), (4 * 1024 * 1024, "4.0 MiB"), (20 * 1000**3, "20.0 GB")],
