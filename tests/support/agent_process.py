@@ -170,11 +170,13 @@ def launch_agent(
     preexec: Callable[[], None] | None = None,
     python_flags: Sequence[str] = (),
     environment: Mapping[str, str] | None = None,
+    python: Path | None = None,
 ) -> AgentProcess:
     """Start the daemon without waiting for it (``wait_ready`` waits). ``preexec`` runs in
     the child before exec, after the descriptor limit is set (a memory cgroup's ``enter``);
-    ``python_flags`` go to its interpreter (``-X importtime``), ``environment`` adds to
-    this process's (``NV_DEBUG`` is dropped from it)."""
+    ``python_flags`` go to its interpreter (``python``: this one by default; the daemon
+    looks for the CDI spec's hook beside it), ``environment`` adds to this process's
+    (``NV_DEBUG`` is dropped from it)."""
     base.mkdir(parents=True, exist_ok=True)
     port = free_port() if port is None else port
     socket_dir = base / "plugins" if socket_dir is None else socket_dir
@@ -182,7 +184,7 @@ def launch_agent(
     env.pop("NV_DEBUG", None)
     env.update(environment or {})
     command = [
-        sys.executable, *python_flags, "-m", "agent.daemon",
+        str(python or sys.executable), *python_flags, "-m", "agent.daemon",
         "-l", f"127.0.0.1:{port}",
         "-s", str(socket_dir),
         "-d", str(base / "volumes"),
