@@ -59,7 +59,7 @@ from controller.wrapper import docker_cli, engine_api
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from controller.options import Options
     from controller.wrapper.docker_args import DockerCommand
@@ -185,16 +185,22 @@ def agent_engine_cdi(
     return _docker(number, docker, command, environment, engine, asked, found, dirs=dirs)
 
 
+def _followed_rows(answer: object) -> Iterator[dict[str, object]]:
+    """The rows of ``answer`` (the agent's ``GET /engines/json``) whose engine the agent
+    follows, when it runs on this machine (its kernel's boot id); none otherwise."""
+    own = _boot_id()
+    if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
+        return
+    rows = answer.get("Engines")
+    for row in rows if isinstance(rows, list) else ():
+        if isinstance(row, dict) and row.get("Following") is True:
+            yield row
+
+
 def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
     """The version and CDI spec dirs of ``answer``'s row for the socket file ``engine``,
     when the agent runs on this machine (its kernel's boot id), follows it and knows both."""
-    own = _boot_id()
-    if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
-        return None
-    rows = answer.get("Engines")
-    for row in rows if isinstance(rows, list) else ():
-        if not isinstance(row, dict) or row.get("Following") is not True:
-            continue
+    for row in _followed_rows(answer):
         socket, number, dirs = row.get("Socket"), row.get("Version"), row.get("CDISpecDirs")
         if not (isinstance(socket, str) and isinstance(number, str) and number):
             continue
@@ -213,13 +219,7 @@ def follows_own_engine(answer: object) -> bool:
     """``answer`` (the agent's ``GET /engines/json``) says the agent runs on this machine
     and follows an engine whose socket is this user's (rootless Podman's service, as
     ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow)."""
-    own = _boot_id()
-    if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
-        return False
-    rows = answer.get("Engines")
-    for row in rows if isinstance(rows, list) else ():
-        if not isinstance(row, dict) or row.get("Following") is not True:
-            continue
+    for row in _followed_rows(answer):
         socket = row.get("Socket")
         try:
             if isinstance(socket, str) and os.stat(socket).st_uid == os.geteuid():

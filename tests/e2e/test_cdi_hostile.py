@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from tests.support.cdi_node import NODE, SPEC_NAME, make_dev_root
 from tests.support.fake_driver import FakeDriver
 from tests.support.memory_cgroup import MemoryCgroup, memory_cgroup
 from tests.support.node_life import Agent, NodeFile, start_agent
-from tests.support.prerequisites import require_root, unavailable
-from tests.support.services import wait_until
+from tests.support.prerequisites import require_root
+from tests.support.services import mounted_tmpfs, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -191,21 +190,8 @@ def test_a_directory_in_the_way_is_one_line_and_retried_until_it_is_gone(
     assert "Traceback" not in agent.log()
 
 
-@contextlib.contextmanager
-def tiny_file_system(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir(parents=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        unavailable(f"cannot mount a tmpfs for a full disk: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+def tiny_file_system(path: Path, size: str) -> contextlib.AbstractContextManager[Path]:
+    return mounted_tmpfs(path, f"size={size}")
 
 
 def fill(directory: Path) -> Path:

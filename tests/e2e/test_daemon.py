@@ -17,7 +17,14 @@ import pytest
 
 from agent import __version__
 from tests.support.prerequisites import unavailable
-from tests.support.services import free_port, listens_on, port_open, stop_process, wait_until
+from tests.support.services import (
+    free_port,
+    listens_on,
+    mounted_tmpfs,
+    port_open,
+    stop_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -271,18 +278,8 @@ def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         directory.chmod(0o555)
         yield directory, "Permission denied"
         return
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        unavailable(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(directory, "ro,size=1m"):
         yield directory, "Read-only file system"
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
 
 
 def _refused_state_dir(tmp_path: Path, state_dir: Path) -> str:

@@ -182,3 +182,24 @@ async def serve_on_loopback(app: web.Application) -> AsyncIterator[int]:
         yield port
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on ``path`` (made if missing) with ``mount -o options`` for the
+    block, unmounted after it; a machine that does not let it mount: ``unavailable``."""
+    from tests.support.prerequisites import unavailable  # noqa: PLC0415
+
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        unavailable(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)

@@ -8,7 +8,6 @@ import errno
 import fcntl
 import logging
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ from plugin import filecopy, volume_build
 from plugin.discovery import DriverFiles
 from plugin.volumes import VolumeError, VolumeStore
 from tests.support.fake_driver import FakeDriver
-from tests.support.prerequisites import unavailable
+from tests.support.services import mounted_tmpfs
 
 NAME = "nvidia_driver_580.159.04"
 
@@ -190,19 +189,8 @@ def test_sendfile_when_copy_file_range_is_refused(
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mountpoint = tmp_path / "tmpfs"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        unavailable(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "size=64m") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def test_a_volume_directory_on_another_filesystem_gets_copies(

@@ -20,6 +20,7 @@ import pytest
 
 from agent.usage import schema
 from tests.support.prerequisites import unavailable
+from tests.support.services import mounted_tmpfs
 from tests.unit.usage import (
     DAY,
     GPUS,
@@ -281,20 +282,8 @@ def small_file_system(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, mounted for the test and unmounted after it."""
     if os.geteuid() != 0:
         unavailable("needs root to mount a small tmpfs (a full file system)")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        unavailable(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=2m,mode=0700") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
 
 
 def test_a_full_file_system_puts_the_ledger_behind_and_freeing_space_catches_it_up(
