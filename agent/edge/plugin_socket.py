@@ -33,6 +33,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent import files
 from agent.config import SOCKET_NAME, default
 from agent.edge.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from agent.edge.error_log import HttpErrorLog
@@ -212,16 +213,11 @@ def _spec_line(socket_path: Path) -> str:
 
 
 def write_spec_file(spec_file: Path, socket_path: Path) -> None:
-    """Write ``unix://<socket>`` atomically (temporary file, then rename)."""
-    spec_file.parent.mkdir(parents=True, exist_ok=True)
-    temporary = spec_file.with_name(f".{spec_file.name}.{os.getpid()}")
-    try:
-        temporary.write_text(_spec_line(socket_path) + "\n", encoding="utf-8")
-        temporary.chmod(0o644)
-        temporary.rename(spec_file)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
+    """Write ``unix://<socket>`` to ``spec_file`` as the agent's state files are written
+    (``agent.files.write_atomically``: a new file of mode 0644, synced, renamed over the old;
+    a directory that is missing is made)."""
+    line = _spec_line(socket_path) + "\n"
+    files.write_atomically(spec_file.parent, spec_file.name, line.encode(), mode=0o644)
     log.info("Wrote the plugin spec file %s", spec_file)
 
 

@@ -151,10 +151,31 @@ async def test_a_spec_file_that_cannot_be_written_is_named_and_leaves_no_socket(
     socket_dir = tmp_path / "plugins"
     with pytest.raises(PluginSiteError) as refused:
         await start_plugin_site(store, socket_dir, spec_file=spec)
-    assert str(refused.value).startswith(f"--spec-file {spec} cannot be written (File exists)")
+    assert str(refused.value).startswith(f"--spec-file {spec} cannot be written (Not a directory)")
     assert str(refused.value).endswith(
         "give a path in a directory the agent can write (dockerd reads /etc/docker/plugins)"
     )
     assert not (socket_dir / "nvidia-docker.sock").exists()  # dockerd finds no dead socket
     runner = await start_plugin_site(store, socket_dir)  # the directory's lock was let go
     await runner.cleanup()
+
+
+async def test_the_spec_file_is_written_anew_not_through_a_link_at_a_guessable_name(
+    store: VolumeStore, tmp_path: Path
+) -> None:
+    """A link planted where a temporary file of a known name (the spec's name and the
+    agent's pid) would go is neither followed nor put in the spec's place."""
+    spec = tmp_path / "etc" / "nvidia-docker.spec"
+    spec.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("kept\n")
+    (spec.parent / f".{spec.name}.{os.getpid()}").symlink_to(victim)
+    socket_dir = tmp_path / "plugins"
+    runner = await start_plugin_site(store, socket_dir, spec_file=spec)
+    try:
+        assert victim.read_text() == "kept\n"
+        assert not spec.is_symlink()
+        assert spec.read_text() == f"unix://{socket_dir / 'nvidia-docker.sock'}\n"
+        assert spec.stat().st_mode & 0o777 == 0o644
+    finally:
+        await runner.cleanup()
