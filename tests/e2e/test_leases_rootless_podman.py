@@ -77,6 +77,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 USER = "nvd-rootless"
+COMMENT = "nvidia-docker tests, rootless Podman (tests/e2e/test_leases_rootless_podman.py)"
 SUBIDS = (1_100_000_000, 65_536)  # first subordinate uid and gid, and how many
 IMAGE = "nvd-rootless/busybox:1"
 GPUS = 8
@@ -276,33 +277,39 @@ def _subid_args() -> list[str]:
 @contextlib.contextmanager
 def _throwaway_user() -> Iterator[pwd.struct_passwd]:
     """``USER``, made here with its subordinate ids; afterwards its processes ended and the
-    user removed with its home and subordinate ids. A machine that has the user already
-    (another run's, or someone's) cannot run the module: that user is never touched."""
+    user removed with its home and subordinate ids. A user of that name left by a run that
+    stopped before its cleanup (its comment is ``COMMENT``) is removed first; one of that
+    name that is not the tests' is never touched: the module cannot run there."""
     with contextlib.suppress(KeyError):
-        pwd.getpwnam(USER)
-        unavailable(
-            f"a user {USER} is here already: a run stopped before its cleanup? (userdel "
-            f"--remove {USER} removes it)"
-        )
+        left = pwd.getpwnam(USER)
+        if left.pw_gecos != COMMENT:
+            unavailable(f"a user {USER} that is not this test's is here: the test cannot run")
+        _remove_user(left.pw_uid)
     clash = _subid_clash()
     if clash is not None:
         unavailable(f"the subordinate ids {SUBIDS} of the test are taken: {clash}")
     subprocess.run(
-        ["useradd", "--system", "--create-home", "--shell", "/usr/sbin/nologin", USER],
+        ["useradd", "--system", "--create-home", "--shell", "/usr/sbin/nologin",
+         "--comment", COMMENT, USER],
         check=True,
         capture_output=True,
-    )
+    )  # fmt: skip
     user = pwd.getpwnam(USER)
     try:
         subprocess.run(["usermod", *_subid_args(), USER], check=True, capture_output=True)
         yield user
     finally:
-        _end_processes(user.pw_uid)
-        removed = subprocess.run(
-            ["userdel", "--remove", USER], capture_output=True, text=True, check=False
-        )
-        assert removed.returncode == 0, removed.stderr
-        assert _subid_clash() is None  # userdel removes its lines of /etc/subuid and subgid
+        _remove_user(user.pw_uid)
+
+
+def _remove_user(uid: int) -> None:
+    """End ``USER``'s processes, then remove it with its home and subordinate ids."""
+    _end_processes(uid)
+    removed = subprocess.run(
+        ["userdel", "--remove", USER], capture_output=True, text=True, check=False
+    )
+    assert removed.returncode == 0, removed.stderr
+    assert _subid_clash() is None  # userdel removes its lines of /etc/subuid and subgid
 
 
 def _chown_tree(path: Path, user: Rootless) -> None:
