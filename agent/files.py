@@ -145,13 +145,16 @@ def write_atomically(directory: Path, name: str, data: bytes, *, mode: int = 0o6
         os.close(dir_fd)
 
 
-def writable_directory(directory: Path, *, what: str) -> None:
-    """Make ``directory`` (and its parents) if it is missing, then create a temporary file
-    in it as ``write_atomically`` does, and remove it; ``UnusableFile`` (one line: ``what``,
-    the directory and why) if either cannot be done."""
+def writable_directory(directory: Path, *, what: str, mode: int = 0o700) -> None:
+    """Make ``directory`` (of ``mode``, whatever the umask; its missing parents as the umask
+    says) if it is missing, then create a temporary file in it as ``write_atomically`` does,
+    and remove it; ``UnusableFile`` (one line: ``what``, the directory and why) if either
+    cannot be done. A directory that exists keeps its mode."""
     try:
         with contextlib.suppress(FileExistsError):  # something else at the name: ENOTDIR below
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=mode)
+            directory.chmod(mode)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             temporary, fd = _create_temporary(dir_fd, "probe", 0o600)

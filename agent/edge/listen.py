@@ -46,13 +46,17 @@ def _what_to_do(err: OSError) -> str:
 
 
 def _numeric(sockaddr: tuple[object, ...], zone: str) -> str:
-    """An address of ``getaddrinfo`` as text that names it again: a link-local IPv6 address
-    keeps its zone (``fe80::1%2``, or the ``zone`` given after ``%`` in ``-l``, since
-    uvloop's ``getaddrinfo`` leaves the scope out), without which it cannot be bound."""
+    """An address of ``getaddrinfo`` or ``getsockname`` as text that names it again: a
+    link-local IPv6 address keeps its zone (``fe80::1%eth0``: its interface's name, else its
+    index; or the ``zone`` given after ``%`` in ``-l``, since uvloop's ``getaddrinfo`` leaves
+    the scope out), without which it cannot be bound or reached."""
     address = str(sockaddr[0])
     scope = sockaddr[3] if len(sockaddr) == 4 else 0
-    if scope:
-        return f"{address}%{scope}"
+    if isinstance(scope, int) and scope:
+        try:
+            return f"{address}%{socket.if_indextoname(scope)}"
+        except OSError:
+            return f"{address}%{scope}"
     return f"{address}%{zone}" if zone and ":" in address else address
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
 from pathlib import Path
 
 PLUGIN_REQUEST = (
@@ -76,7 +75,7 @@ async def check_rest(
     )
     try:
         async with asyncio.timeout(timeout_s):
-            connection = await _connect(host, port)
+            connection = await asyncio.open_connection(host, port)
             if tls:
                 connection[1].close()
                 return
@@ -85,21 +84,3 @@ async def check_rest(
         raise NotAnswering(f"the REST API on {shown} does not answer ({err})") from None
     if code != 200 and not (token and code == 401):
         raise NotAnswering(f"the REST API on {shown} answered {code} to GET /gpu/info/json")
-
-
-async def _connect(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to ``host``'s ``port``; a link-local host's zone (``fe80::1%2``) is
-    resolved here, since uvloop's resolver leaves it out (the connect then fails)."""
-    if "%" not in host:
-        return await asyncio.open_connection(host, port)
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, address)
-    except BaseException:
-        sock.close()
-        raise
-    return await asyncio.open_connection(sock=sock)

@@ -52,3 +52,17 @@ async def test_a_state_directory_under_a_file_stops_the_start_in_one_line(
     )
     # nothing was written: no plugin socket, no volume, no CDI spec
     assert sorted(os.listdir(tmp_path)) == ["var"]
+
+
+async def test_a_state_directory_made_at_start_is_the_agent_s_alone(tmp_path: Path) -> None:
+    """Made with mode 0700 whatever the umask (its files are 0600 too): as the usage ledger
+    made it before the start checked it."""
+    state_dir = tmp_path / "var" / "lib" / "state"
+    old = os.umask(0o022)
+    try:
+        server._check_state_dir(_config(tmp_path, state_dir=state_dir))
+    finally:
+        os.umask(old)
+    assert state_dir.stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "var" / "lib").stat().st_mode & 0o777 == 0o755
+    assert os.listdir(state_dir) == []  # the probe is gone
