@@ -186,6 +186,7 @@ class AgentClient:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+            await asyncio.sleep(0)  # its connections' transports finish closing (aiohttp < 3.12)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
             await tunnel.close()
