@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent_process import AgentProcess, launch_agent
+from tests.support.agent_process import AgentProcess, running_agent
 from tests.support.certs import Pki, make_pki
 from tests.support.prerequisites import require_command, require_root
-from tests.support.services import free_port, port_open, stop_process, wait_until
+from tests.support.services import free_port
 from tests.support.sshd import SshServer, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.e2e
@@ -83,17 +83,8 @@ def _agent(base: Path, host: str, *args: str) -> Iterator[AgentProcess]:
     once it answers there."""
     port = free_port()
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    started = launch_agent(base, "-l", listen, *args, port=port)
-    try:
-        wait_until(
-            lambda: port_open(port, host) and started.socket_path.is_socket(),
-            what=f"agent on {listen} (log: {started.log_path})",
-            timeout_s=60,
-            proc=started.proc,
-        )
+    with running_agent(base, "-l", listen, *args, port=port, ready_host=host) as started:
         yield started
-    finally:
-        stop_process(started.proc)
 
 
 @pytest.fixture(scope="module")

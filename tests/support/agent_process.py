@@ -206,9 +206,10 @@ def launch_agent(
     return AgentProcess(proc, port, base, socket_dir)
 
 
-def wait_ready(agent: AgentProcess, timeout_s: float = 60.0) -> None:
+def wait_ready(agent: AgentProcess, timeout_s: float = 60.0, host: str = "127.0.0.1") -> None:
+    """Until the agent answers on ``host`` (where its ``-l`` listens) and its plugin socket."""
     wait_until(
-        lambda: port_open(agent.port) and agent.socket_path.is_socket(),
+        lambda: port_open(agent.port, host) and agent.socket_path.is_socket(),
         what=f"agent (log: {agent.log_path})",
         timeout_s=timeout_s,
         proc=agent.proc,
@@ -217,12 +218,17 @@ def wait_ready(agent: AgentProcess, timeout_s: float = 60.0) -> None:
 
 @contextmanager
 def running_agent(
-    base: Path, *args: str, preexec: Callable[[], None] | None = None, **kwargs: Any
+    base: Path,
+    *args: str,
+    preexec: Callable[[], None] | None = None,
+    ready_host: str = "127.0.0.1",
+    **kwargs: Any,
 ) -> Iterator[AgentProcess]:
-    """A started, ready agent; stopped (SIGTERM, then SIGKILL) afterwards."""
+    """A started agent, ready once it answers on ``ready_host``; stopped (SIGTERM, then
+    SIGKILL) afterwards."""
     agent = launch_agent(base, *args, preexec=preexec, **kwargs)
     try:
-        wait_ready(agent)
+        wait_ready(agent, host=ready_host)
         yield agent
     finally:
         stop_process(agent.proc)
