@@ -161,6 +161,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
         usage=usage,
         usage_off=usage_off,
         engines=feed.engines,
+        engine_socket=config.engine_socket,
     )
     fast = fast_gets(app, counters.count_resource, access.token_free)
     bound = await _serve_rest(config, app, guard, fast, rest_sockets, access, parts)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from urllib.parse import quote
 
 from aiohttp import web
 
 from agent.api import render_json, render_text
-from agent.api.engines import ENGINES, engines_json
+from agent.api.engines import ENGINE_SOCKET, ENGINES, engines_json
 from agent.api.leases import IDLE_BY_UNIT, LEASES, make_routes
 from agent.api.query import query_checked
 from agent.api.usage import OFF as USAGE_OFF
@@ -316,6 +317,7 @@ def create_app(
     usage: UsageLedger | None = None,
     usage_off: str | None = None,
     engines: Callable[[], Sequence[EngineEvents]] | None = None,
+    engine_socket: Path | None = None,
 ) -> web.Application:
     """The REST application; the caller owns ``status`` (start its sampler, close it).
 
@@ -338,6 +340,8 @@ def create_app(
         app[CDI] = cdi
     if engines is not None:  # the followed engines, for /engines/json
         app[ENGINES] = engines
+    if engine_socket is not None:  # the agent's own GPU-aware Docker socket, said there too
+        app[ENGINE_SOCKET] = engine_socket
     paths: dict[str, dict[str, Handler]] = {path: {"GET": h} for path, h in ROUTES}
     if leases is not None:  # the lease routes (docs/leases.md, "The REST API")
         app[LEASES] = leases

@@ -13,7 +13,8 @@ them in place of asking (docs/nvidia-docker.md, "Engines that read CDI: Podman, 
 ``dockerd_version(engine)`` asks ``GET /version``: dockerd's version, or None for another
 engine behind the socket (Podman's service names its component ``Podman Engine``; it sends
 no daemon events, and may refuse a filter for them). ``read_facts(engine, version)`` asks
-``GET /info``. Both raise ``EngineError`` (a ``BadAnswer`` for an answer that is not what
+``GET /info`` (the CDI spec dirs, and the daemon's ``ID``, which tells the same dockerd
+behind two sockets). Both raise ``EngineError`` (a ``BadAnswer`` for an answer that is not what
 dockerd sends) when the answer cannot be read.
 """
 
@@ -27,17 +28,21 @@ from agent.engines.http import BadAnswer, EngineClient, parse_answer
 
 MAX_FACTS_BYTES = 1024 * 1024  # /info lists plugins, runtimes, registries: kilobytes
 MAX_DIRS = 64
+MAX_ID_CHARS = 256  # dockerd's ID is a UUID (older ones: a key's 12 groups of 4)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
     """The engine's version (``GET /version``'s ``Version``) and its CDI spec directories
     (``GET /info``'s ``CDISpecDirs``: empty when CDI is off or the engine is older than
-    Docker 25, which has no such field); ``read_s``: when they were read (wall clock)."""
+    Docker 25, which has no such field); ``read_s``: when they were read (wall clock);
+    ``engine_id``: ``GET /info``'s ``ID``, the daemon's own identity whatever socket it is
+    reached on (None where it names none)."""
 
     version: str
     cdi_spec_dirs: tuple[str, ...]
     read_s: float
+    engine_id: str | None = None
 
 
 def is_reload(value: object) -> bool:
@@ -79,7 +84,10 @@ async def read_facts(
         raise BadAnswer(
             f"{engine.bad_answer('to GET /info')}: its CDISpecDirs is not a list of paths"
         )
-    return EngineFacts(version, tuple(dirs), clock())
+    engine_id = info.get("ID")
+    if not isinstance(engine_id, str) or not engine_id or len(engine_id) > MAX_ID_CHARS:
+        engine_id = None
+    return EngineFacts(version, tuple(dirs), clock(), engine_id)
 
 
 async def _object(engine: EngineClient, path: str) -> dict[str, object]:

@@ -185,16 +185,22 @@ def agent_engine_cdi(
     return _docker(number, docker, command, environment, engine, asked, found, dirs=dirs)
 
 
-def _followed_rows(answer: object) -> Iterator[dict[str, object]]:
-    """The rows of ``answer`` (the agent's ``GET /engines/json``) whose engine the agent
-    follows, when it runs on this machine (its kernel's boot id); none otherwise."""
+def local_rows(answer: object) -> Iterator[dict[str, object]]:
+    """The rows of ``answer`` (the agent's ``GET /engines/json``), when the agent runs on
+    this machine (its kernel's boot id); none otherwise."""
     own = _boot_id()
     if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
         return
     rows = answer.get("Engines")
     for row in rows if isinstance(rows, list) else ():
-        if isinstance(row, dict) and row.get("Following") is True:
+        if isinstance(row, dict):
             yield row
+
+
+def _followed_rows(answer: object) -> Iterator[dict[str, object]]:
+    """The rows of ``answer`` (the agent's ``GET /engines/json``) whose engine the agent
+    follows now, when it runs on this machine (its kernel's boot id); none otherwise."""
+    return (row for row in local_rows(answer) if row.get("Following") is True)
 
 
 def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:

@@ -65,7 +65,7 @@ from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
-from controller.wrapper import docker_cli, engine_api, podman_labels
+from controller.wrapper import docker_cli, engine_api, followed_engine, podman_labels
 from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
 from controller.wrapper.lease_watch import LeaseWatch, watchable
 from controller.wrapper.leases import (
@@ -318,6 +318,10 @@ def _facts_from_agent(
 
         if lease is None:
             return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
+        if _on_loopback(endpoint) and cdi.socket is not None:
+            answer = cdi.engines(agent)
+            if followed_engine.engine_followed(answer, cdi.socket) is False:
+                raise GpuError(followed_engine.refusal(lease, cdi.socket, answer))
         grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
             facts = _device_args(agent, info, cuda, volumes, grant.dev, cdi=reads_cdi())
@@ -521,15 +525,16 @@ class CdiChoice:
     def __init__(self, options: Options, command: DockerCommand, socket: str | None) -> None:
         self._options = options
         self._command = command
-        self._socket = socket
+        self.socket = socket  # the docker CLI's engine, where the wrapper may ask it itself
         self.engine: EngineCdi | None = None
+        self._engines: tuple[object] | None = None
 
     def __call__(self, agent: BlockingAgent | None) -> bool:
         """``agent``: the open connection to an agent on loopback, or None (a node's agent
         through SSH or on another host, or none): then the engine is asked."""
         if self.engine is None:
             self.engine = self._agents_word(agent) or engine_cdi(
-                self._options, self._command, self._socket
+                self._options, self._command, self.socket
             )
             if self._options.debug:
                 engine = self.engine
@@ -541,16 +546,24 @@ class CdiChoice:
                 )
         return self.engine.reads_cdi
 
+    def engines(self, agent: BlockingAgent) -> object:
+        """The agent's ``GET /engines/json``, asked once a run (None: an agent before it)."""
+        if self._engines is None:
+            try:
+                self._engines = (agent.get_json("/engines/json"),)
+            except NodeError:  # an agent before the route (404)
+                self._engines = (None,)
+        return self._engines[0]
+
     def _agents_word(self, agent: BlockingAgent | None) -> EngineCdi | None:
         options = self._options
-        if agent is None or self._socket is None or options.cdi != "auto":
+        if agent is None or self.socket is None or options.cdi != "auto":
             return None
-        try:
-            answer = agent.get_json("/engines/json")
-        except NodeError:  # an agent before the route (404): the engine is asked
+        answer = self.engines(agent)
+        if answer is None:  # an agent before the route: the engine is asked
             return None
         return agent_engine_cdi(
-            answer, self._socket, options.docker, self._command, options.environment
+            answer, self.socket, options.docker, self._command, options.environment
         )
 
 

@@ -16,7 +16,9 @@ with ``NV_GPU_WAIT`` gets the GPU that a ``docker rm -f`` frees; that removal fr
 within a second; the leases survive a ``kill -9`` of the agent (its state file, or without
 it the containers' labels); a container given ``--device /dev/nvidia3`` past the wrapper
 makes GPU 3 foreign, and no lease gets it; after a dockerd restart stopped containers keep
-their leases for the grace time and the agent follows the new dockerd's events; on a node
+their leases for the grace time and the agent follows the new dockerd's events; a run on
+a second dockerd, which the agent does not follow, is refused before anything is leased
+(and the agent's dockerd at a second socket of its own is followed); on a node
 of NVLink pairs across two sockets a 2-GPU ask gets a linked pair of one socket, with that
 socket's cpuset in ``docker inspect``.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -318,6 +321,39 @@ def test_a_run_docker_refuses_gives_its_gpus_back_at_once(
     again = node.nvidia_docker("run", "-d", *gpus, IMAGE, "sleep", "600", **env)
     assert again.returncode == 0, again.stderr
     node.wait_bound([again.stdout.strip()], "the second run's lease bound")
+
+
+def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path: Path) -> None:
+    """A second dockerd on the node (as rootless Docker's is): its containers are never
+    seen by the agent, so a lease for one would be given back when docker returns while the
+    container runs. The run is refused in one line before anything is leased or created.
+    The same dockerd reached at a second socket of its own, by an agent that follows it at
+    the first, gets its lease: one daemon (``GET /info``'s ID)."""
+    second = tmp_path / "second.sock"
+    engine, proc = start_engine(extra_args=(*SHUTDOWN_ARGS, "--host", f"unix://{second}"))
+    other = Dockerd(engine, proc)
+    try:
+        engine.import_busybox(IMAGE)
+        # the node's volume plugin known to it too: only the lease stands in the run's way
+        spec = "nvidia-docker.spec"
+        shutil.copyfile(node.dockerd.engine.plugin_specs / spec, engine.plugin_specs / spec)
+        refused = node.run_leased(DOCKER_HOST=engine.host)
+        assert refused.returncode != 0
+        line = one_line(refused.stderr)
+        assert (
+            "Error: NV_GPU=auto:1 asks for a GPU lease, but docker runs its containers on the "
+            f"engine at {engine.host}, which the node's agent does not follow (it follows "
+            f"{node.dockerd.socket}), so the lease would end as soon as docker returns"
+        ) in line, line
+        assert f"DOCKER_HOST={node.dockerd.engine.host}" in line, line
+        assert node.table()["Leases"] == []
+        assert engine.docker("ps", "-aq").stdout.split() == []
+        with node_of(other, tmp_path / "other-agent") as follows_other:
+            leased = follows_other.run_leased(DOCKER_HOST=f"unix://{second}")
+            assert leased.returncode == 0, leased.stderr
+            follows_other.wait_bound([leased.stdout.strip()], "the lease bound to its container")
+    finally:
+        stop_engine(other.engine, other.proc)
 
 
 def test_a_name_in_use_gives_the_gpus_back_and_the_first_run_keeps_its_lease(

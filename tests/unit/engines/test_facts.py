@@ -31,8 +31,13 @@ PODMAN_VERSION = json_answer(
 )
 
 
-def info(dirs: object = ("/etc/cdi", "/var/run/cdi")) -> bytes:
+ENGINE_ID = "5b0f3a4e-9d2c-4c1e-8f7a-2d6b1e0c9a37"
+
+
+def info(dirs: object = ("/etc/cdi", "/var/run/cdi"), engine_id: object = ENGINE_ID) -> bytes:
     body: dict[str, object] = {"ServerVersion": "26.1.5+dfsg1", "Driver": "overlay2"}
+    if engine_id is not ...:
+        body["ID"] = engine_id
     if dirs is not ...:
         body["CDISpecDirs"] = list(dirs) if isinstance(dirs, tuple) else dirs
     return json_answer(body)
@@ -59,8 +64,14 @@ async def facts_of(engine: FakeEngine) -> EngineFacts:
 
 async def test_the_version_and_the_cdi_spec_dirs(engine: FakeEngine) -> None:
     facts = await facts_of(engine)
-    assert facts == EngineFacts("26.1.5+dfsg1", ("/etc/cdi", "/var/run/cdi"), 1234.5)
+    assert facts == EngineFacts("26.1.5+dfsg1", ("/etc/cdi", "/var/run/cdi"), 1234.5, ENGINE_ID)
     assert engine.requests == ["/version", "/info"]
+
+
+@pytest.mark.parametrize("engine_id", [..., None, "", 7, "x" * 257])
+async def test_an_id_dockerd_does_not_give_is_none(engine: FakeEngine, engine_id: object) -> None:
+    engine.answers["/info"] = info(engine_id=engine_id)
+    assert (await facts_of(engine)).engine_id is None
 
 
 async def test_podman_s_service_is_no_dockerd(engine: FakeEngine) -> None:
@@ -200,8 +211,9 @@ async def test_the_route_says_them_only_while_the_engine_is_followed(
     )
     try:
         await eventually(lambda: events.following, "the stream open")
-        answer = engines_answer([events, podman])
+        answer = engines_answer([events, podman], tmp_path / "gpu-docker.sock")
         assert answer["BootId"] == boot_id()
+        assert answer["EngineSocket"] == str(tmp_path / "gpu-docker.sock")
         assert boot_id()
         assert answer["Engines"] == [
             {
@@ -210,6 +222,7 @@ async def test_the_route_says_them_only_while_the_engine_is_followed(
                 "Version": "26.1.5+dfsg1",
                 "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"],
                 "ReadAt": round(events.facts.read_s, 3) if events.facts else None,
+                "ID": ENGINE_ID,
             },
             {
                 "Socket": str(tmp_path / "no-podman.sock"),
@@ -217,10 +230,12 @@ async def test_the_route_says_them_only_while_the_engine_is_followed(
                 "Version": None,
                 "CDISpecDirs": None,
                 "ReadAt": None,
+                "ID": None,
             },
         ]
     finally:
         await events.close()
+    assert engines_answer([events])["EngineSocket"] is None
     assert engines_answer([events])["Engines"] == [
         {
             "Socket": str(engine.socket_path),
@@ -228,5 +243,6 @@ async def test_the_route_says_them_only_while_the_engine_is_followed(
             "Version": None,
             "CDISpecDirs": None,
             "ReadAt": None,
+            "ID": None,
         }
     ]
