@@ -65,7 +65,7 @@ from controller.transport.agent_errors import AgentHttpError
 from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
-from controller.wrapper import docker_cli, engine_api, followed_engine, podman_labels
+from controller.wrapper import docker_cli, engine_api, podman_labels
 from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
 from controller.wrapper.lease_watch import LeaseWatch, watchable
 from controller.wrapper.leases import (
@@ -319,9 +319,7 @@ def _facts_from_agent(
         if lease is None:
             return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
         if _on_loopback(endpoint) and cdi.socket is not None:
-            answer = cdi.engines(agent)
-            if followed_engine.engine_followed(answer, cdi.socket) is False:
-                raise GpuError(followed_engine.refusal(lease, cdi.socket, answer))
+            _refuse_an_unfollowed_engine(agent, lease, cdi)
         grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
             facts = _device_args(agent, info, cuda, volumes, grant.dev, cdi=reads_cdi())
@@ -330,6 +328,18 @@ def _facts_from_agent(
             raise
         warnings = (*facts.warnings, *grant.warnings())
         return replace(facts, grant=grant, agent=endpoint, warnings=warnings)
+
+
+def _refuse_an_unfollowed_engine(agent: BlockingAgent, lease: LeaseAsk, cdi: CdiChoice) -> None:
+    """``GpuError`` where the docker CLI's engine (``cdi.socket``) is a dockerd that the agent
+    on this machine does not follow: a lease for its container would not hold
+    (``followed_engine``)."""
+    from controller.wrapper import followed_engine  # noqa: PLC0415 (a lease on docker's socket)
+
+    assert cdi.socket is not None
+    answer = cdi.engines(agent)
+    if followed_engine.engine_followed(answer, cdi.socket) is False:
+        raise GpuError(followed_engine.refusal(lease, cdi.socket, answer))
 
 
 def _on_loopback(endpoint: Endpoint) -> bool:
