@@ -38,6 +38,7 @@ from tests.e2e.test_leases_docker import IMAGE, Dockerd, dockerd, nvidia_devices
 from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.dockerd import RUN_HELP_HINTS
 from tests.support.services import stop_process, wait_until
+from tests.support.wrapper import wrapper_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,6 +183,33 @@ def test_two_runs_of_two_gpus_get_four_distinct_gpus_and_leases(served: Served) 
 
     served.ok("rm", "-f", first)
     wait_until(lambda: set(served.bound()) == {second}, what="the lease freed", timeout_s=5)
+
+
+def test_the_wrapper_leases_through_the_agents_own_socket(served: Served) -> None:
+    """``DOCKER_HOST`` naming the agent's engine socket: the wrapper's lease holds there
+    (the agent says the socket is its own in ``GET /engines/json``), so it is not refused
+    as an engine the agent does not follow."""
+    with urllib.request.urlopen(f"{served.url}/engines/json", timeout=10) as resp:
+        engines = json.loads(resp.read())
+    assert engines["EngineSocket"] == str(served.engine_socket)
+    docker_row = next(r for r in engines["Engines"] if r["Socket"] == served.dockerd.socket)
+    assert docker_row["Following"], docker_row
+    assert docker_row["ID"], docker_row  # dockerd's GET /info ID
+    env = {k: v for k, v in served.client_env().items() if not k.startswith("NV_")}
+    env.update(NV_HOST=served.url, NV_GPU="auto:1", NV_CDI="no", PYTHONPATH=str(REPO))
+    run = subprocess.run(
+        [*wrapper_command(), "run", "-d", IMAGE, "sleep", "600"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    container = run.stdout.strip()
+    wait_until(lambda: container in served.bound(), what="its lease bound", timeout_s=20)
+    assert len(served.gpus_of(container)) == 1
 
 
 def test_streams_and_hijacked_connections_pass_through(served: Served) -> None:
