@@ -221,14 +221,14 @@ def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def follows_own_engine(answer: object) -> bool:
+def follows_own_engine(answer: object, uid: int) -> bool:
     """``answer`` (the agent's ``GET /engines/json``) says the agent runs on this machine
-    and follows an engine whose socket is this user's (rootless Podman's service, as
+    and follows an engine whose socket is user ``uid``'s (rootless Podman's service, as
     ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow)."""
     for row in _followed_rows(answer):
         socket = row.get("Socket")
         try:
-            if isinstance(socket, str) and os.stat(socket).st_uid == os.geteuid():
+            if isinstance(socket, str) and os.stat(socket).st_uid == uid:
                 return True
         except (OSError, ValueError):
             continue

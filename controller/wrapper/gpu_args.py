@@ -591,10 +591,9 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         docker_reads_docker_host=not is_podman(docker),
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
-    if lease is not None and podman_labels.runs_rootless(
-        docker, command.global_args, options.environment
-    ):
-        lease = replace(lease, rootless_podman=True)
+    if lease is not None:
+        rootless = podman_labels.runs_rootless(docker, command.global_args, options.environment)
+        lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
     started = time.perf_counter()
     labels, asked = image_labels(options, command, engine_socket)

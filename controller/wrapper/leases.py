@@ -31,7 +31,6 @@ use (its own later step fails) it gives back at once (``release``).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -81,7 +80,8 @@ class LeaseAsk:
     wait_s: float = 0.0
     cpuset: bool = True
     owner: tuple[tuple[str, str], ...] = ()
-    rootless_podman: bool = False  # the engine is rootless Podman (``podman_labels``)
+    # the uid of the rootless Podman that makes the container (``rootless_podman``); None: none
+    rootless_podman: int | None = None
 
     @property
     def what(self) -> str:
@@ -226,10 +226,11 @@ def lease_ask(command: DockerCommand, options: Options) -> LeaseAsk | None:
 
 
 def rootless_refusal(ask: LeaseAsk) -> str:
-    """The line for a lease asked with rootless Podman whose containers the node's agent
-    does not follow: the lease would not hold."""
+    """The line for a lease asked with rootless Podman (of user ``ask.rootless_podman``)
+    whose containers the node's agent does not follow: the lease would not hold."""
     return (
-        f"{ask.source} asks for a GPU lease, but Podman runs rootless here (uid {os.geteuid()}) "
+        f"{ask.source} asks for a GPU lease, but Podman runs rootless here (uid "
+        f"{ask.rootless_podman}) "
         "and the node's agent does not follow this user's containers, so the lease would end "
         "as soon as podman returns and its GPUs would go to the next ask: run it with root "
         'Podman (NV_DOCKER="sudo podman"), or name GPUs without a lease (NV_GPU=0,1, and no '
@@ -237,14 +238,14 @@ def rootless_refusal(ask: LeaseAsk) -> str:
     )
 
 
-def _follows_own_engine(agent: BlockingAgent) -> bool:
+def _follows_own_engine(agent: BlockingAgent, uid: int) -> bool:
     from controller.wrapper.engine_cdi import follows_own_engine  # noqa: PLC0415 (rootless only)
 
     status, body, _headers = agent.request("GET", ENGINES_PATH, answers=(200, 404, 405))
     if status != 200:  # an agent older than the route follows no such engine
         return False
     try:
-        return follows_own_engine(json_codec.loads(body))
+        return follows_own_engine(json_codec.loads(body), uid)
     except ValueError:
         return False
 
@@ -412,9 +413,10 @@ def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool 
     """``POST /leases`` for ``ask`` on ``agent`` (``info``: its ``/gpu/info/json``); the
     grant, or ``GpuError`` with the agent's reason (see the module docstring). ``terminal``:
     stderr is one, so a wait longer than a second is said there. An ask of rootless Podman
-    is refused (``rootless_refusal``) unless the agent follows this user's own Podman
+    is refused (``rootless_refusal``) unless the agent follows that Podman's user's own
     service (``engine_cdi.follows_own_engine``)."""
-    if ask.rootless_podman and not _follows_own_engine(agent):
+    uid = ask.rootless_podman
+    if uid is not None and not _follows_own_engine(agent, uid):
         raise GpuError(rootless_refusal(ask))
     devices = every_gpu(agent, info) if ask.every_gpu else None
     note = None

@@ -194,16 +194,17 @@ def _local_podman(
 
 def runs_rootless(
     docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
-) -> bool:
-    """Podman, run as ``docker`` says, is rootless Podman: a local ``podman`` (see
+) -> int | None:
+    """The uid of the rootless Podman that ``docker`` runs: a local ``podman`` (see
     ``_local_podman``; no containers.conf of this user's making it a client of a service, as
-    ``remote = true`` does) run by a user other than root. Its containers are this user's
-    alone: no service the node's agent follows sees them (docs/nvidia-docker.md, "Leases")."""
+    ``remote = true`` does) run by a user other than root, whose uid it is; else None. Its
+    containers are that user's alone: no service the node's agent follows sees them
+    (docs/nvidia-docker.md, "Leases")."""
     euid = os.geteuid()
     if euid == 0 or not _local_podman(docker, global_args, environment):
-        return False
+        return None
     _, containers_conf = _settings_stamps(_settings_paths(environment, euid))
-    return not any(_says_remote(file) for file in containers_conf)
+    return None if any(_says_remote(file) for file in containers_conf) else euid
 
 
 def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str, str]]:

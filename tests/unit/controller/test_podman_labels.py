@@ -286,7 +286,7 @@ def test_rootless_podman_is_a_local_podman_of_a_user_other_than_root(
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: euid)
     env = {**node.environment, **environment}
-    assert podman_labels.runs_rootless(docker, (), env) is rootless
+    assert podman_labels.runs_rootless(docker, (), env) == (euid if rootless else None)
 
 
 def test_a_rootless_podman_made_remote_by_its_settings_is_not_rootless(
@@ -296,6 +296,6 @@ def test_a_rootless_podman_made_remote_by_its_settings_is_not_rootless(
     settings = Path(node.environment["XDG_CONFIG_HOME"]) / "containers" / "containers.conf"
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text("[engine]\nremote = true\n")
-    assert not podman_labels.runs_rootless(("podman",), (), node.environment)
+    assert podman_labels.runs_rootless(("podman",), (), node.environment) is None
     settings.write_text("[engine]\nremote = false\n")
-    assert podman_labels.runs_rootless(("podman",), (), node.environment)
+    assert podman_labels.runs_rootless(("podman",), (), node.environment) == 1000

@@ -683,13 +683,15 @@ def test_podman_s_containers_get_the_lease_as_annotations_too() -> None:
 # --- rootless Podman ------------------------------------------------------------------------
 
 
-def _ask_as_rootless_podman(port: int) -> Grant:
-    """``ask_lease`` as the wrapper makes it for rootless Podman (``runs_rootless``)."""
+def _ask_as_rootless_podman(port: int, uid: int | None = None) -> Grant:
+    """``ask_lease`` as the wrapper makes it for rootless Podman of ``uid`` (``rootless_uid``;
+    by default this user's)."""
     from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
     from controller.transport.plain_http import PlainAgentClient  # noqa: PLC0415
     from controller.wrapper.leases import LeaseAsk, ask_lease  # noqa: PLC0415
 
-    ask = LeaseAsk("NV_GPU=auto", owner=(("user", "alice"),), rootless_podman=True)
+    uid = os.geteuid() if uid is None else uid
+    ask = LeaseAsk("NV_GPU=auto", owner=(("user", "alice"),), rootless_podman=uid)
     with PlainAgentClient(parse_endpoint(f"http://127.0.0.1:{port}")) as agent:
         return ask_lease(agent, ask, agent.get_json("/gpu/info/json"))
 
@@ -707,8 +709,8 @@ async def test_rootless_podman_gets_no_lease_from_an_agent_that_does_not_follow_
         with pytest.raises(GpuError) as refused:
             await asyncio.to_thread(_ask_as_rootless_podman, node.port)
         assert str(refused.value).startswith(
-            "NV_GPU=auto asks for a GPU lease, but Podman runs rootless here (uid 0) and the "
-            "node's agent does not follow this user's containers"
+            f"NV_GPU=auto asks for a GPU lease, but Podman runs rootless here (uid {os.geteuid()}) "
+            "and the node's agent does not follow this user's containers"
         )
         assert 'NV_DOCKER="sudo podman"' in str(refused.value)
     assert node.agent.asks == []
@@ -726,3 +728,20 @@ async def test_rootless_podman_gets_a_lease_where_the_agent_follows_its_service(
     grant = await asyncio.to_thread(_ask_as_rootless_podman, node.port)
     assert grant.lease == "lease-1"
     assert len(node.agent.asks) == 1
+
+
+async def test_the_service_followed_must_be_that_of_the_rootless_podmans_user(
+    node: Node, tmp_path: Path
+) -> None:
+    """``sudo -u alice podman``, a client of alice's socket: alice's Podman, whoever runs
+    the wrapper; the line names alice's uid, and only alice's service followed will do."""
+    service = tmp_path / "podman.sock"
+    service.touch()  # the wrapper's user's (root here)
+    node.agent.engines = [{"Socket": str(service), "Following": True}]
+    with pytest.raises(GpuError) as refused:
+        await asyncio.to_thread(_ask_as_rootless_podman, node.port, 1000)
+    assert "Podman runs rootless here (uid 1000) and the node's agent" in str(refused.value)
+    assert node.agent.asks == []
+    os.chown(service, 1000, 1000)
+    grant = await asyncio.to_thread(_ask_as_rootless_podman, node.port, 1000)
+    assert grant.lease == "lease-1"
