@@ -76,6 +76,7 @@ from controller.wrapper.leases import (
     lease_ask,
     release,
 )
+from controller.wrapper.rootless_podman import rootless_uid
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
 TYPE_CHECKING = False
@@ -592,7 +593,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
     if lease is not None:
-        rootless = podman_labels.runs_rootless(docker, command.global_args, options.environment)
+        rootless = rootless_uid(docker, command.global_args, options.environment)
         lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
     started = time.perf_counter()

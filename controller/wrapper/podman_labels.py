@@ -51,6 +51,7 @@ FILE_NAME = "podman-labels.json"
 FORMAT = "{{json .Config.Labels}}\n{{json .GraphDriver}}"
 MAX_SETTINGS = 8  # Podman settings remembered (a user has one or two)
 MAX_IMAGES = 64  # images remembered per setting
+MAX_SETTINGS_BYTES = 1 << 20  # read at most this much of a settings file
 REMEMBERED = "podman image inspect, remembered"
 # Options and variables that send Podman to a service (possibly on another machine):
 # what it prints then describes a store that is not this machine's.
@@ -192,19 +193,20 @@ def _local_podman(
     return not any(environment.get(name) for name in _REMOTE_VARIABLES)
 
 
-def runs_rootless(
-    docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
-) -> int | None:
-    """The uid of the rootless Podman that ``docker`` runs: a local ``podman`` (see
-    ``_local_podman``; no containers.conf of this user's making it a client of a service, as
-    ``remote = true`` does) run by a user other than root, whose uid it is; else None. Its
-    containers are that user's alone: no service the node's agent follows sees them
-    (docs/nvidia-docker.md, "Leases")."""
-    euid = os.geteuid()
-    if euid == 0 or not _local_podman(docker, global_args, environment):
-        return None
-    _, containers_conf = _settings_stamps(_settings_paths(environment, euid))
-    return None if any(_says_remote(file) for file in containers_conf) else euid
+def containers_conf(environment: Mapping[str, str], uid: int) -> list[str]:
+    """The containers.conf files the Podman of user ``uid`` reads in ``environment``, in
+    Podman's order (see ``_settings_paths``; of a drop-in directory, its ``*.conf`` files)."""
+    return _settings_stamps(_settings_paths(environment, uid))[1]
+
+
+def user_config_dir(environment: Mapping[str, str]) -> str:
+    """The user's configuration directory (``XDG_CONFIG_HOME``, else ``$HOME/.config``),
+    as Podman finds it there; ``""`` where neither is an absolute path."""
+    config = environment.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(config):
+        home = environment.get("HOME") or ""
+        config = os.path.join(home, ".config") if os.path.isabs(home) else ""
+    return config
 
 
 def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str, str]]:
@@ -213,10 +215,7 @@ def _settings_paths(environment: Mapping[str, str], euid: int) -> list[tuple[str
     ``<kind>.conf`` and ``<kind>.conf.d`` in the system's places (with the ``rootful`` or
     ``rootless`` drop-ins, by the user), then the user's own, then the files the variables
     name."""
-    config = environment.get("XDG_CONFIG_HOME") or ""
-    if not os.path.isabs(config):
-        home = environment.get("HOME") or ""
-        config = os.path.join(home, ".config") if os.path.isabs(home) else ""
+    config = user_config_dir(environment)
     by_user = (
         (".rootful.conf.d",) if euid == 0 else (".rootless.conf.d", f".rootless.conf.d/{euid}")
     )
@@ -263,16 +262,24 @@ def _says_remote(path: str) -> bool:
     """Whether the containers.conf file at ``path`` sets ``remote = true`` (its ``[engine]``
     table's key, which makes ``podman`` a client of a service). A line like that anywhere in
     the file counts: the cautious reading, where a mistake costs an inspect."""
+    return "true" in conf_values(path, ("remote",)).get("remote", ())
+
+
+def conf_values(path: str, keys: Sequence[str]) -> dict[str, list[str]]:
+    """The values the containers.conf file at ``path`` gives those of ``keys`` it sets, in
+    order (its first ``MAX_SETTINGS_BYTES``; quotes and comments removed), read line by
+    line: a line ``key = value`` anywhere in the file counts, whatever its table."""
     try:
         with open(path, "rb") as file:
-            text = file.read(1 << 20)
+            text = file.read(MAX_SETTINGS_BYTES).decode("utf-8", "replace")
     except OSError:
-        return False
-    for line in text.split(b"\n") if b"remote" in text else ():
-        key, equals, value = line.partition(b"=")
-        if equals and key.strip() == b"remote" and value.partition(b"#")[0].strip() == b"true":
-            return True
-    return False
+        return {}
+    found: dict[str, list[str]] = {}
+    for line in text.split("\n") if any(key in text for key in keys) else ():
+        key, equals, value = line.partition("=")
+        if equals and key.strip() in keys:
+            found.setdefault(key.strip(), []).append(value.partition("#")[0].strip().strip("\"'"))
+    return found
 
 
 def _store_file(graph_driver: object) -> str | None:

@@ -8,7 +8,8 @@ that user's Podman API service. Checked:
 
 - an agent that does not (its ``--podman-socket`` a path where nothing listens): the run
   exits 1 with the one line that says why, naming the user's uid, before anything is
-  leased: no container, no lease, every GPU free;
+  leased: no container, no lease, every GPU free. So do the runs with ``NV_DOCKER="podman
+  --url unix://<the user's socket>"`` (by the user, and by root);
 - an agent that follows the user's service (``--podman-socket <the user's socket>``): the
   run gets a GPU, as its CDI name; the lease is bound to the container and stays bound once
   the wrapper's watcher has asked for it back (``DELETE /leases/{id}/pending``, which an
@@ -161,13 +162,13 @@ class Rootless:
         assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
         return done.stdout.strip()
 
-    def nvidia_docker_run(self, agent_url: str) -> subprocess.CompletedProcess[str]:
+    def nvidia_docker_run(self, agent_url: str, **env: str) -> subprocess.CompletedProcess[str]:
         """``NV_DOCKER=podman NV_GPU=auto nvidia-docker run -d IMAGE sleep 600``, as the
-        user."""
-        env = {"NV_DOCKER": "podman", "NV_HOST": agent_url, "NV_GPU": "auto"}
+        user (``env``: other variables, ``NV_DOCKER`` among them)."""
+        given = {"NV_DOCKER": "podman", "NV_HOST": agent_url, "NV_GPU": "auto", **env}
         return self.run(
             str(SYSTEM_PYTHON), "-m", WRAPPER, "run", "-d", *RUN_LIMITS, IMAGE, "sleep", "600",
-            env={**env, "PYTHONPATH": str(self.code)},
+            env={**given, "PYTHONPATH": str(self.code)},
         )  # fmt: skip
 
     def labels(self, container_id: str) -> tuple[str, str, list[str]]:
@@ -489,22 +490,50 @@ def _node(user: Rootless, *, following_the_user: bool) -> Iterator[Node]:
             shutil.rmtree(base, ignore_errors=True)
 
 
+def _refused(run: subprocess.CompletedProcess[str], uid: int) -> None:
+    """The run exited 1 with the one line that says why, naming ``uid``."""
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    line = one_line(run.stderr)
+    assert line.startswith("nvidia-docker | "), line
+    message = line.split(" Error: ", 1)[1]
+    assert message.startswith(  # NV_GPU=auto is auto:1
+        f"NV_GPU=auto:1 asks for a GPU lease, but Podman runs rootless here (uid {uid}) and "
+        "the node's agent does not follow this user's containers"
+    ), line
+    assert run.stdout == ""
+
+
+def _as_root(agent_url: str, nv_docker: str) -> subprocess.CompletedProcess[str]:
+    """``nvidia-docker run`` as root (this process's user), with ``NV_DOCKER``."""
+    env = {
+        "PATH": PATH, "HOME": "/root", "NV_HOST": agent_url, "NV_GPU": "auto",
+        "NV_DOCKER": nv_docker, "PYTHONPATH": str(REPO),
+    }  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", WRAPPER, "run", "-d", *RUN_LIMITS, IMAGE, "sleep", "600"],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
     rootless: Rootless,
 ) -> None:
+    """``podman``, and a client of the user's service (``--url``) run by the user and by
+    root: each refused, naming the user's uid."""
+    url = f"unix://{rootless.socket_path}"
     with _node(rootless, following_the_user=False) as node:
         assert not any(node.following().values())
-        run = rootless.nvidia_docker_run(node.url)
+        _refused(rootless.nvidia_docker_run(node.url), rootless.uid)
+        _refused(
+            rootless.nvidia_docker_run(node.url, NV_DOCKER=f"podman --url {url}"), rootless.uid
+        )
+        _refused(_as_root(node.url, f"podman --url {url}"), rootless.uid)
 
-        assert run.returncode == 1, (run.stdout, run.stderr)
-        line = one_line(run.stderr)
-        assert line.startswith("nvidia-docker | "), line
-        message = line.split(" Error: ", 1)[1]
-        assert message.startswith(  # NV_GPU=auto is auto:1
-            f"NV_GPU=auto:1 asks for a GPU lease, but Podman runs rootless here (uid "
-            f"{rootless.uid}) and the node's agent does not follow this user's containers"
-        ), line
-        assert run.stdout == ""
         assert rootless.podman("ps", "--all", "--quiet") == ""
         table = node.table()
         assert (table["Leases"], table["Waiting"]) == ([], [])

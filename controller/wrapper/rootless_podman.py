@@ -1,0 +1,232 @@
+"""Whether the docker command runs rootless Podman, and as which user.
+
+Rootless Podman's containers are its user's own: the node's agent sees them only where it
+follows that user's Podman API service, so a lease asked for one is refused unless it does
+(``leases.ask_lease``; docs/nvidia-docker.md, "Rootless Podman"). ``rootless_uid(docker,
+global_args, environment)`` is the uid of the rootless Podman that ``docker`` (``NV_DOCKER``'s
+words) runs with the command's global options, or None: not Podman, root Podman, a service
+on another machine, or one not looked at. It runs only when a lease is asked, and reads a few
+small files (no subprocess: docs/nvidia-docker.md, "Speed"):
+
+1. The program: ``podman`` or ``podman-remote`` by name (``/usr/bin/podman``); anything
+   else is not Podman (``sudo podman``, a prefix such as ``env``, a ``docker`` that runs
+   Podman: not seen through).
+2. Where its containers are made. A local ``podman`` makes them as the user it runs as:
+   rootless unless root. A client of a service (``podman-remote``, ``--remote``, ``--url``,
+   ``-H``/``--host``, ``CONTAINER_HOST``, a containers.conf ``remote = true``) talks to
+   the URL given (``--url`` or ``-H``, else ``CONTAINER_HOST``), else to Podman's default
+   socket (``$XDG_RUNTIME_DIR/podman/podman.sock`` for a user, as Podman finds its runtime
+   directory; ``/run/podman/podman.sock`` for root). A ``unix:`` socket there is rootless
+   Podman of the socket's owner unless root owns it (a socket that cannot be looked at
+   cannot be used either: podman fails); ``ssh://`` and ``tcp://`` are a service on
+   another machine. A named connection (``--connection``, ``--context NAME``,
+   ``CONTAINER_CONNECTION``) or a default one configured (containers.conf's
+   ``active_service`` or ``remote_uri``, a default in ``podman-connections.json``) is not
+   read: None, as for a service elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+from controller.wrapper import docker_args, podman_labels
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+PODMAN_NAMES = ("podman", "podman-remote")
+ROOT_SOCKET = "/run/podman/podman.sock"  # Podman's default service socket for root
+CONNECTIONS_FILE = "podman-connections.json"  # Podman 5's connections, beside containers.conf
+_VALUE, _FLAG, _OPTIONAL = "value", "flag", "optional"  # how an option takes its value
+_ENGINE_KEYS = ("remote", "active_service", "remote_uri")  # containers.conf's, [engine]
+_FALSE = ("false", "f", "0")  # how pflag's flags are said false (--remote=false), lowered
+# Podman's global options that choose its service; any other takes a value unless it is
+# one of docker_args' global flags (Podman's pflag knows them all; only these are read).
+_PODMAN_OPTIONS = {
+    "-c": ("connection", _VALUE), "-H": ("host", _VALUE), "-r": ("remote", _FLAG),
+    **{f"-{letter}": (letter, _FLAG) for letter in docker_args.GLOBAL_BOOL_SHORT},
+    **{f"--{name}": (name, _FLAG) for name in docker_args.GLOBAL_BOOL_LONG},
+    **{f"--{name}": (name, _FLAG) for name in docker_args.PODMAN_GLOBAL_BOOL_LONG},
+}  # fmt: skip
+
+
+def rootless_uid(
+    docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+) -> int | None:
+    """The uid of the rootless Podman that ``docker`` runs with ``global_args`` in
+    ``environment`` (the edge's), or None (see the module docstring)."""
+    if not docker or os.path.basename(docker[0]) not in PODMAN_NAMES:
+        return None
+    name, uid, env = os.path.basename(docker[0]), os.geteuid(), environment
+    options = _podman_options([*docker[1:], *global_args])
+    if options is None:
+        return None
+    flagged = name == "podman-remote" or _flagged_remote(options, env)
+    if not flagged and uid == 0:  # root's Podman, or a service its settings name: root's
+        return None
+    settings = _engine_settings(podman_labels.containers_conf(env, uid))
+    if not flagged and settings.get("remote") != "true":
+        return uid  # a local podman of a user other than root
+    url = _destination(options, env, settings, uid)
+    return _socket_owner(url) if url is not None else None
+
+
+def _options(
+    words: Sequence[str], known: Mapping[str, tuple[str, str]], *, unknown: str | None
+) -> tuple[list[tuple[str, str]], int] | None:
+    """The options at the head of ``words`` as (name, value) pairs, read as getopt and pflag
+    read them (``--name=value``, ``--name value``, ``-abc``, ``-uNAME``, ``-u NAME``,
+    ``-r=false``; ``--`` ends them), and the index of the first word after them. A flag's
+    value is ``true`` unless given (``--remote=false``), an optional value not given is
+    ``""``; an option not ``known`` takes a value where ``unknown`` is ``_VALUE``, else None
+    (not read)."""
+    found: list[tuple[str, str]] = []
+    at = 0
+    while at < len(words) and words[at].startswith("-") and words[at] != "-":
+        word = words[at]
+        if word == "--":
+            return found, at + 1
+        if word.startswith("--"):
+            spelled, equals, value = word.partition("=")
+            name, kind = known.get(spelled, (spelled[2:], unknown or ""))
+            if not kind:
+                return None
+            if not equals and kind == _VALUE:
+                at += 1
+                if at >= len(words):
+                    return None
+                value = words[at]
+            elif not equals:
+                value = "true" if kind == _FLAG else ""
+            found.append((name, value))
+        else:
+            for index in range(1, len(word)):
+                name, kind = known.get(f"-{word[index]}", (word[index], unknown or ""))
+                if not kind:
+                    return None
+                if kind == _FLAG and word[index + 1 : index + 2] == "=":  # pflag's -r=false
+                    found.append((name, word[index + 2 :]))
+                    break
+                if kind != _VALUE:
+                    found.append((name, "true" if kind == _FLAG else ""))
+                    continue
+                value = word[index + 1 :].removeprefix("=")  # -uNAME; pflag's -H=URL
+                if not value:
+                    at += 1
+                    if at >= len(words):
+                        return None
+                    value = words[at]
+                found.append((name, value))
+                break
+        at += 1
+    return found, at
+
+
+def _podman_options(words: Sequence[str]) -> dict[str, str] | None:
+    """Podman's global options among ``words`` (all options): name -> its last value."""
+    read = _options(words, _PODMAN_OPTIONS, unknown=_VALUE)
+    return dict(read[0]) if read is not None else None
+
+
+def _flagged_remote(options: Mapping[str, str], env: Mapping[str, str]) -> bool:
+    """Podman is a client of a service by its options or variables, as its own ``IsRemote``
+    reads them (``--remote=false`` wins over the variables, not over ``--url``)."""
+    if any(name in options for name in ("url", "host", "connection", "context")):
+        return True
+    if "remote" in options:
+        return options["remote"].lower() not in _FALSE
+    return bool(env.get("CONTAINER_HOST") or env.get("CONTAINER_CONNECTION"))
+
+
+def _engine_settings(files: Sequence[str]) -> dict[str, str]:
+    """What the containers.conf ``files`` (in Podman's order: a later one wins) set of
+    ``remote``, ``active_service`` and ``remote_uri``."""
+    settings: dict[str, str] = {}
+    for file in files:
+        found = podman_labels.conf_values(file, _ENGINE_KEYS)
+        settings.update((key, values[-1]) for key, values in found.items())
+    return settings
+
+
+def _destination(
+    options: Mapping[str, str], env: Mapping[str, str], settings: Mapping[str, str], uid: int
+) -> str | None:
+    """The URL a Podman client of user ``uid`` talks to, in Podman's order (its options,
+    its variables, a configured default, its default socket); None: a connection by name
+    or a configured default (not read)."""
+    if "connection" in options or options.get("context", "default") != "default":
+        return None
+    if "url" in options or "host" in options:
+        return options.get("url", options.get("host"))
+    if env.get("CONTAINER_CONNECTION"):
+        return None
+    if env.get("CONTAINER_HOST"):
+        return env["CONTAINER_HOST"]
+    if settings.get("active_service") or settings.get("remote_uri"):
+        return None
+    if _names_default(_connections_files(env, uid)):
+        return None
+    return "unix:" + _runtime_socket(env, uid)
+
+
+def _connections_files(env: Mapping[str, str], uid: int) -> list[str]:
+    """Where Podman 5 keeps its connections: ``PODMAN_CONNECTIONS_CONF``, else beside the
+    user's containers.conf (root's: also /etc/containers)."""
+    if env.get("PODMAN_CONNECTIONS_CONF"):
+        return [env["PODMAN_CONNECTIONS_CONF"]]
+    config = podman_labels.user_config_dir(env)
+    places = [os.path.join(config, "containers", CONNECTIONS_FILE)] if config else []
+    return places + ([f"/etc/containers/{CONNECTIONS_FILE}"] if uid == 0 else [])
+
+
+def _names_default(paths: Sequence[str]) -> bool:
+    """One of Podman 5's connections files at ``paths`` names a default connection (one
+    that is there but cannot be read counts: Podman would use it, or fail)."""
+    from controller import json_codec  # noqa: PLC0415 (a client without a URL only)
+
+    for path in paths:
+        try:
+            with open(path, "rb") as file:
+                found = json_codec.loads(file.read(podman_labels.MAX_SETTINGS_BYTES))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return True
+        connection = found.get("Connection") if isinstance(found, dict) else None
+        if not isinstance(connection, dict) or connection.get("Default"):
+            return True
+    return False
+
+
+def _runtime_socket(env: Mapping[str, str], uid: int) -> str:
+    """Podman's default service socket for ``uid``: root's, else in the runtime directory as
+    Podman finds it (``XDG_RUNTIME_DIR``, else ``/run/user/<uid>`` where that is the
+    user's, else ``$TMPDIR/podman-run-<uid>``)."""
+    if uid == 0:
+        return ROOT_SOCKET
+    runtime = env.get("XDG_RUNTIME_DIR") or ""
+    if not runtime:
+        runtime = f"/run/user/{uid}"
+        try:
+            if os.stat(runtime).st_uid != uid:
+                runtime = ""
+        except OSError:
+            runtime = ""
+    if not runtime:
+        runtime = os.path.join(env.get("TMPDIR") or "/tmp", f"podman-run-{uid}")
+    return os.path.join(runtime, "podman", "podman.sock")
+
+
+def _socket_owner(url: str) -> int | None:
+    """The owner of the socket file a ``unix:`` URL (``unix:///path``, ``unix:/path``) names,
+    where it is there and not root's; None for root's, for one not there (podman cannot
+    use it), and for any other scheme (a service on another machine)."""
+    if not url.startswith("unix:"):
+        return None
+    path = "/" + url[len("unix:") :].lstrip("/")
+    try:
+        owner = os.stat(path).st_uid
+    except (OSError, ValueError):
+        return None
+    return owner if owner != 0 else None

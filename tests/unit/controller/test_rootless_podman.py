@@ -1,0 +1,201 @@
+"""Whether the docker command runs rootless Podman, and as which user
+(``controller.wrapper.rootless_podman``; docs/nvidia-docker.md, "Rootless Podman").
+
+Podman is not run here: what is read is the command's words, the environment, Podman's
+settings files and the owners of socket files, made here with the owners a user's Podman
+service and root's give them. The effective uid is set per test (the tests run as root, who
+may give files to uid 1000). The whole run, with a lease refused for the uid found, is
+tested in ``test_wrapper_leases.py`` (section "rootless Podman") and with real rootless
+Podman in ``tests/e2e/test_leases_rootless_podman.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.wrapper.rootless_podman import rootless_uid
+
+USER = 1000  # the user running the wrapper, unless a test says root
+SSH = "ssh://alice@gpu-7/run/user/1000/podman/podman.sock"  # a service on another machine
+
+
+class Machine:
+    """Programs on ``PATH``, a user's settings and runtime directory, as the wrapper sees
+    them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        self.podman = self.program("podman")
+        self.config = tmp / "config"
+        self.runtime = tmp / "run"
+        self.environment = {
+            "PATH": str(self.bin),
+            "HOME": str(tmp / "home"),
+            "XDG_CONFIG_HOME": str(self.config),
+            "XDG_RUNTIME_DIR": str(self.runtime),
+        }
+
+    def program(self, name: str, text: bytes = b"\x7fELF\x02\x01\x01") -> Path:
+        """An executable file on ``PATH`` (by default the head of an ELF program)."""
+        path = self.bin / name
+        path.write_bytes(text)
+        path.chmod(0o755)
+        return path
+
+    def socket(self, owner: int, path: Path | None = None) -> Path:
+        """A socket file of ``owner`` (by default the user's Podman service socket, in its
+        runtime directory)."""
+        found = path or self.runtime / "podman" / "podman.sock"
+        found.parent.mkdir(parents=True, exist_ok=True)
+        found.touch()
+        os.chown(found, owner, owner)
+        return found
+
+    def settings(self, text: str) -> None:
+        """The user's containers.conf."""
+        conf = self.config / "containers" / "containers.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(text)
+
+    def uid(self, *docker: str, **environment: str) -> int | None:
+        """``rootless_uid`` of ``docker`` with no global options, in the environment."""
+        return rootless_uid(docker, (), {**self.environment, **environment})
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Machine:
+    monkeypatch.setattr(os, "geteuid", lambda: USER)
+    return Machine(tmp_path)
+
+
+def _as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+
+
+# --- a local podman: rootless unless root ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("docker", "euid", "expected"),
+    [
+        (("podman",), USER, USER),
+        (("/usr/bin/podman", "--log-level=info"), USER, USER),
+        (("podman", "--root", "/tmp/store", "--remote=false"), USER, USER),
+        (("podman", "-r=0"), USER, USER),
+        (("podman",), 0, None),  # root Podman: the agent's own --podman-socket
+        (("docker",), USER, None),  # the docker CLI (an ELF program named docker)
+        (("nerdctl",), USER, None),
+    ],
+)
+def test_a_local_podman_is_rootless_podman_of_its_user_unless_root(
+    machine: Machine,
+    docker: tuple[str, ...],
+    euid: int,
+    expected: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine.program("docker")
+    machine.program("nerdctl")
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    assert machine.uid(*docker) == expected
+
+
+def test_the_global_options_of_the_command_line_count_too(machine: Machine) -> None:
+    """``nvidia-docker --url ... run``: podman's options before the command."""
+    machine.socket(0, machine.tmp / "root.sock")
+    url = f"unix://{machine.tmp / 'root.sock'}"
+    assert rootless_uid(("podman",), ("--url", url), machine.environment) is None
+    assert rootless_uid(("podman",), ("--log-level", "debug"), machine.environment) == USER
+
+
+# --- a client of a service: its socket's owner ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["--url {url}", "--url={url}", "-H {url}", "--host={url}", "CONTAINER_HOST={url}"],
+)
+def test_a_client_of_a_users_own_socket_is_that_users_rootless_podman(
+    machine: Machine, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's own Podman service (``podman system service``, ``podman.socket``): its
+    containers are the user's, whoever asks it (root too)."""
+    socket = machine.socket(USER)
+    words = form.format(url=f"unix://{socket}").split()
+    variables = dict(word.split("=", 1) for word in words if word.startswith("CONTAINER_"))
+    options = [word for word in words if not word.startswith("CONTAINER_")]
+    assert machine.uid("podman", *options, **variables) == USER
+    _as_root(monkeypatch)
+    assert machine.uid("podman", *options, **variables) == USER
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["unix://{root}", "unix:{root}", "unix://{missing}", SSH, "tcp://gpu-7:8080"],
+)
+def test_a_client_of_roots_socket_or_another_machine_is_not_rootless(
+    machine: Machine, url: str
+) -> None:
+    """Root's service (a user in its group may use it), a socket that is not there (podman
+    cannot reach it), a service on another machine."""
+    root = machine.socket(0, machine.tmp / "root.sock")
+    url = url.format(root=root, missing=machine.tmp / "missing.sock")
+    assert machine.uid("podman", "--url", url) is None
+    assert machine.uid("podman", CONTAINER_HOST=url) is None
+    own = f"unix://{machine.socket(USER)}"
+    assert machine.uid("podman", "--url", url, CONTAINER_HOST=own) is None  # --url wins
+
+
+def test_a_client_without_a_url_talks_to_the_users_default_socket(machine: Machine) -> None:
+    """``--remote``, ``podman-remote``, containers.conf's ``remote = true``: Podman's
+    default socket, ``$XDG_RUNTIME_DIR/podman/podman.sock`` for a user."""
+    forms = [("podman", "--remote"), ("podman", "-r"), ("podman-remote",)]
+    for docker in forms:
+        assert machine.uid(*docker) is None  # no service there: podman fails by itself
+    machine.socket(USER)
+    for docker in forms:
+        assert machine.uid(*docker) == USER
+    machine.settings("[engine]\nremote = true\n")
+    assert machine.uid("podman") == USER
+    machine.socket(0)  # a socket there that is root's
+    assert machine.uid("podman") is None
+
+
+def test_the_default_socket_is_in_the_runtime_directory_podman_finds(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``XDG_RUNTIME_DIR``: ``/run/user/<uid>`` where that is the user's (not here:
+    no such uid's directory), else ``$TMPDIR/podman-run-<uid>``."""
+    uid = 4_000_000_123  # a uid with no /run/user directory
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
+    runtime = machine.tmp / f"podman-run-{uid}"
+    machine.socket(uid, runtime / "podman" / "podman.sock")
+    assert machine.uid("podman", "--remote", XDG_RUNTIME_DIR="", TMPDIR=str(machine.tmp)) == uid
+
+
+def test_a_named_or_configured_connection_is_not_read(machine: Machine) -> None:
+    """A connection by name (``--connection``, ``CONTAINER_CONNECTION``, ``--context``) or a
+    default configured (containers.conf, Podman 5's podman-connections.json): not read, as
+    for a service on another machine (docs/nvidia-docker.md, "Rootless Podman")."""
+    machine.socket(USER)
+    assert machine.uid("podman", "--remote") == USER
+    assert machine.uid("podman", "--connection", "mine") is None
+    assert machine.uid("podman", "-c", "mine") is None
+    assert machine.uid("podman", "--context", "mine") is None
+    assert machine.uid("podman", "--context", "default") == USER
+    assert machine.uid("podman", "--remote", CONTAINER_CONNECTION="mine") is None
+    machine.settings('[engine]\nactive_service = "gpu-7"\n')
+    assert machine.uid("podman", "--remote") is None
+    assert machine.uid("podman") == USER  # a local podman: the settings name no service
+    machine.settings("[engine]\n")
+    connections = machine.config / "containers" / "podman-connections.json"
+    connections.write_text(json.dumps({"Connection": {"Connections": {}}}))
+    assert machine.uid("podman", "--remote") == USER
+    connections.write_text(json.dumps({"Connection": {"Default": "gpu-7"}}))
+    assert machine.uid("podman", "--remote") is None
