@@ -8,9 +8,13 @@ words) runs with the command's global options, or None: not Podman, root Podman,
 on another machine, or one not looked at. It runs only when a lease is asked, and reads a few
 small files (no subprocess: docs/nvidia-docker.md, "Speed"):
 
-1. The program: ``podman`` or ``podman-remote`` by name (``/usr/bin/podman``); anything
-   else is not Podman (``sudo podman``, a prefix such as ``env``, a ``docker`` that runs
-   Podman: not seen through).
+1. The program: ``podman`` or ``podman-remote`` by name; else the file found as execvp finds
+   it (``docker`` on ``PATH``), when its real name is one of those (a link, as some
+   ``podman-docker`` packages install) or when it is a small script (``#!``, read up to
+   ``SCRIPT_BYTES``) with a line ``exec <dir>/podman ...`` (Debian's and Fedora's
+   ``podman-docker``: ``exec /usr/bin/podman "$@"``); the script's literal words before
+   ``"$@"`` count as podman's options. A command that runs Podman through another program
+   (``sudo podman``, ``env ... podman``) is not seen through: not Podman.
 2. Where its containers are made. A local ``podman`` makes them as the user it runs as:
    rootless unless root. A client of a service (``podman-remote``, ``--remote``, ``--url``,
    ``-H``/``--host``, ``CONTAINER_HOST``, a containers.conf ``remote = true``) talks to
@@ -29,12 +33,13 @@ from __future__ import annotations
 
 import os
 
-from controller.wrapper import docker_args, podman_labels
+from controller.wrapper import docker_args, docker_cli, podman_labels
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+SCRIPT_BYTES = 4096  # podman-docker's script is about 200 bytes
 PODMAN_NAMES = ("podman", "podman-remote")
 ROOT_SOCKET = "/run/podman/podman.sock"  # Podman's default service socket for root
 CONNECTIONS_FILE = "podman-connections.json"  # Podman 5's connections, beside containers.conf
@@ -56,10 +61,12 @@ def rootless_uid(
 ) -> int | None:
     """The uid of the rootless Podman that ``docker`` runs with ``global_args`` in
     ``environment`` (the edge's), or None (see the module docstring)."""
-    if not docker or os.path.basename(docker[0]) not in PODMAN_NAMES:
+    client = _podman_client(docker[0], environment) if docker else None
+    if client is None:
         return None
-    name, uid, env = os.path.basename(docker[0]), os.geteuid(), environment
-    options = _podman_options([*docker[1:], *global_args])
+    uid, env = os.geteuid(), environment
+    name, script_words = client
+    options = _podman_options([*script_words, *docker[1:], *global_args])
     if options is None:
         return None
     flagged = name == "podman-remote" or _flagged_remote(options, env)
@@ -121,6 +128,44 @@ def _options(
                 break
         at += 1
     return found, at
+
+
+def _podman_client(word: str, environment: Mapping[str, str]) -> tuple[str, list[str]] | None:
+    """``podman`` or ``podman-remote`` where ``word`` runs Podman's client, with the options
+    a script adds (see the module docstring); None for anything else."""
+    name = os.path.basename(word)
+    if name in PODMAN_NAMES:
+        return name, []
+    try:
+        path = docker_cli.found(word, environment)
+    except FileNotFoundError:
+        return None
+    real = os.path.basename(os.path.realpath(path))
+    if real in PODMAN_NAMES:
+        return real, []
+    return _script_exec(path)
+
+
+def _script_exec(path: str) -> tuple[str, list[str]] | None:
+    """The Podman program a small script at ``path`` ``exec``s, and the literal words it
+    gives it before ``"$@"``; None where it is not such a script."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(SCRIPT_BYTES)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    for line in head.decode("utf-8", "replace").splitlines():
+        words = [word.strip("\"'") for word in line.split()]
+        if len(words) > 1 and words[0] == "exec" and os.path.basename(words[1]) in PODMAN_NAMES:
+            given: list[str] = []
+            for word in words[2:]:
+                if "$" in word or "`" in word:  # "$@" and anything the shell expands
+                    break
+                given.append(word)
+            return os.path.basename(words[1]), given
+    return None
 
 
 def _podman_options(words: Sequence[str]) -> dict[str, str] | None:

@@ -9,12 +9,14 @@ that user's Podman API service. Checked:
 - an agent that does not (its ``--podman-socket`` a path where nothing listens): the run
   exits 1 with the one line that says why, naming the user's uid, before anything is
   leased: no container, no lease, every GPU free. So do the runs with ``NV_DOCKER="podman
-  --url unix://<the user's socket>"`` (by the user, and by root);
+  --url unix://<the user's socket>"`` (by the user, and by root) and with ``NV_DOCKER``
+  unset where the user's ``docker`` is podman-docker's script;
 - an agent that follows the user's service (``--podman-socket <the user's socket>``): the
   run gets a GPU, as its CDI name; the lease is bound to the container and stays bound once
   the wrapper's watcher has asked for it back (``DELETE /leases/{id}/pending``, which an
-  engine's container refuses) and ended; a second run gets another GPU; ``podman rm -f`` by
-  the user frees the first one's GPU within a second.
+  engine's container refuses) and ended; a second run, through podman-docker's ``docker``,
+  gets another GPU; ``podman rm -f`` by the user frees the first one's GPU within a
+  second.
 
 The user gets subordinate ids far above useradd's ranges (``SUBIDS``), a runtime directory
 (``XDG_RUNTIME_DIR``) in a directory of the test, where its API service listens
@@ -99,6 +101,12 @@ TOOLS = {  # command: the Debian package that has it
     "usermod": "passwd",
     "userdel": "passwd",
 }
+# podman-docker's /usr/bin/docker (Debian's and Fedora's; Podman 4.3's docker file)
+PODMAN_DOCKER = """#!/bin/sh
+[ -e /etc/containers/nodocker ] || \\
+echo "Emulate Docker CLI using podman. Create /etc/containers/nodocker to quiet msg." >&2
+exec /usr/bin/podman "$@"
+"""
 HOOK_SCRIPT = """#!{python}
 import sys
 sys.path.insert(0, {code!r})
@@ -162,6 +170,11 @@ class Rootless:
         assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
         return done.stdout.strip()
 
+    @property
+    def podman_docker(self) -> Path:
+        """A directory with podman-docker's ``docker`` (a script that runs ``podman``)."""
+        return self.base / "podman-docker"
+
     def nvidia_docker_run(self, agent_url: str, **env: str) -> subprocess.CompletedProcess[str]:
         """``NV_DOCKER=podman NV_GPU=auto nvidia-docker run -d IMAGE sleep 600``, as the
         user (``env``: other variables, ``NV_DOCKER`` among them)."""
@@ -170,6 +183,12 @@ class Rootless:
             str(SYSTEM_PYTHON), "-m", WRAPPER, "run", "-d", *RUN_LIMITS, IMAGE, "sleep", "600",
             env={**given, "PYTHONPATH": str(self.code)},
         )  # fmt: skip
+
+    def through_podman_docker(self, agent_url: str) -> subprocess.CompletedProcess[str]:
+        """``nvidia-docker run`` as the user with ``NV_DOCKER`` unset (``docker``), whose
+        ``docker`` is podman-docker's script."""
+        path = f"{self.podman_docker}:{PATH}"
+        return self.nvidia_docker_run(agent_url, NV_DOCKER="docker", PATH=path)
 
     def labels(self, container_id: str) -> tuple[str, str, list[str]]:
         """(its lease label, its lease's device UUID, the --device values it was created
@@ -346,6 +365,9 @@ def _prepare(user: Rootless) -> None:
     _chown_tree(config, user)
     for package in ("controller", "cdi"):
         _readable_copy(package, user.code)
+    user.podman_docker.mkdir(mode=0o755)
+    (user.podman_docker / "docker").write_text(PODMAN_DOCKER)
+    (user.podman_docker / "docker").chmod(0o755)
     image = user.base / "image"
     image.mkdir(mode=0o755)
     tarball = busybox_tarball(image)
@@ -523,8 +545,8 @@ def _as_root(agent_url: str, nv_docker: str) -> subprocess.CompletedProcess[str]
 def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
     rootless: Rootless,
 ) -> None:
-    """``podman``, and a client of the user's service (``--url``) run by the user and by
-    root: each refused, naming the user's uid."""
+    """``podman``; a client of the user's service (``--url``), run by the user and by root;
+    ``docker`` that is podman-docker's script: each refused, naming the user's uid."""
     url = f"unix://{rootless.socket_path}"
     with _node(rootless, following_the_user=False) as node:
         assert not any(node.following().values())
@@ -532,6 +554,7 @@ def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
         _refused(
             rootless.nvidia_docker_run(node.url, NV_DOCKER=f"podman --url {url}"), rootless.uid
         )
+        _refused(rootless.through_podman_docker(node.url), rootless.uid)
         _refused(_as_root(node.url, f"podman --url {url}"), rootless.uid)
 
         assert rootless.podman("ps", "--all", "--quiet") == ""
@@ -562,7 +585,7 @@ def test_a_lease_holds_where_the_agent_follows_the_users_podman(rootless: Rootle
         assert (held["Lease"], held["Units"]) == (lease, [node.gpu_names()[uuid]])
         assert node.states().count("leased") == 1
 
-        again = rootless.nvidia_docker_run(node.url)
+        again = rootless.through_podman_docker(node.url)  # NV_DOCKER unset: podman-docker
         assert again.returncode == 0, again.stderr
         second = again.stdout.strip()
         second_lease, second_uuid, _ = rootless.labels(second)

@@ -1,12 +1,13 @@
 """Whether the docker command runs rootless Podman, and as which user
 (``controller.wrapper.rootless_podman``; docs/nvidia-docker.md, "Rootless Podman").
 
-Podman is not run here: what is read is the command's words, the environment, Podman's
-settings files and the owners of socket files, made here with the owners a user's Podman
-service and root's give them. The effective uid is set per test (the tests run as root, who
-may give files to uid 1000). The whole run, with a lease refused for the uid found, is
-tested in ``test_wrapper_leases.py`` (section "rootless Podman") and with real rootless
-Podman in ``tests/e2e/test_leases_rootless_podman.py``.
+Podman is not run here: what is read is the command's words, the environment, the files
+found on ``PATH`` (a ``podman``, a ``docker`` that is the docker CLI, podman-docker's script
+or a link to ``podman``), Podman's settings files and the owners of socket files, made here
+with the owners a user's Podman service and root's give them. The effective uid is set per
+test (the tests run as root, who may give files to uid 1000). The whole run, with a lease
+refused for the uid found, is tested in ``test_wrapper_leases.py`` (section "rootless
+Podman") and with real rootless Podman in ``tests/e2e/test_leases_rootless_podman.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from controller.wrapper.rootless_podman import rootless_uid
 
 USER = 1000  # the user running the wrapper, unless a test says root
 SSH = "ssh://alice@gpu-7/run/user/1000/podman/podman.sock"  # a service on another machine
+# Debian's and Fedora's podman-docker: /usr/bin/docker (the Podman 4.3 source's docker file)
+PODMAN_DOCKER = """#!/bin/sh
+[ -e /etc/containers/nodocker ] || \\
+echo "Emulate Docker CLI using podman. Create /etc/containers/nodocker to quiet msg." >&2
+exec {podman} "$@"
+"""
 
 
 class Machine:
@@ -199,3 +206,37 @@ def test_a_named_or_configured_connection_is_not_read(machine: Machine) -> None:
     assert machine.uid("podman", "--remote") == USER
     connections.write_text(json.dumps({"Connection": {"Default": "gpu-7"}}))
     assert machine.uid("podman", "--remote") is None
+
+
+# --- podman-docker: a docker that is Podman -------------------------------------------------
+
+
+def test_podman_dockers_script_is_podman(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NV_DOCKER unset (``docker``), with podman-docker's ``/usr/bin/docker`` found first on
+    ``PATH``: a user's own Podman. Root's is not rootless."""
+    docker = machine.program("docker", PODMAN_DOCKER.format(podman=machine.podman).encode())
+    assert machine.uid("docker") == USER
+    assert machine.uid(str(docker)) == USER
+    assert machine.uid("docker", "--url", "ssh://alice@gpu-7/run/podman/podman.sock") is None
+    _as_root(monkeypatch)
+    assert machine.uid("docker") is None
+
+
+def test_a_docker_linked_to_podman_is_podman(machine: Machine) -> None:
+    (machine.bin / "docker").symlink_to(machine.podman)
+    assert machine.uid("docker") == USER
+
+
+def test_a_script_that_runs_something_else_is_not_podman(machine: Machine) -> None:
+    machine.program("docker", b'#!/bin/sh\nexec /usr/libexec/docker/cli "$@"\n')
+    assert machine.uid("docker") is None
+    machine.program("docker", b"#!/bin/sh\n# not podman\necho podman\n")
+    assert machine.uid("docker") is None
+
+
+def test_the_options_a_script_gives_podman_count(machine: Machine) -> None:
+    socket = machine.socket(USER, machine.tmp / "service.sock")
+    machine.program("docker", f'#!/bin/sh\nexec podman --url "unix://{socket}" "$@"\n'.encode())
+    assert machine.uid("docker") == USER
+    os.chown(socket, 0, 0)
+    assert machine.uid("docker") is None

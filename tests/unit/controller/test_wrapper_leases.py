@@ -745,3 +745,62 @@ async def test_the_service_followed_must_be_that_of_the_rootless_podmans_user(
     os.chown(service, 1000, 1000)
     grant = await asyncio.to_thread(_ask_as_rootless_podman, node.port, 1000)
     assert grant.lease == "lease-1"
+
+
+PODMAN_DOCKER = '#!/bin/sh\nexec {podman} "$@"\n'  # podman-docker's /usr/bin/docker, in short
+
+
+def _podman_docker(tmp_path: Path) -> dict[str, str]:
+    """The environment of a machine whose ``docker`` is podman-docker's script, its
+    ``podman`` the recording docker (named ``podman``), and the variables that make it a
+    client of ``tmp_path/podman.sock`` (NV_DOCKER unset: ``docker``)."""
+    from tests.unit.controller.test_wrapper import FAKE_DOCKER  # noqa: PLC0415
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    podman = bin_dir / "podman"
+    podman.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_DOCKER} "$@"\n')
+    docker = bin_dir / "docker"
+    docker.write_text(PODMAN_DOCKER.format(podman=podman))
+    for program in (podman, docker):
+        program.chmod(0o755)
+    return {
+        "NV_DOCKER": "docker",
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CONTAINER_HOST": f"unix://{tmp_path / 'podman.sock'}",
+    }
+
+
+async def test_podman_docker_asking_a_users_service_gets_no_lease_the_agent_would_not_keep(
+    docker: Docker, node: Node, tmp_path: Path
+) -> None:
+    """The whole run, as root: ``docker`` is Podman (podman-docker's script), a client of
+    a user's own service (uid 1000's socket): its containers are that user's, which the
+    agent does not follow. One line naming uid 1000; nothing leased, no container made."""
+    env = _podman_docker(tmp_path)
+    service = tmp_path / "podman.sock"
+    service.touch()
+    os.chown(service, 1000, 1000)
+    result = await run(docker, node, "run", "-d", IMAGE, NV_GPU="auto", **env)
+    assert result.code == 1, result.stderr
+    assert result.error().startswith(
+        "NV_GPU=auto:1 asks for a GPU lease, but Podman runs rootless here (uid 1000) and the "
+        "node's agent does not follow this user's containers"
+    ), result.stderr
+    assert result.executed is None
+    assert node.agent.asks == []
+    node.agent.engines = [{"Socket": str(service), "Following": True}]
+    result = await run(docker, node, "run", "-d", IMAGE, NV_GPU="auto", **env)
+    assert result.code == 0, result.stderr
+    assert result.executed is not None
+    assert "--label=nvidia-docker.lease=lease-1" in result.executed
+
+
+async def test_podman_docker_asking_roots_service_gets_its_lease(
+    docker: Docker, node: Node, tmp_path: Path
+) -> None:
+    env = _podman_docker(tmp_path)
+    (tmp_path / "podman.sock").touch()  # root's
+    result = await run(docker, node, "run", "-d", IMAGE, NV_GPU="auto", **env)
+    assert result.code == 0, result.stderr
+    assert node.agent.requests[:2] == ["GET /gpu/info/json", "POST /leases"]
