@@ -8,14 +8,20 @@ words) runs with the command's global options, or None: not Podman, root Podman,
 on another machine, or one not looked at. It runs only when a lease is asked, and reads a few
 small files (no subprocess: docs/nvidia-docker.md, "Speed"):
 
-1. The program: ``podman`` or ``podman-remote`` by name; else the file found as execvp finds
+1. Prefixes, seen through: ``env`` (its ``-i``, ``-u NAME`` and ``NAME=VALUE`` words change
+   the environment podman gets) and ``sudo``, whose podman runs as ``-u USER``
+   (``--user=USER``, ``#UID``), else as root (``-g GROUP`` alone: as the caller), in sudo's
+   default ``env_reset`` environment (``PATH``, the user's ``HOME`` and the ``VAR=value``
+   words; the caller's with ``-E`` or ``--preserve-env``, and the variables named with
+   ``--preserve-env=LIST``). An option the prefix is not known to take (``env -S``, ``sudo
+   -h``): not seen through (None).
+2. The program: ``podman`` or ``podman-remote`` by name; else the file found as execvp finds
    it (``docker`` on ``PATH``), when its real name is one of those (a link, as some
    ``podman-docker`` packages install) or when it is a small script (``#!``, read up to
    ``SCRIPT_BYTES``) with a line ``exec <dir>/podman ...`` (Debian's and Fedora's
    ``podman-docker``: ``exec /usr/bin/podman "$@"``); the script's literal words before
-   ``"$@"`` count as podman's options. A command that runs Podman through another program
-   (``sudo podman``, ``env ... podman``) is not seen through: not Podman.
-2. Where its containers are made. A local ``podman`` makes them as the user it runs as:
+   ``"$@"`` count as podman's options.
+3. Where its containers are made. A local ``podman`` makes them as the user it runs as:
    rootless unless root. A client of a service (``podman-remote``, ``--remote``, ``--url``,
    ``-H``/``--host``, ``CONTAINER_HOST``, a containers.conf ``remote = true``) talks to
    the URL given (``--url`` or ``-H``, else ``CONTAINER_HOST``), else to Podman's default
@@ -54,6 +60,30 @@ _PODMAN_OPTIONS = {
     **{f"--{name}": (name, _FLAG) for name in docker_args.GLOBAL_BOOL_LONG},
     **{f"--{name}": (name, _FLAG) for name in docker_args.PODMAN_GLOBAL_BOOL_LONG},
 }  # fmt: skip
+_ENV_OPTIONS = {  # GNU env's, but -S/--split-string (not seen through)
+    "-i": ("ignore-environment", _FLAG), "--ignore-environment": ("ignore-environment", _FLAG),
+    "-u": ("unset", _VALUE), "--unset": ("unset", _VALUE),
+    "-C": ("chdir", _VALUE), "--chdir": ("chdir", _VALUE),
+    "-0": ("null", _FLAG), "--null": ("null", _FLAG), "-v": ("debug", _FLAG),
+    "--debug": ("debug", _FLAG), "--list-signal-handling": ("list-signal-handling", _FLAG),
+    "--block-signal": ("block-signal", _OPTIONAL),
+    "--default-signal": ("default-signal", _OPTIONAL),
+    "--ignore-signal": ("ignore-signal", _OPTIONAL),
+}  # fmt: skip
+_SUDO_OPTIONS = {  # sudo's that run a command; -h (help or --host), -e, -l, -v: not seen through
+    **{spelled: (long, _VALUE) for short, long in (
+        ("u", "user"), ("g", "group"), ("C", "close-from"), ("D", "chdir"), ("p", "prompt"),
+        ("r", "role"), ("t", "type"), ("T", "command-timeout"), ("U", "other-user"),
+        ("R", "chroot"),
+    ) for spelled in (f"-{short}", f"--{long}")},
+    **{spelled: (long, _FLAG) for short, long in (
+        ("A", "askpass"), ("B", "bell"), ("b", "background"), ("H", "set-home"),
+        ("i", "login"), ("K", "remove-timestamp"), ("k", "reset-timestamp"),
+        ("n", "non-interactive"), ("N", "no-update"), ("P", "preserve-groups"), ("S", "stdin"),
+        ("s", "shell"),
+    ) for spelled in (f"-{short}", f"--{long}")},
+    "-E": ("preserve-env", _OPTIONAL), "--preserve-env": ("preserve-env", _OPTIONAL),
+}  # fmt: skip
 
 
 def rootless_uid(
@@ -61,12 +91,15 @@ def rootless_uid(
 ) -> int | None:
     """The uid of the rootless Podman that ``docker`` runs with ``global_args`` in
     ``environment`` (the edge's), or None (see the module docstring)."""
-    client = _podman_client(docker[0], environment) if docker else None
+    seen = _through_prefixes(docker, environment)
+    if seen is None or not seen[0]:
+        return None
+    words, uid, env = seen
+    client = _podman_client(words[0], env)
     if client is None:
         return None
-    uid, env = os.geteuid(), environment
     name, script_words = client
-    options = _podman_options([*script_words, *docker[1:], *global_args])
+    options = _podman_options([*script_words, *words[1:], *global_args])
     if options is None:
         return None
     flagged = name == "podman-remote" or _flagged_remote(options, env)
@@ -77,6 +110,95 @@ def rootless_uid(
         return uid  # a local podman of a user other than root
     url = _destination(options, env, settings, uid)
     return _socket_owner(url) if url is not None else None
+
+
+def _through_prefixes(
+    docker: Sequence[str], environment: Mapping[str, str]
+) -> tuple[list[str], int, dict[str, str]] | None:
+    """``docker``'s words from its program on, the uid it runs as and its environment,
+    past any ``env`` and ``sudo`` before it; None where a prefix is not seen through."""
+    words, uid, env = list(docker), os.geteuid(), dict(environment)
+    while words and os.path.basename(words[0]) in ("env", "sudo"):
+        if os.path.basename(words[0]) == "env":
+            read = _env(words[1:], env)
+        else:
+            read = _sudo(words[1:], env)
+        if read is None:
+            return None
+        words, env, run_as = read
+        uid = uid if run_as is None else run_as
+    return words, uid, env
+
+
+def _env(
+    words: list[str], environment: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], int | None] | None:
+    """GNU ``env``'s words (after ``env``): the command's words, its environment, and no
+    other user (None)."""
+    read = _options(words, _ENV_OPTIONS, unknown=None)
+    if read is None:
+        return None
+    options, at = read
+    lone = words[at : at + 1] == ["-"]  # after the options, a lone "-" is -i
+    ignore = lone or any(name == "ignore-environment" for name, _ in options)
+    env = {} if ignore else dict(environment)
+    for name, value in options:
+        if name == "unset":
+            env.pop(value, None)
+    return _assign(words[at + lone :], env), env, None
+
+
+def _sudo(
+    words: list[str], environment: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], int | None] | None:
+    """sudo's words (after ``sudo``): the command's words, its environment (sudo's default
+    ``env_reset``: ``PATH``, the user's ``HOME``, what ``--preserve-env=LIST`` names, the
+    ``VAR=value`` words; ``-E``: the caller's), and the uid it runs as (``-u``, else root;
+    ``-g`` alone: the invoking user's)."""
+    read = _options(words, _SUDO_OPTIONS, unknown=None)
+    if read is None:
+        return None
+    options, at = read
+    given = dict(options)
+    # -g GROUP alone runs the command as the invoking user, with that group
+    invoking = f"#{os.geteuid()}" if "group" in given else "root"
+    user = _user(given.get("user", invoking))
+    if user is None:
+        return None
+    uid, home = user
+    kept = given.get("preserve-env")  # "": all of them (-E, --preserve-env)
+    if kept == "":
+        env = dict(environment)
+    else:
+        env = {"HOME": home} if home else {}
+        names = ("PATH", *(kept.split(",") if kept else ()))
+        env.update((name, environment[name]) for name in names if name in environment)
+    if home and ("set-home" in given or "login" in given):
+        env["HOME"] = home
+    return _assign(words[at:], env), env, uid
+
+
+def _user(name: str) -> tuple[int, str] | None:
+    """sudo's ``-u`` user (a name or ``#UID``): its uid and home (``""``: unknown); None:
+    no such user (sudo refuses it)."""
+    import pwd  # noqa: PLC0415 (sudo only)
+
+    number = name[1:] if name.startswith("#") else None
+    try:
+        entry = pwd.getpwnam(name) if number is None else pwd.getpwuid(int(number))
+    except (KeyError, ValueError):
+        return (int(number), "") if number is not None and number.isdigit() else None
+    return entry.pw_uid, entry.pw_dir
+
+
+def _assign(words: list[str], env: dict[str, str]) -> list[str]:
+    """The words after the leading ``NAME=VALUE`` ones, which are set in ``env``."""
+    at = 0
+    while at < len(words) and "=" in words[at] and not words[at].startswith("="):
+        name, _, value = words[at].partition("=")
+        env[name] = value
+        at += 1
+    return words[at:]
 
 
 def _options(

@@ -9,8 +9,9 @@ that user's Podman API service. Checked:
 - an agent that does not (its ``--podman-socket`` a path where nothing listens): the run
   exits 1 with the one line that says why, naming the user's uid, before anything is
   leased: no container, no lease, every GPU free. So do the runs with ``NV_DOCKER="podman
-  --url unix://<the user's socket>"`` (by the user, and by root) and with ``NV_DOCKER``
-  unset where the user's ``docker`` is podman-docker's script;
+  --url unix://<the user's socket>"`` (by the user, and by root), with ``NV_DOCKER`` unset
+  where the user's ``docker`` is podman-docker's script, and with ``NV_DOCKER="env LANG=C
+  podman"``;
 - an agent that follows the user's service (``--podman-socket <the user's socket>``): the
   run gets a GPU, as its CDI name; the lease is bound to the container and stays bound once
   the wrapper's watcher has asked for it back (``DELETE /leases/{id}/pending``, which an
@@ -546,7 +547,8 @@ def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
     rootless: Rootless,
 ) -> None:
     """``podman``; a client of the user's service (``--url``), run by the user and by root;
-    ``docker`` that is podman-docker's script: each refused, naming the user's uid."""
+    ``docker`` that is podman-docker's script; ``env ... podman``: each refused, naming the
+    user's uid."""
     url = f"unix://{rootless.socket_path}"
     with _node(rootless, following_the_user=False) as node:
         assert not any(node.following().values())
@@ -555,6 +557,7 @@ def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
             rootless.nvidia_docker_run(node.url, NV_DOCKER=f"podman --url {url}"), rootless.uid
         )
         _refused(rootless.through_podman_docker(node.url), rootless.uid)
+        _refused(rootless.nvidia_docker_run(node.url, NV_DOCKER="env LANG=C podman"), rootless.uid)
         _refused(_as_root(node.url, f"podman --url {url}"), rootless.uid)
 
         assert rootless.podman("ps", "--all", "--quiet") == ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,91 @@ def test_the_options_a_script_gives_podman_count(machine: Machine) -> None:
     assert machine.uid("docker") == USER
     os.chown(socket, 0, 0)
     assert machine.uid("docker") is None
+
+
+# --- prefixes: env, sudo --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("docker", "with_ssh_host"),
+    [
+        (("env", "podman"), None),
+        (("/usr/bin/env", "LANG=C", "podman", "--log-level=info"), None),
+        (("env", "-i", "PATH=/usr/bin", "podman"), USER),
+        (("env", "-u", "CONTAINER_HOST", "podman"), USER),
+        (("env", "--unset=CONTAINER_HOST", "podman"), USER),
+        (("env", "-", "podman"), USER),
+        (("env", "-v", "--", "podman"), None),
+    ],
+)
+def test_env_is_seen_through(
+    machine: Machine, docker: tuple[str, ...], with_ssh_host: int | None
+) -> None:
+    """Its variables are podman's: ``CONTAINER_HOST`` of another machine, unless env
+    removes it."""
+    assert machine.uid(*docker) == USER
+    assert machine.uid(*docker, CONTAINER_HOST=SSH) == with_ssh_host
+
+
+def test_envs_variables_choose_the_service(machine: Machine) -> None:
+    socket = machine.socket(USER, machine.tmp / "service.sock")
+    assert machine.uid("env", f"CONTAINER_HOST=unix://{socket}", "podman") == USER
+    os.chown(socket, 0, 0)
+    assert machine.uid("env", f"CONTAINER_HOST=unix://{socket}", "podman") is None
+    assert machine.uid("env", "-S", "podman --remote") is None  # -S: not seen through
+
+
+ROOT_SUDO = [
+    ("sudo", "podman"),
+    ("sudo", "-n", "podman"),
+    ("sudo", "-u", "root", "podman"),
+    ("sudo", "--user=#0", "podman"),
+    ("sudo", "-H", "--", "podman"),
+]
+
+
+def test_sudo_runs_root_podman(machine: Machine) -> None:
+    """sudo resets the environment: the caller's ``CONTAINER_HOST`` is not root podman's."""
+    own = f"unix://{machine.socket(USER)}"
+    for docker in ROOT_SUDO:
+        assert machine.uid(*docker) is None, docker
+        assert machine.uid(*docker, CONTAINER_HOST=own) is None, docker
+    # ... unless it keeps the caller's variables: root asks the user's service
+    assert machine.uid("sudo", "-E", "podman", CONTAINER_HOST=own) == USER
+    kept = "--preserve-env=CONTAINER_HOST"
+    assert machine.uid("sudo", kept, "podman", CONTAINER_HOST=own) == USER
+    assert machine.uid("sudo", f"CONTAINER_HOST={own}", "podman") == USER
+
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+OTHER_SUDO = [
+    ("sudo", "-u", "nobody", "podman"),
+    ("sudo", "--user=nobody", "podman"),
+    ("sudo", "-unobody", "podman"),
+    ("sudo", "-nu", "nobody", "podman"),
+    ("sudo", "--user", "nobody", "env", "A=1", "podman"),
+    ("sudo", "-u", f"#{NOBODY}", "podman"),
+    ("env", "A=1", "sudo", "-u", "nobody", "podman"),
+]
+
+
+def test_sudo_as_another_user_runs_that_users_rootless_podman(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sudo -u USER podman``: USER's own Podman (the agent must follow USER's socket)."""
+    for docker in OTHER_SUDO:
+        assert machine.uid(*docker) == NOBODY, docker
+    assert machine.uid("sudo", "-u", "#4000000123", "podman") == 4_000_000_123  # no entry
+    _as_root(monkeypatch)
+    assert machine.uid("sudo", "-u", "nobody", "podman") == NOBODY
+    assert machine.uid("sudo", "-g", "nogroup", "podman") is None  # root, another group
+    monkeypatch.setattr(os, "geteuid", lambda: USER)
+    assert machine.uid("sudo", "-g", "nogroup", "podman") == USER  # -g alone: the caller
+
+
+def test_a_sudo_that_cannot_be_read_is_not_seen_through(machine: Machine) -> None:
+    assert machine.uid("sudo", "-u", "no-such-user-here", "podman") is None
+    assert machine.uid("sudo", "-h", "podman") is None
+    assert machine.uid("sudo", "--host=gpu-7", "podman") is None
+    assert machine.uid("sudo", "-u") is None
+    assert machine.uid("sudo") is None
