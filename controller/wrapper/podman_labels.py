@@ -19,14 +19,15 @@ the identity of Podman's settings files (``containers.conf``, ``storage.conf``,
 the working directory where an option or one of those variables may name a relative path
 (any option at all, or a relative value). None where nothing may be remembered: the command
 is not a local ``podman`` (``podman-remote``, ``--remote``, ``--connection``, ``--url``,
-``CONTAINER_HOST``, ``sudo podman``, a containers.conf with ``remote = true``), or the
-user has no cache directory. ``recall(image)``: the labels remembered for that name with
-the store file's identity as it is now, else None. ``learn(image, printed)`` reads
-``podman image inspect --format FORMAT``'s answer (the labels, then ``GraphDriver``, whose
-``UpperDir`` is ``<store>/<driver>/<layer>/diff``: the store) and remembers the labels only
-when the store file was the same before that inspect and after it (a first run learns where
-the store is; the next one remembers; the ones after skip the inspect). The memory is a
-small JSON file of the user's (``user_cache``: ``podman-labels.json``).
+``-H``/``--host``, ``--context``, ``CONTAINER_HOST``, ``sudo podman``, a containers.conf
+with ``remote = true``), or the user has no cache directory. ``recall(image)``: the labels
+remembered for that name with the store file's identity as it is now, else None.
+``learn(image, printed)`` reads ``podman image inspect --format FORMAT``'s answer (the
+labels, then ``GraphDriver``, whose ``UpperDir`` is ``<store>/<driver>/<layer>/diff``: the
+store) and remembers the labels only when the store file was the same before that inspect
+and after it (a first run learns where the store is; the next one remembers; the ones after
+skip the inspect). The memory is a small JSON file of the user's (``user_cache``:
+``podman-labels.json``).
 
 What is not seen: a change made only in a read-only additional image store
 (``additionalimagestores`` in ``storage.conf``) to an image the main store does not hold.
@@ -55,7 +56,9 @@ MAX_SETTINGS_BYTES = 1 << 20  # read at most this much of a settings file
 REMEMBERED = "podman image inspect, remembered"
 # Options and variables that send Podman to a service (possibly on another machine):
 # what it prints then describes a store that is not this machine's.
-_REMOTE_OPTIONS = ("--remote", "-r", "--connection", "-c", "--url", "--identity")
+_REMOTE_OPTIONS = (
+    "--remote", "-r", "--connection", "-c", "--url", "-H", "--host", "--context", "--identity",
+)  # fmt: skip
 _REMOTE_VARIABLES = ("CONTAINER_HOST", "CONTAINER_CONNECTION")
 # Variables that name one of Podman's settings files, and all that move its files or state.
 _FILE_VARIABLES = (
