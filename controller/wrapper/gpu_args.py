@@ -76,7 +76,6 @@ from controller.wrapper.leases import (
     lease_ask,
     release,
 )
-from controller.wrapper.rootless_podman import rootless_uid
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
 TYPE_CHECKING = False
@@ -593,6 +592,8 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
     )
     lease = lease_ask(command, options)  # a --gpus that cannot be read: before docker is asked
     if lease is not None:
+        from controller.wrapper.rootless_podman import rootless_uid  # noqa: PLC0415 (a lease)
+
         rootless = rootless_uid(docker, command.global_args, options.environment)
         lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
