@@ -80,7 +80,7 @@ from controller.wrapper.leases import (
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from controller.options import Options
@@ -638,10 +638,21 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         args = drop_volume_driver_when_present(args, options, command, engine_socket)
     if facts.grant is None:
         return GpuArguments(args, warnings=warnings)
-    leased = facts.grant.docker_args(annotations=is_podman(docker))
+    leased = facts.grant.docker_args(annotations=_runs_podman(docker, options.environment))
     return GpuArguments(
         [*args, *leased], (GPUS_OPTION,), warnings, _watch(facts.grant, facts.agent, reached)
     )
+
+
+def _runs_podman(docker: Sequence[str], environment: Mapping[str, str]) -> bool:
+    """Podman creates the leased container, and takes the lease's annotations too (its start
+    hook reads them: docs/leases.md): ``podman``, ``sudo podman``, and a ``docker`` that runs
+    Podman (podman-docker's script: ``rootless_podman.runs_podman``)."""
+    if is_podman(docker):
+        return True
+    from controller.wrapper.rootless_podman import runs_podman  # noqa: PLC0415 (a lease)
+
+    return runs_podman(docker, environment)
 
 
 def _watch(grant: Grant, agent: Endpoint | None, reached: Reach) -> LeaseWatch | None:

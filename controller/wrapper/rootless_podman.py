@@ -112,6 +112,14 @@ def rootless_uid(
     return _socket_owner(url) if url is not None else None
 
 
+def runs_podman(docker: Sequence[str], environment: Mapping[str, str]) -> bool:
+    """``docker`` (``NV_DOCKER``'s words) runs Podman's client, past any ``env`` or ``sudo``
+    before it: ``podman`` by name, or a ``docker`` that is podman-docker's script or a link
+    to ``podman`` (step 2 of the module docstring)."""
+    seen = _through_prefixes(docker, environment)
+    return seen is not None and bool(seen[0]) and _podman_client(seen[0][0], seen[2]) is not None
+
+
 def _through_prefixes(
     docker: Sequence[str], environment: Mapping[str, str]
 ) -> tuple[list[str], int, dict[str, str]] | None:

@@ -593,6 +593,11 @@ def test_a_lease_holds_where_the_agent_follows_the_users_podman(rootless: Rootle
         second = again.stdout.strip()
         second_lease, second_uuid, _ = rootless.labels(second)
         assert second_uuid != uuid
+        # Podman's container through podman-docker's docker has the lease's annotations too
+        annotations = json.loads(
+            rootless.podman("inspect", "--format", "{{json .Config.Annotations}}", second)
+        )
+        assert annotations[LEASE_LABEL] == second_lease, annotations
         rootless.wait_watchers_ended()
         node.wait_bound([first, second], "both leases bound")
         assert node.bound() == {first: lease, second: second_lease}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.wrapper.rootless_podman import rootless_uid
+from controller.wrapper.rootless_podman import rootless_uid, runs_podman
 
 USER = 1000  # the user running the wrapper, unless a test says root
 SSH = "ssh://alice@gpu-7/run/user/1000/podman/podman.sock"  # a service on another machine
@@ -221,6 +221,20 @@ def test_podman_dockers_script_is_podman(machine: Machine, monkeypatch: pytest.M
     assert machine.uid("docker", "--url", "ssh://alice@gpu-7/run/podman/podman.sock") is None
     _as_root(monkeypatch)
     assert machine.uid("docker") is None
+
+
+def test_a_docker_that_runs_podman_takes_the_leases_annotations(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root's podman-docker too: its containers meet Podman's start hook, which reads them."""
+    env = machine.environment
+    assert not runs_podman(("docker",), env)  # the docker CLI
+    machine.program("docker", PODMAN_DOCKER.format(podman=machine.podman).encode())
+    _as_root(monkeypatch)
+    assert runs_podman(("docker",), env)
+    assert runs_podman(("env", "LANG=C", "docker"), env)
+    assert runs_podman(("sudo", "podman"), env)
+    assert not runs_podman(("env", "-S", "docker"), env)  # not seen through
 
 
 def test_a_docker_linked_to_podman_is_podman(machine: Machine) -> None:
