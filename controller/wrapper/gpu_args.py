@@ -9,10 +9,12 @@ imports it only for run/create; ``options`` are the ones its edge built: ``NV_GP
    docker's order, its contexts read from ``--config`` when given, as docker reads them),
    first: a bad ``NV_HOST`` is said before docker is asked anything;
 2. the image's labels, from ``docker image inspect`` (pulled first when missing; the pull's
-   output goes to stderr so that stdout stays the container's); when the docker CLI would
-   ask a local unix socket, the wrapper asks that socket itself (``engine_api``: the same
-   ``GET``, without starting the CLI), and the CLI answers whatever that cannot; with Podman
-   the labels are remembered while its image store is unchanged (``podman_labels``);
+   output goes to stderr so that stdout stays the container's; a lease that the agent on
+   loopback refuses already is refused before the pull: ``_refuse_before_pull``); when the
+   docker CLI would ask a local unix socket, the wrapper asks that socket itself
+   (``engine_api``: the same ``GET``, without starting the CLI), and the CLI answers
+   whatever that cannot; with Podman the labels are remembered while its image store is
+   unchanged (``podman_labels``);
 3. no ``com.nvidia.volumes.needed`` label: no GPU arguments (the command runs unchanged);
 4. the node's facts: remote nodes answer ``GET /gpu/info/json`` and
    ``GET /docker/cli?vol=...&dev=...``; the local node asks its agent on localhost:3476 when
@@ -74,13 +76,14 @@ from controller.wrapper.leases import (
     LeaseAsk,
     ask_lease,
     lease_ask,
+    refuse_rootless,
     release,
 )
 
 # typing, dataclasses, subprocess: not imported on the run path (docs/nvidia-docker.md, "Speed")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from controller.options import Options
@@ -160,12 +163,16 @@ def _error_line(text: str) -> str:
 
 
 def image_labels(
-    options: Options, command: DockerCommand, engine: str | None = None
+    options: Options,
+    command: DockerCommand,
+    engine: str | None = None,
+    before_pull: Callable[[], None] | None = None,
 ) -> tuple[dict[str, str] | None, str]:
     """The image's labels, pulling it when missing, and who said them (for ``NV_DEBUG``);
     None when docker should just run (``--pull never`` and the image is not here: docker
     says so itself). ``engine``: the engine's unix socket, asked first (``engine_api``);
-    the docker CLI answers whatever it cannot, so its errors are docker's own."""
+    the docker CLI answers whatever it cannot, so its errors are docker's own.
+    ``before_pull`` runs before a pull, and may refuse the run (``GpuError``)."""
     image = command.image
     assert image is not None
     by_engine = f"the engine's API on {engine}"
@@ -189,6 +196,8 @@ def image_labels(
             raise DockerError(f"docker image inspect {image} failed: {_error_line(done.stderr)}")
     if command.options.get("pull") == "never":
         return None, by_engine if missing else _BY_CLI
+    if before_pull is not None:
+        before_pull()
     _pull(options, command, image)
     if engine is not None:
         seen = engine_api.image_labels(engine, image)
@@ -340,6 +349,29 @@ def _refuse_an_unfollowed_engine(agent: BlockingAgent, lease: LeaseAsk, cdi: Cdi
     answer = cdi.engines(agent)
     if followed_engine.engine_followed(answer, cdi.socket) is False:
         raise GpuError(followed_engine.refusal(lease, cdi.socket, answer))
+
+
+def _refuse_before_pull(
+    endpoint: Endpoint, options: Options, lease: LeaseAsk, cdi: CdiChoice
+) -> None:
+    """Before docker pulls a missing image for a run with a lease (gigabytes, at times), the
+    refusals that the node's agent on this machine's loopback can tell already: a Docker
+    engine it does not follow (``_refuse_an_unfollowed_engine``), rootless Podman whose
+    service it does not follow (``leases.refuse_rootless``). Plain HTTP only (no password
+    to ask); an agent that does not answer here is asked after the pull, as always."""
+    if endpoint.is_local:
+        endpoint = Endpoint(transport="http", host="localhost", source="local agent")
+    if not _on_loopback(endpoint) or endpoint.scheme != "http":
+        return
+    if cdi.socket is None and lease.rootless_podman is None:
+        return
+    try:
+        with PlainAgentClient(endpoint, connect_timeout_s=LOCAL_PROBE_CONNECT_S) as agent:
+            if cdi.socket is not None:
+                _refuse_an_unfollowed_engine(agent, lease, cdi)
+            refuse_rootless(agent, lease)
+    except NodeError:
+        return
 
 
 def _on_loopback(endpoint: Endpoint) -> bool:
@@ -597,8 +629,10 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         rootless = rootless_uid(docker, command.global_args, options.environment)
         lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
+    cdi = CdiChoice(options, command, engine_socket)
+    refuse = None if lease is None else lambda: _refuse_before_pull(endpoint, options, lease, cdi)
     started = time.perf_counter()
-    labels, asked = image_labels(options, command, engine_socket)
+    labels, asked = image_labels(options, command, engine_socket, refuse)
     if options.debug:
         sys.stderr.write(
             f"nvidia-docker | image: {command.image}'s labels from {asked} (in "
@@ -618,7 +652,7 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         wanted_volumes,
         gpus,
         cuda_needed,
-        cdi=CdiChoice(options, command, engine_socket),
+        cdi=cdi,
         reach=reached,
         lease=lease,
         terminal=options.progress,

@@ -238,6 +238,14 @@ def rootless_refusal(ask: LeaseAsk) -> str:
     )
 
 
+def refuse_rootless(agent: BlockingAgent, ask: LeaseAsk) -> None:
+    """``GpuError`` (``rootless_refusal``) for an ask of rootless Podman whose user's own
+    service ``agent`` does not follow (``engine_cdi.follows_own_engine``)."""
+    uid = ask.rootless_podman
+    if uid is not None and not _follows_own_engine(agent, uid):
+        raise GpuError(rootless_refusal(ask))
+
+
 def _follows_own_engine(agent: BlockingAgent, uid: int) -> bool:
     from controller.wrapper.engine_cdi import follows_own_engine  # noqa: PLC0415 (rootless only)
 
@@ -415,9 +423,7 @@ def ask_lease(agent: BlockingAgent, ask: LeaseAsk, info: Any, *, terminal: bool 
     stderr is one, so a wait longer than a second is said there. An ask of rootless Podman
     is refused (``rootless_refusal``) unless the agent follows that Podman's user's own
     service (``engine_cdi.follows_own_engine``)."""
-    uid = ask.rootless_podman
-    if uid is not None and not _follows_own_engine(agent, uid):
-        raise GpuError(rootless_refusal(ask))
+    refuse_rootless(agent, ask)
     devices = every_gpu(agent, info) if ask.every_gpu else None
     note = None
     if terminal and ask.wait_s > 0:

@@ -333,6 +333,12 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
     engine, proc = start_engine(extra_args=(*SHUTDOWN_ARGS, "--host", f"unix://{second}"))
     other = Dockerd(engine, proc)
     try:
+        # an image it does not have: refused before docker pulls it (no pull is tried)
+        absent = node.nvidia_docker(
+            "run", "-d", "nvd-leases/absent:1", NV_GPU="auto:1", DOCKER_HOST=engine.host
+        )
+        assert absent.returncode != 0
+        assert "which the node's agent does not follow" in one_line(absent.stderr), absent.stderr
         engine.import_busybox(IMAGE)
         # the node's volume plugin known to it too: only the lease stands in the run's way
         spec = "nvidia-docker.spec"

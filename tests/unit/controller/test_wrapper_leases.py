@@ -796,6 +796,23 @@ async def test_podman_docker_asking_a_users_service_gets_no_lease_the_agent_woul
     assert "--label=nvidia-docker.lease=lease-1" in result.executed
 
 
+async def test_a_refused_lease_pulls_no_image_first(
+    docker: Docker, node: Node, tmp_path: Path
+) -> None:
+    """The image is not here: the refusal that the agent on loopback can tell comes before
+    docker pulls it (gigabytes, at times, for a run that is then refused)."""
+    env = _podman_docker(tmp_path)
+    service = tmp_path / "podman.sock"
+    service.touch()
+    os.chown(service, 1000, 1000)  # a user's service, which the agent does not follow
+    docker.image("nvidia/cuda", GPU_LABELS, in_registry=True)
+    result = await run(docker, node, "run", "-d", "nvidia/cuda", NV_GPU="auto", **env)
+    assert result.code == 1, result.stderr
+    assert "Podman runs rootless here (uid 1000)" in result.error(), result.stderr
+    assert not [call for call in docker.calls() if "pull" in call]
+    assert node.agent.asks == []
+
+
 async def test_podman_docker_asking_roots_service_gets_its_lease(
     docker: Docker, node: Node, tmp_path: Path
 ) -> None:
