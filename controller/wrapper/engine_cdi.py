@@ -224,9 +224,13 @@ def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
 def follows_own_engine(answer: object, uid: int) -> bool:
     """``answer`` (the agent's ``GET /engines/json``) says the agent runs on this machine
     and follows an engine whose socket is user ``uid``'s (rootless Podman's service, as
-    ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow)."""
+    ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow). A row that says
+    a dockerd's version is not one: that user's rootless Docker does not see the containers
+    of the user's Podman."""
     for row in _followed_rows(answer):
         socket = row.get("Socket")
+        if row.get("Version") is not None:  # a dockerd (Podman's service says none)
+            continue
         try:
             if isinstance(socket, str) and os.stat(socket).st_uid == uid:
                 return True

@@ -730,6 +730,21 @@ async def test_rootless_podman_gets_a_lease_where_the_agent_follows_its_service(
     assert len(node.agent.asks) == 1
 
 
+async def test_the_users_own_dockerd_followed_does_not_hold_a_rootless_podman_lease(
+    node: Node, tmp_path: Path
+) -> None:
+    """An agent that follows this user's rootless Docker (``--docker-socket
+    /run/user/<uid>/docker.sock``: a row with dockerd's version) never sees the containers
+    of the user's Podman: the lease would end when podman returns."""
+    rootless_docker = tmp_path / "docker.sock"
+    rootless_docker.touch()  # this user's
+    node.agent.engines = [{"Socket": str(rootless_docker), "Following": True, "Version": "28.0.1"}]
+    with pytest.raises(GpuError) as refused:
+        await asyncio.to_thread(_ask_as_rootless_podman, node.port)
+    assert "Podman runs rootless here" in str(refused.value)
+    assert node.agent.asks == []
+
+
 async def test_the_service_followed_must_be_that_of_the_rootless_podmans_user(
     node: Node, tmp_path: Path
 ) -> None:
