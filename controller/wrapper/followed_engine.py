@@ -19,6 +19,10 @@ when the agent runs on this machine (the boot id it says is this kernel's) and
   engine), or
 - the dockerd behind ``engine`` says (``GET /info``) the ``ID`` of one of its rows: the same
   daemon behind a second socket. Asked only when no socket matched (about 5 ms of dockerd's).
+  A row that says no ``ID`` (its stream reconnecting after dockerd restarted, its facts not
+  read) is asked its own where its socket is a dockerd (``GET /_ping``'s ``Server``, at
+  almost no cost; Podman's service and a socket that does not answer are not asked), only
+  when nothing else matched.
 
 False when none holds. None where it cannot say: an agent of another machine, one that
 lists no engine, one that follows a dockerd now without saying its ``ID`` (older than the
@@ -37,6 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from controller.wrapper.leases import LeaseAsk
 
+DOCKERD = "Docker/"  # dockerd's Server header: Docker/<version> (<os>)
 INFO_TIMEOUT_S = 5.0  # dockerd's /info asks containerd and runc: a few ms, more under load
 
 
@@ -54,8 +59,10 @@ def engine_followed(answer: object, engine: str) -> bool | None:
         return None
     if any(row.get("ID") == engine_id for row in rows):
         return True
-    says_ids = all(row.get("ID") is not None for row in rows if _follows_dockerd(row))
-    return False if says_ids else None
+    if not all(row.get("ID") is not None for row in rows if _follows_dockerd(row)):
+        return None
+    unsaid = (row.get("Socket") for row in rows if row.get("ID") is None)
+    return any(isinstance(socket, str) and _dockerd_id(socket) == engine_id for socket in unsaid)
 
 
 def refusal(ask: LeaseAsk, engine: str, answer: object) -> str:
@@ -87,6 +94,15 @@ def _follows_dockerd(row: dict[str, object]) -> bool:
     """The row is a dockerd the agent follows now (it read its version: Podman's service
     has none said)."""
     return row.get("Following") is True and row.get("Version") is not None
+
+
+def _dockerd_id(socket: str) -> str | None:
+    """The ``ID`` of the dockerd at the socket file ``socket`` (``GET /_ping`` says dockerd
+    first: Podman's service is not asked its ``/info``), or None."""
+    answer = unix_get(socket, "/_ping", INFO_TIMEOUT_S)
+    if answer is None or answer[0] != 200 or not answer[1].get("server", "").startswith(DOCKERD):
+        return None
+    return _engine_id(socket)
 
 
 def _engine_id(engine: str) -> str | None:

@@ -137,3 +137,55 @@ async def test_an_agent_whose_dockerd_is_down_does_not_follow_the_users(
     answer = agents_answer(tmp_path / "docker.sock", None)
     answer["Engines"][0]["Following"] = False  # type: ignore[index]
     assert await followed(answer, users_engine) is False
+
+
+def ping_answer(server: str) -> bytes:
+    """``GET /_ping``'s answer, with the engine's ``Server`` header."""
+    return b"HTTP/1.1 200 OK\r\nServer: %s\r\nContent-Length: 2\r\n\r\nOK" % server.encode()
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"Following": False, "Version": None, "ID": None},  # reconnecting after a restart
+        {"Following": True, "Version": None, "ID": None},  # its GET /info not read
+    ],
+)
+async def test_the_same_dockerd_is_followed_while_its_row_says_no_id(
+    users_engine: FakeEngine, tmp_path: Path, row: dict[str, object]
+) -> None:
+    """The agent follows the user's dockerd at a first socket, whose row says no ``ID`` just
+    now: that socket is asked (``GET /_ping``, then ``GET /info``), and says the same daemon."""
+    first = FakeEngine(tmp_path / "docker.sock")
+    first.answers["/_ping"] = ping_answer("Docker/26.1.5 (linux)")
+    first.answers["/info"] = json_answer({"ID": USERS_ID})
+    await first.start()
+    try:
+        answer = agents_answer(first.socket_path)
+        answer["Engines"][0].update(row)  # type: ignore[index]
+        assert await followed(answer, users_engine) is True
+        assert first.requests == ["/_ping", "/info"]
+        first.answers["/info"] = json_answer({"ID": OTHER_ID})  # another daemon after all
+        assert await followed(answer, users_engine) is False
+    finally:
+        await first.stop()
+
+
+async def test_podmans_service_without_an_id_is_not_asked_its_info(
+    users_engine: FakeEngine, tmp_path: Path
+) -> None:
+    podman = FakeEngine(tmp_path / "podman.sock")
+    podman.answers["/_ping"] = ping_answer("Libpod/4.3.1 (linux)")
+    await podman.start()
+    try:
+        answer = agents_answer(tmp_path / "docker.sock")
+        answer["Engines"][1] = {  # type: ignore[index]
+            "Socket": str(podman.socket_path),
+            "Following": True,
+            "Version": None,
+            "ID": None,
+        }
+        assert await followed(answer, users_engine) is False
+        assert podman.requests == ["/_ping"]
+    finally:
+        await podman.stop()
