@@ -21,7 +21,7 @@ facts the agent does not read (Podman's service). ``EngineSocket``: the GPU-awar
 socket the agent serves itself (``--engine-socket``, forwarded to the Docker engine's), null
 without one. The nvidia-docker wrapper on the node reads the facts in place of asking
 dockerd itself (``controller.wrapper.engine_cdi``), and refuses a lease for a Docker engine
-that is none of these (``controller.wrapper.leases``).
+that is none of these (``controller.wrapper.followed_engine``).
 """
 
 from __future__ import annotations
