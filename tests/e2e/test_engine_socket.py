@@ -189,12 +189,19 @@ def test_the_wrapper_leases_through_the_agents_own_socket(served: Served) -> Non
     """``DOCKER_HOST`` naming the agent's engine socket: the wrapper's lease holds there
     (the agent says the socket is its own in ``GET /engines/json``), so it is not refused
     as an engine the agent does not follow."""
-    with urllib.request.urlopen(f"{served.url}/engines/json", timeout=10) as resp:
-        engines = json.loads(resp.read())
-    assert engines["EngineSocket"] == str(served.engine_socket)
-    docker_row = next(r for r in engines["Engines"] if r["Socket"] == served.dockerd.socket)
-    assert docker_row["Following"], docker_row
-    assert docker_row["ID"], docker_row  # dockerd's GET /info ID
+
+    def docker_row() -> dict[str, Any]:
+        with urllib.request.urlopen(f"{served.url}/engines/json", timeout=10) as resp:
+            engines = json.loads(resp.read())
+        assert engines["EngineSocket"] == str(served.engine_socket)
+        row: dict[str, Any] = next(
+            r for r in engines["Engines"] if r["Socket"] == served.dockerd.socket
+        )
+        return row
+
+    # the agent answers before its event stream is open: wait for it, then for its facts
+    wait_until(lambda: docker_row()["Following"], what="dockerd followed", timeout_s=20)
+    assert docker_row()["ID"], docker_row()  # dockerd's GET /info ID
     env = {k: v for k, v in served.client_env().items() if not k.startswith("NV_")}
     env.update(NV_HOST=served.url, NV_GPU="auto:1", NV_CDI="no", PYTHONPATH=str(REPO))
     run = subprocess.run(
