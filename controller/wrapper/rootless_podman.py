@@ -27,8 +27,9 @@ small files (no subprocess: docs/nvidia-docker.md, "Speed"):
    the URL given (``--url`` or ``-H``, else ``CONTAINER_HOST``), else to Podman's default
    socket (``$XDG_RUNTIME_DIR/podman/podman.sock`` for a user, as Podman finds its runtime
    directory; ``/run/podman/podman.sock`` for root). A ``unix:`` socket there is rootless
-   Podman of the socket's owner unless root owns it (a socket that cannot be looked at
-   cannot be used either: podman fails); ``ssh://`` and ``tcp://`` are a service on
+   Podman of the socket's owner unless root owns it (one that is not there: podman fails;
+   one the wrapper's user may not look at, which ``sudo -u USER`` reaches: the ``<uid>`` of
+   its ``/run/user/<uid>/`` path, else USER's); ``ssh://`` and ``tcp://`` are a service on
    another machine. A named connection (``--connection``, ``--context NAME``,
    ``CONTAINER_CONNECTION``) or a default one configured (containers.conf's
    ``active_service`` or ``remote_uri``, a default in ``podman-connections.json``) is not
@@ -109,7 +110,7 @@ def rootless_uid(
     if not flagged and settings.get("remote") != "true":
         return uid  # a local podman of a user other than root
     url = _destination(options, env, settings, uid)
-    return _socket_owner(url) if url is not None else None
+    return _socket_owner(url, uid) if url is not None else None
 
 
 def runs_podman(docker: Sequence[str], environment: Mapping[str, str]) -> bool:
@@ -393,15 +394,30 @@ def _runtime_socket(env: Mapping[str, str], uid: int) -> str:
     return os.path.join(runtime, "podman", "podman.sock")
 
 
-def _socket_owner(url: str) -> int | None:
+def _socket_owner(url: str, uid: int) -> int | None:
     """The owner of the socket file a ``unix:`` URL (``unix:///path``, ``unix:/path``) names,
     where it is there and not root's; None for root's, for one not there (podman cannot
-    use it), and for any other scheme (a service on another machine)."""
+    use it), and for any other scheme (a service on another machine). One the wrapper may
+    not look at (``EACCES``: in another user's ``/run/user/<uid>``, which ``sudo -u`` that
+    user's Podman (``uid``) reaches) is that user's: the ``<uid>`` of its path, else ``uid``
+    unless root."""
     if not url.startswith("unix:"):
         return None
     path = "/" + url[len("unix:") :].lstrip("/")
     try:
         owner = os.stat(path).st_uid
+    except PermissionError:
+        found = _runtime_dir_owner(path)
+        owner = uid if found is None else found
     except (OSError, ValueError):
         return None
     return owner if owner != 0 else None
+
+
+def _runtime_dir_owner(path: str) -> int | None:
+    """The ``<uid>`` of a ``path`` in ``/run/user/<uid>/`` (``/var/run`` too), else None."""
+    for runtime in ("/run/user/", "/var/run/user/"):
+        number, slash, _ = path.removeprefix(runtime).partition("/")
+        if path.startswith(runtime) and slash and number.isascii() and number.isdigit():
+            return int(number)
+    return None

@@ -343,3 +343,26 @@ def test_a_sudo_that_cannot_be_read_is_not_seen_through(machine: Machine) -> Non
     assert machine.uid("sudo", "--host=gpu-7", "podman") is None
     assert machine.uid("sudo", "-u") is None
     assert machine.uid("sudo") is None
+
+
+def test_a_socket_the_wrapper_may_not_look_at_is_that_of_the_podmans_user(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sudo -u alice podman --url unix:///run/user/<alice's uid>/podman/podman.sock`` run
+    by another user, who may not look into alice's runtime directory (EACCES): alice's
+    Podman reaches it, so it is alice's (the uid of its path; elsewhere, that Podman's user),
+    not a socket that is not there."""
+    hidden = machine.tmp / "hidden"
+    runtime = f"/run/user/{NOBODY}/podman/podman.sock"
+    stat = os.stat
+
+    def stat_as_another_user(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path) == runtime or str(path).startswith(f"{hidden}/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", stat_as_another_user)
+    for url in (f"unix://{runtime}", f"unix://{hidden}/podman.sock"):
+        assert machine.uid("sudo", "-u", "nobody", "podman", "--url", url) == NOBODY, url
+    assert machine.uid("podman", "--url", f"unix://{runtime}") == NOBODY
+    assert machine.uid("sudo", "podman", "--url", f"unix://{hidden}/podman.sock") is None
