@@ -589,12 +589,16 @@ class CdiChoice:
         return self.engine.reads_cdi
 
     def engines(self, agent: BlockingAgent) -> object:
-        """The agent's ``GET /engines/json``, asked once a run (None: an agent before it)."""
+        """The agent's ``GET /engines/json``, asked once a run where it answers (None: an
+        agent before the route, remembered; or no answer now, not remembered: the connection
+        after a pull asks again, since the one before it may have found no agent yet)."""
         if self._engines is None:
             try:
                 self._engines = (agent.get_json("/engines/json"),)
-            except NodeError:  # an agent before the route (404)
+            except AgentHttpError:  # it answered: an agent before the route (404)
                 self._engines = (None,)
+            except NodeError:  # no answer (refused, timed out, cut off, not JSON)
+                return None
         return self._engines[0]
 
     def _agents_word(self, agent: BlockingAgent | None) -> EngineCdi | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.errors import NodeError
 from controller.options import Options
 from controller.transport.agent_errors import AgentHttpError
 from controller.wrapper.docker_args import scan
@@ -533,6 +534,26 @@ def test_without_the_agent_s_word_the_engine_is_asked(
         assert server.stop() == ["/_ping", "/info"]
     assert choice.engine is not None
     assert choice.engine.asked == ("GET /_ping", "GET /info", CLI_INFO)
+
+
+def test_an_agent_that_did_not_answer_before_a_pull_is_asked_again(tmp_path: Path) -> None:
+    """The agent asked before a pull (``_refuse_before_pull``) did not answer: its word is
+    not remembered as none, so the check that a lease holds asks it again after the pull
+    (else the run would take its lease on an engine the agent does not follow)."""
+    choice, _ = _choice_world(tmp_path)
+    silent = _LocalAgent(NodeError("localhost", "connection refused"))
+    assert choice.engines(silent) is None  # type: ignore[arg-type]
+    answer = {"BootId": "b", "Engines": []}
+    agent = _LocalAgent(answer)
+    assert choice.engines(agent) is answer  # type: ignore[arg-type]
+    assert choice.engines(agent) is answer  # type: ignore[arg-type]  # then remembered
+    assert agent.asked == ["/engines/json"]
+    old = _LocalAgent(AgentHttpError("localhost", "/engines/json", 404, "404: Not Found"))
+    (tmp_path / "old").mkdir()
+    choice, _ = _choice_world(tmp_path / "old")
+    assert choice.engines(old) is None  # type: ignore[arg-type]
+    assert choice.engines(agent) is None  # type: ignore[arg-type]  # an agent before it
+    assert agent.asked == ["/engines/json"]
 
 
 def test_nv_cdi_decides_without_the_agent(tmp_path: Path) -> None:
