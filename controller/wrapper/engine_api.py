@@ -61,13 +61,24 @@ _MISSING_WORDS = ("no such image", "image not known")  # docker's, Podman's
 def engine_socket(options: Options, command: DockerCommand) -> str | None:
     """The unix socket of the engine the docker CLI would ask, when the wrapper may ask it
     itself (see the module docstring); else None."""
-    if options.docker != ("docker",) or command.global_end != 0:
+    if command.global_end != 0:
+        return None
+    return cli_engine_socket(options, command)
+
+
+def cli_engine_socket(options: Options, command: DockerCommand) -> str | None:
+    """The unix socket of the engine that docker's own CLI runs ``command`` on, its global
+    options (``-H``, ``--context``; ``--config``'s contexts where ``options`` has them)
+    included; None where the docker command is not that CLI or its address is not a unix
+    socket. Where the wrapper asks nothing of the engine, only which one it is: the lease's
+    followed-engine check (``followed_engine``)."""
+    if options.docker != ("docker",):
         return None
     if docker_program(options.environment.get("PATH") or os.defpath) is None:
         return None
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
-    found = docker_address(options)
+    found = docker_address(options, command.docker_host, command.docker_context)
     if found is None:
         return DEFAULT_SOCKET
     address = found[0].strip()

@@ -327,7 +327,7 @@ def _facts_from_agent(
 
         if lease is None:
             return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
-        if _on_loopback(endpoint) and cdi.socket is not None:
+        if _on_loopback(endpoint) and cdi.lease_engine is not None:
             _refuse_an_unfollowed_engine(agent, lease, cdi)
         grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
@@ -340,15 +340,16 @@ def _facts_from_agent(
 
 
 def _refuse_an_unfollowed_engine(agent: BlockingAgent, lease: LeaseAsk, cdi: CdiChoice) -> None:
-    """``GpuError`` where the docker CLI's engine (``cdi.socket``) is a dockerd that the agent
+    """``GpuError`` where the docker CLI's engine (``cdi.lease_engine``) is a dockerd the agent
     on this machine does not follow: a lease for its container would not hold
     (``followed_engine``)."""
     from controller.wrapper import followed_engine  # noqa: PLC0415 (a lease on docker's socket)
 
-    assert cdi.socket is not None
+    engine = cdi.lease_engine
+    assert engine is not None
     answer = cdi.engines(agent)
-    if followed_engine.engine_followed(answer, cdi.socket) is False:
-        raise GpuError(followed_engine.refusal(lease, cdi.socket, answer))
+    if followed_engine.engine_followed(answer, engine) is False:
+        raise GpuError(followed_engine.refusal(lease, engine, answer))
 
 
 def _refuse_before_pull(
@@ -363,11 +364,11 @@ def _refuse_before_pull(
         endpoint = Endpoint(transport="http", host="localhost", source="local agent")
     if not _on_loopback(endpoint) or endpoint.scheme != "http":
         return
-    if cdi.socket is None and lease.rootless_podman is None:
+    if cdi.lease_engine is None and lease.rootless_podman is None:
         return
     try:
         with PlainAgentClient(endpoint, connect_timeout_s=LOCAL_PROBE_CONNECT_S) as agent:
-            if cdi.socket is not None:
+            if cdi.lease_engine is not None:
                 _refuse_an_unfollowed_engine(agent, lease, cdi)
             refuse_rootless(agent, lease)
     except NodeError:
@@ -564,10 +565,18 @@ class CdiChoice:
     agent on this machine's loopback when it follows that engine (``agent_engine_cdi``: no
     question to dockerd), else by asking the engine (``engine_cdi``)."""
 
-    def __init__(self, options: Options, command: DockerCommand, socket: str | None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        command: DockerCommand,
+        socket: str | None,
+        lease_engine: str | None = None,
+    ) -> None:
         self._options = options
         self._command = command
         self.socket = socket  # the docker CLI's engine, where the wrapper may ask it itself
+        # the docker CLI's engine with its global options too: the followed-engine check's
+        self.lease_engine = lease_engine or socket
         self.engine: EngineCdi | None = None
         self._engines: tuple[object] | None = None
 
@@ -633,7 +642,10 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         rootless = rootless_uid(docker, command.global_args, options.environment)
         lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
-    cdi = CdiChoice(options, command, engine_socket)
+    lease_engine = None
+    if lease is not None and engine_socket is None and command.global_end != 0:
+        lease_engine = engine_api.cli_engine_socket(settings, command)  # -H, --context
+    cdi = CdiChoice(options, command, engine_socket, lease_engine)
     refuse = None if lease is None else lambda: _refuse_before_pull(endpoint, options, lease, cdi)
     started = time.perf_counter()
     labels, asked = image_labels(options, command, engine_socket, refuse)

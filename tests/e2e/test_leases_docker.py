@@ -353,6 +353,13 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
         ) in line, line
         assert f"DOCKER_HOST={node.dockerd.engine.host}" in line, line
         assert node.table()["Leases"] == []
+        # the same engine named by docker's own -H, DOCKER_HOST the followed one's
+        global_host = node.nvidia_docker(
+            "-H", engine.host, "run", "-d", IMAGE, "sleep", "600", NV_GPU="auto:1"
+        )
+        assert global_host.returncode != 0
+        assert f"on the engine at {engine.host}, which" in one_line(global_host.stderr)
+        assert node.table()["Leases"] == []
         assert engine.docker("ps", "-aq").stdout.split() == []
         with node_of(other, tmp_path / "other-agent") as follows_other:
             leased = follows_other.run_leased(DOCKER_HOST=f"unix://{second}")

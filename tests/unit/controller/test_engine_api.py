@@ -27,6 +27,7 @@ from controller.wrapper.docker_args import scan
 from controller.wrapper.engine_api import (
     DEFAULT_SOCKET,
     NO_SUCH_IMAGE,
+    cli_engine_socket,
     docker_version,
     engine_socket,
     image_labels,
@@ -130,6 +131,31 @@ def test_a_context_s_unix_socket_is_asked(cli_path: str, tmp_path: Path) -> None
     assert engine_socket(rootless, scan(RUN)) == "/run/user/1000/docker.sock"
     far = _options(cli_path, DOCKER_CONFIG=str(config), DOCKER_CONTEXT="far")
     assert engine_socket(far, scan(RUN)) is None
+
+
+@pytest.mark.skipif(DOCKER is None, reason="the docker CLI is not installed")
+def test_the_lease_check_sees_the_engine_the_global_options_name(
+    cli_path: str, tmp_path: Path
+) -> None:
+    """``-H`` and ``--context`` leave the wrapper's engine questions to the CLI, but the
+    followed-engine check of a lease needs to know which engine they name."""
+    config = tmp_path / "docker-config"
+    subprocess.run(
+        [str(DOCKER), "context", "create", "rootless", "--docker", "host=unix:///run/u.sock"],
+        env={"DOCKER_CONFIG": str(config), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    options = _options(cli_path, DOCKER_CONFIG=str(config), DOCKER_HOST="unix:///run/d.sock")
+    for args, expected in [
+        (["-H", "unix:///run/other.sock", *RUN], "/run/other.sock"),
+        (["--context", "rootless", *RUN], "/run/u.sock"),
+        (["-H", "tcp://127.0.0.1:2375", *RUN], None),
+        (RUN, "/run/d.sock"),
+    ]:
+        assert cli_engine_socket(options, scan(args)) == expected, args
+        assert engine_socket(options, scan(args)) == (expected if args == RUN else None)
 
 
 def test_no_socket_or_an_odd_name_leaves_it_to_the_cli(tmp_path: Path) -> None:
