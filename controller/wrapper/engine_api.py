@@ -177,6 +177,16 @@ def cdi_spec_dirs(socket_path: str) -> list[str] | None:
     return dirs
 
 
+def engine_id(socket_path: str) -> str | None:
+    """``GET /info``'s ``ID``: the daemon's own identity, whatever socket it is reached on
+    (None: no answer, another status, none said)."""
+    answer = _get_json(socket_path, "/info")
+    if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
+        return None
+    found = answer[1].get("ID")
+    return found if isinstance(found, str) and found else None
+
+
 def server_version(socket_path: str) -> dict[str, object] | None:
     """``GET /version``: what ``docker version`` shows as its ``Server`` part (a ``Version``
     at least), or None: ask the CLI."""

@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import os
 
-from controller import json_codec
-from controller.transport.plain_http import unix_get
+from controller.wrapper.engine_api import docker_version, engine_id
 from controller.wrapper.engine_cdi import local_rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from controller.wrapper.leases import LeaseAsk
-
-DOCKERD = "Docker/"  # dockerd's Server header: Docker/<version> (<os>)
-INFO_TIMEOUT_S = 5.0  # dockerd's /info asks containerd and runc: a few ms, more under load
 
 
 def engine_followed(answer: object, engine: str) -> bool | None:
@@ -54,15 +50,15 @@ def engine_followed(answer: object, engine: str) -> bool | None:
     sockets = [row.get("Socket") for row in rows]
     if any(_same_file(socket, engine) for socket in (*sockets, own)):
         return True
-    engine_id = _engine_id(engine)
-    if engine_id is None:
+    said = engine_id(engine)
+    if said is None:
         return None
-    if any(row.get("ID") == engine_id for row in rows):
+    if any(row.get("ID") == said for row in rows):
         return True
     if not all(row.get("ID") is not None for row in rows if _follows_dockerd(row)):
         return None
     unsaid = (row.get("Socket") for row in rows if row.get("ID") is None)
-    return any(isinstance(socket, str) and _dockerd_id(socket) == engine_id for socket in unsaid)
+    return any(isinstance(socket, str) and _dockerd_id(socket) == said for socket in unsaid)
 
 
 def refusal(ask: LeaseAsk, engine: str, answer: object) -> str:
@@ -99,20 +95,4 @@ def _follows_dockerd(row: dict[str, object]) -> bool:
 def _dockerd_id(socket: str) -> str | None:
     """The ``ID`` of the dockerd at the socket file ``socket`` (``GET /_ping`` says dockerd
     first: Podman's service is not asked its ``/info``), or None."""
-    answer = unix_get(socket, "/_ping", INFO_TIMEOUT_S)
-    if answer is None or answer[0] != 200 or not answer[1].get("server", "").startswith(DOCKERD):
-        return None
-    return _engine_id(socket)
-
-
-def _engine_id(engine: str) -> str | None:
-    """``GET /info``'s ``ID`` of the engine at the socket file ``engine``, if it says one."""
-    answer = unix_get(engine, "/info", INFO_TIMEOUT_S)
-    if answer is None or answer[0] != 200:
-        return None
-    try:
-        info = json_codec.loads(answer[2])
-    except ValueError:
-        return None
-    found = info.get("ID") if isinstance(info, dict) else None
-    return found if isinstance(found, str) and found else None
+    return engine_id(socket) if docker_version(socket) is not None else None
