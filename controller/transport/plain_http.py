@@ -389,7 +389,26 @@ def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, dict[str, s
     API): the status, headers (names in lower case) and body of its answer, or None when no
     whole answer came within ``timeout_s`` (no socket, refused, not HTTP, closed early): the
     caller then asks the way it would have without this shortcut."""
-    connection = _UnixConnection(path)
+    return _get(_UnixConnection(path), target, timeout_s)
+
+
+def tcp_get(
+    host: str, port: int, target: str, timeout_s: float
+) -> tuple[int, dict[str, str], bytes] | None:
+    """``unix_get`` of a plain HTTP server at ``host``:``port`` (a dockerd's ``-H
+    tcp://...`` without TLS); None as there (a TLS server answers plain HTTP with a 400)."""
+    return _get(_Connection(host, port, _host_header(host, port)), target, timeout_s)
+
+
+def _host_header(host: str, port: int) -> str:
+    """The ``Host`` header of ``host``:``port`` (an IPv6 address in brackets, its zone out)."""
+    return f"[{host.partition('%')[0]}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _get(
+    connection: _Connection, target: str, timeout_s: float
+) -> tuple[int, dict[str, str], bytes] | None:
+    """``GET target`` on ``connection`` (see ``unix_get``)."""
     connection.timeout = timeout_s
     connection.deadline = time.monotonic() + timeout_s
     try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 
 from controller import json_codec
-from controller.transport.plain_http import unix_get
+from controller.transport.plain_http import tcp_get, unix_get
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default host, unix:// removed
 UNIX = "unix://"
+TCP = "tcp://"
+DOCKER_TCP_PORT = 2375  # the docker CLI's port for tcp://HOST without TLS
 TIMEOUT_S = 30.0  # the CLI waits for ever; past this the CLI is asked, and waits
 NO_SUCH_IMAGE = "no such image"
 _ELF = b"\x7fELF"
@@ -72,6 +74,21 @@ def cli_engine_socket(options: Options, command: DockerCommand) -> str | None:
     included; None where the docker command is not that CLI or its address is not a unix
     socket. Where the wrapper asks nothing of the engine, only which one it is: the lease's
     followed-engine check (``followed_engine``)."""
+    return unix_path(cli_engine_address(options, command))
+
+
+def unix_path(address: str | None) -> str | None:
+    """The socket file of a ``unix://PATH`` address; None for any other (or none)."""
+    if address is None or not address.startswith(UNIX) or len(address) == len(UNIX):
+        return None
+    return address[len(UNIX) :]
+
+
+def cli_engine_address(options: Options, command: DockerCommand) -> str | None:
+    """The address of the engine that docker's own CLI runs ``command`` on, as docker
+    decides it (``unix:///var/run/docker.sock`` where nothing names one;
+    ``tcp://127.0.0.1:2375``, ``ssh://user@node``), or None where the docker command is not
+    that CLI (``NV_DOCKER``, ``sudo docker``, podman-docker's script)."""
     if options.docker != ("docker",):
         return None
     if docker_program(options.environment.get("PATH") or os.defpath) is None:
@@ -79,12 +96,7 @@ def cli_engine_socket(options: Options, command: DockerCommand) -> str | None:
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
     found = docker_address(options, command.docker_host, command.docker_context)
-    if found is None:
-        return DEFAULT_SOCKET
-    address = found[0].strip()
-    if not address.startswith(UNIX) or len(address) == len(UNIX):
-        return None
-    return address[len(UNIX) :]
+    return UNIX + DEFAULT_SOCKET if found is None else found[0].strip()
 
 
 def docker_program(search_path: str) -> str | None:
@@ -107,7 +119,11 @@ def docker_program(search_path: str) -> str | None:
 
 def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:
     """The status and decoded body of ``GET target`` (None: no answer, or not JSON)."""
-    answer = unix_get(socket_path, target, TIMEOUT_S)
+    return _decoded(unix_get(socket_path, target, TIMEOUT_S))
+
+
+def _decoded(answer: tuple[int, dict[str, str], bytes] | None) -> tuple[int, object] | None:
+    """An answer's status and decoded JSON body (None: no answer, or not JSON)."""
     if answer is None:
         return None
     status, _, body = answer
@@ -180,11 +196,38 @@ def cdi_spec_dirs(socket_path: str) -> list[str] | None:
 def engine_id(socket_path: str) -> str | None:
     """``GET /info``'s ``ID``: the daemon's own identity, whatever socket it is reached on
     (None: no answer, another status, none said)."""
-    answer = _get_json(socket_path, "/info")
+    return _said_id(_get_json(socket_path, "/info"))
+
+
+def _said_id(answer: tuple[int, object] | None) -> str | None:
+    """The ``ID`` of a ``GET /info`` answer (status, decoded body), or None."""
     if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
         return None
     found = answer[1].get("ID")
     return found if isinstance(found, str) and found else None
+
+
+def tcp_engine_id(address: str) -> str | None:
+    """``engine_id`` of the dockerd at a ``tcp://HOST[:PORT]`` address over plain HTTP
+    (docker's port 2375 where none is written), or None: another form of address, no
+    answer, a server that speaks TLS (Go's answers plain HTTP with a 400), none said."""
+    rest = address.removeprefix(TCP).removesuffix("/")
+    if not address.startswith(TCP) or not rest or "/" in rest or "@" in rest:
+        return None
+    if rest.startswith("["):  # [::1]:2375
+        host, bracket, after = rest[1:].partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            return None
+        port = after[1:]
+    elif rest.count(":") <= 1:
+        host, _, port = rest.partition(":")
+    else:
+        return None
+    port = port or str(DOCKER_TCP_PORT)
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    answer = tcp_get(host, int(port), "/info", TIMEOUT_S)
+    return _said_id(_decoded(answer))
 
 
 def server_version(socket_path: str) -> dict[str, object] | None:

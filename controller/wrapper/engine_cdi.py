@@ -165,15 +165,19 @@ def agent_engine_cdi(
     docker: Sequence[str],
     command: DockerCommand,
     environment: Mapping[str, str],
+    *,
+    engine_id: str | None = None,
 ) -> EngineCdi | None:
     """Whether the engine at ``engine`` (its unix socket) reads CDI, from what the node's
     agent says of it (``answer``: its ``GET /engines/json``): the row of that same socket
     file while the agent follows its events (dockerd's version and CDI spec dirs, read when
     the stream opened or at its latest ``daemon reload``); then step 3 as on the socket.
-    None when the agent says nothing of it (another socket, not following now, an agent
-    before the route): the caller asks the engine."""
+    With ``engine_id`` (docker's engine at a ``tcp://`` or ``ssh://`` address, whose ``ID``
+    a lease's check asked: ``followed_engine``), the row of the dockerd with that ``ID``,
+    wherever the agent runs. None when the agent says nothing of it (another socket, not
+    following now, an agent before the route): the caller asks the engine."""
     started = time.perf_counter()
-    row = _followed_row(answer, engine)
+    row = _followed_row(answer, engine) if engine_id is None else _row_of_id(answer, engine_id)
     if row is None:
         return None
     asked = [AGENT_ENGINES]
@@ -191,7 +195,12 @@ def local_rows(answer: object) -> Iterator[dict[str, object]]:
     own = _boot_id()
     if own is None or not isinstance(answer, dict) or answer.get("BootId") != own:
         return
-    rows = answer.get("Engines")
+    yield from engine_rows(answer)
+
+
+def engine_rows(answer: object) -> Iterator[dict[str, object]]:
+    """The rows of ``answer`` (the agent's ``GET /engines/json``), wherever the agent runs."""
+    rows = answer.get("Engines") if isinstance(answer, dict) else None
     for row in rows if isinstance(rows, list) else ():
         if isinstance(row, dict):
             yield row
@@ -207,18 +216,35 @@ def _followed_row(answer: object, engine: str) -> tuple[str, list[str]] | None:
     """The version and CDI spec dirs of ``answer``'s row for the socket file ``engine``,
     when the agent runs on this machine (its kernel's boot id), follows it and knows both."""
     for row in _followed_rows(answer):
-        socket, number, dirs = row.get("Socket"), row.get("Version"), row.get("CDISpecDirs")
-        if not (isinstance(socket, str) and isinstance(number, str) and number):
-            continue
-        if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+        facts, socket = _facts(row), row.get("Socket")
+        if facts is None or not isinstance(socket, str):
             continue
         try:
             same = os.path.samefile(socket, engine)
         except (OSError, ValueError):
             continue
         if same:
-            return number, dirs
+            return facts
     return None
+
+
+def _row_of_id(answer: object, engine_id: str) -> tuple[str, list[str]] | None:
+    """The version and CDI spec dirs of ``answer``'s row of the dockerd whose ``ID`` is
+    ``engine_id``, wherever the agent runs, when it follows it now and knows both."""
+    for row in engine_rows(answer):
+        if row.get("Following") is True and row.get("ID") == engine_id:
+            return _facts(row)
+    return None
+
+
+def _facts(row: dict[str, object]) -> tuple[str, list[str]] | None:
+    """A row's dockerd version and CDI spec dirs, where it says both."""
+    number, dirs = row.get("Version"), row.get("CDISpecDirs")
+    if not (isinstance(number, str) and number):
+        return None
+    if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+        return None
+    return number, dirs
 
 
 def follows_own_engine(answer: object, uid: int) -> bool:

@@ -27,17 +27,32 @@ when the agent runs on this machine (the boot id it says is this kernel's) and
 False when none holds. None where it cannot say: an agent of another machine, one that
 lists no engine, one that follows a dockerd now without saying its ``ID`` (older than the
 field), or a socket that does not answer ``GET /info`` (docker then fails on it too).
+
+``followed_by_id(answer, said)``: where no socket file can be compared (docker's engine is
+``tcp://`` or ``ssh://``, or the agent runs on another machine, reached through ``NV_HOST``),
+the engine's ``ID`` (``said``: ``GET /info`` of a unix socket or of a plain ``tcp://``
+address, else ``cli_engine_id``, the docker CLI's ``docker info``, which knows TLS, contexts
+and SSH: ``address_id``) against the ``ID`` of each
+engine the agent lists, wherever it runs: True for one of them, False for none where every
+engine the agent follows now says its ``ID``, else None (an agent older than the field, an
+engine that does not answer, or an agent that follows Podman's service, which says no
+``ID`` of its own: Podman's compatible ``GET /info`` makes up a new one each time). A
+row the agent does not follow now (a socket that is not there) is not waited for.
+``refusal_by_id`` is its line.
 """
 
 from __future__ import annotations
 
 import os
 
-from controller.wrapper.engine_api import docker_version, engine_id
-from controller.wrapper.engine_cdi import local_rows
+from controller.wrapper import docker_cli
+from controller.wrapper.engine_api import TIMEOUT_S, docker_version, engine_id, tcp_engine_id
+from controller.wrapper.engine_cdi import engine_rows, local_rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from controller.wrapper.leases import LeaseAsk
 
 
@@ -75,6 +90,67 @@ def refusal(ask: LeaseAsk, engine: str, answer: object) -> str:
         f"GPUs would go to the next ask: use the engine the agent follows "
         f"(DOCKER_HOST=unix://{docker}), have the agent follow this one "
         f"(nvidia-docker-plugin --docker-socket {engine}), or name GPUs without a lease "
+        "(NV_GPU=0,1, and no --gpus)"
+    )
+
+
+def followed_by_id(answer: object, said: str | None) -> bool | None:
+    """See the module docstring: ``said`` is the ``ID`` of docker's engine (None: unknown)."""
+    rows = list(engine_rows(answer))
+    if not rows or said is None:
+        return None
+    if any(row.get("ID") == said for row in rows):
+        return True
+    if not all(row.get("ID") is not None for row in rows if row.get("Following") is True):
+        return None  # a dockerd that does not say its ID, or Podman's service (none to say)
+    return False
+
+
+def address_id(
+    address: str, docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+) -> str | None:
+    """The ``ID`` of the engine at ``address`` (not a unix socket): ``GET /info`` over plain
+    HTTP for ``tcp://`` without docker's TLS settings (``--tls...``, ``DOCKER_TLS_VERIFY``,
+    ``DOCKER_TLS``; about a third of the CLI's cost), else, or where that gets no answer (a
+    context's TLS), ``cli_engine_id``."""
+    tls = any(arg.startswith("--tls") for arg in global_args)
+    if not (tls or environment.get("DOCKER_TLS_VERIFY") or environment.get("DOCKER_TLS")):
+        said = tcp_engine_id(address)
+        if said is not None:
+            return said
+    return cli_engine_id(docker, global_args, environment)
+
+
+def cli_engine_id(
+    docker: Sequence[str], global_args: Sequence[str], environment: Mapping[str, str]
+) -> str | None:
+    """The ``ID`` of the engine that ``docker`` (the docker CLI) with the command's global
+    options (``-H``, ``--context``, ``--tls...``) reaches in ``environment``: ``docker info
+    --format {{.ID}}`` (None: it failed, said none, or took past ``TIMEOUT_S``)."""
+    argv = [*docker, *global_args, "info", "--format", "{{.ID}}"]
+    try:
+        answer = docker_cli.ask(argv, environment, timeout_s=TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return None
+    said = answer.stdout.strip()
+    return said if answer.returncode == 0 and said and "\n" not in said else None
+
+
+def refusal_by_id(ask: LeaseAsk, address: str, said: str, answer: object, node: str) -> str:
+    """The line for ``ask`` on the engine at ``address`` (``ID`` ``said``), which the agent of
+    ``node`` does not follow (naming the dockerds it follows, with their ``ID``)."""
+    followed = [
+        f"{row.get('Socket')} (ID {row.get('ID')})"
+        for row in engine_rows(answer)
+        if _follows_dockerd(row) and row.get("ID") is not None
+    ]
+    follows = f"it follows {' and '.join(followed)}" if followed else "it follows no dockerd"
+    return (
+        f"{ask.source} asks for a GPU lease, but docker runs its containers on the engine at "
+        f"{address} (ID {said}), which the agent of {node} does not follow ({follows}), so the "
+        "lease would end as soon as docker returns and its GPUs would go to the next ask: "
+        "point docker at the engine that agent follows (DOCKER_HOST, -H or --context), ask the "
+        "agent of the node that engine runs on (NV_HOST), or name GPUs without a lease "
         "(NV_GPU=0,1, and no --gpus)"
     )
 

@@ -68,7 +68,13 @@ from controller.transport.endpoint import Endpoint, resolve
 from controller.transport.plain_http import PlainAgentClient
 from controller.transport.tls import TlsOptions
 from controller.wrapper import docker_cli, engine_api, podman_labels
-from controller.wrapper.engine_cdi import EngineCdi, agent_engine_cdi, engine_cdi, is_podman
+from controller.wrapper.engine_cdi import (
+    EngineCdi,
+    agent_engine_cdi,
+    engine_cdi,
+    is_podman,
+    local_rows,
+)
 from controller.wrapper.lease_watch import LeaseWatch, watchable
 from controller.wrapper.leases import (
     GPUS_OPTION,
@@ -327,7 +333,7 @@ def _facts_from_agent(
 
         if lease is None:
             return _device_args(agent, info, cuda, volumes, devices, cdi=reads_cdi())
-        if _on_loopback(endpoint) and cdi.lease_engine is not None:
+        if cdi.lease_engine is not None or cdi.lease_address is not None:
             _refuse_an_unfollowed_engine(agent, lease, cdi)
         grant = ask_lease(agent, lease, info, terminal=terminal)
         try:
@@ -340,16 +346,24 @@ def _facts_from_agent(
 
 
 def _refuse_an_unfollowed_engine(agent: BlockingAgent, lease: LeaseAsk, cdi: CdiChoice) -> None:
-    """``GpuError`` where the docker CLI's engine (``cdi.lease_engine``) is a dockerd the agent
-    on this machine does not follow: a lease for its container would not hold
-    (``followed_engine``)."""
-    from controller.wrapper import followed_engine  # noqa: PLC0415 (a lease on docker's socket)
+    """``GpuError`` where the docker CLI's engine (``cdi.lease_engine``, a unix socket, or
+    ``cdi.lease_address``) is a dockerd the agent does not follow: a lease for its container
+    would not hold (``followed_engine``). A unix socket is compared with the sockets of an
+    agent on this machine; otherwise (``tcp://``, ``ssh://``, an agent of another machine)
+    the engine's ``ID`` with those of the engines the agent follows."""
+    from controller.wrapper import followed_engine  # noqa: PLC0415 (a lease on docker's engine)
 
-    engine = cdi.lease_engine
-    assert engine is not None
     answer = cdi.engines(agent)
-    if followed_engine.engine_followed(answer, engine) is False:
-        raise GpuError(followed_engine.refusal(lease, engine, answer))
+    engine = cdi.lease_engine
+    if engine is not None and any(local_rows(answer)):
+        if followed_engine.engine_followed(answer, engine) is False:
+            raise GpuError(followed_engine.refusal(lease, engine, answer))
+        return
+    said = cdi.lease_engine_id()
+    if followed_engine.followed_by_id(answer, said) is False:
+        assert said is not None
+        address = cdi.lease_address or f"unix://{engine}"
+        raise GpuError(followed_engine.refusal_by_id(lease, address, said, answer, agent.node))
 
 
 def _refuse_before_pull(
@@ -364,11 +378,12 @@ def _refuse_before_pull(
         endpoint = Endpoint(transport="http", host="localhost", source="local agent")
     if not _on_loopback(endpoint) or endpoint.scheme != "http":
         return
-    if cdi.lease_engine is None and lease.rootless_podman is None:
+    asks_engine = cdi.lease_engine is not None or cdi.lease_address is not None
+    if not asks_engine and lease.rootless_podman is None:
         return
     try:
         with PlainAgentClient(endpoint, connect_timeout_s=LOCAL_PROBE_CONNECT_S) as agent:
-            if cdi.lease_engine is not None:
+            if asks_engine:
                 _refuse_an_unfollowed_engine(agent, lease, cdi)
             refuse_rootless(agent, lease)
     except NodeError:
@@ -571,21 +586,26 @@ class CdiChoice:
         command: DockerCommand,
         socket: str | None,
         lease_engine: str | None = None,
+        lease_address: str | None = None,
     ) -> None:
         self._options = options
         self._command = command
         self.socket = socket  # the docker CLI's engine, where the wrapper may ask it itself
         # the docker CLI's engine with its global options too: the followed-engine check's
-        self.lease_engine = lease_engine or socket
+        self.lease_engine = lease_engine or socket  # a unix socket
+        self.lease_address = lease_address  # or another address (tcp://, ssh://)
         self.engine: EngineCdi | None = None
         self._engines: tuple[object] | None = None
+        self._engine_id: tuple[str | None] | None = None
 
     def __call__(self, agent: BlockingAgent | None) -> bool:
         """``agent``: the open connection to an agent on loopback, or None (a node's agent
         through SSH or on another host, or none): then the engine is asked."""
         if self.engine is None:
-            self.engine = self._agents_word(agent) or engine_cdi(
-                self._options, self._command, self.socket
+            self.engine = (
+                self._agents_word(agent)
+                or self._agents_word_by_id()
+                or engine_cdi(self._options, self._command, self.socket)
             )
             if self._options.debug:
                 engine = self.engine
@@ -609,6 +629,39 @@ class CdiChoice:
             except NodeError:  # no answer (refused, timed out, cut off, not JSON)
                 return None
         return self._engines[0]
+
+    def lease_engine_id(self) -> str | None:
+        """The ``ID`` of the docker CLI's engine (its ``GET /info``; for an address that is
+        not a unix socket, ``followed_engine.address_id``), asked once a run; None: unknown."""
+        if self._engine_id is None:
+            said = None
+            if self.lease_engine is not None:
+                said = engine_api.engine_id(self.lease_engine)
+            elif self.lease_address is not None:
+                from controller.wrapper.followed_engine import address_id  # noqa: PLC0415
+
+                options, command = self._options, self._command
+                said = address_id(
+                    self.lease_address, options.docker, command.global_args, options.environment
+                )
+            self._engine_id = (said,)
+        return self._engine_id[0]
+
+    def _agents_word_by_id(self) -> EngineCdi | None:
+        """The agent's word on an engine reached other than by the socket the wrapper asks
+        (``tcp://``, ``ssh://``, ``-H``), where a lease's check has asked both the agent's
+        ``GET /engines/json`` and the engine's ``ID``: no further question."""
+        options = self._options
+        if self.socket is not None or options.cdi != "auto":
+            return None
+        if self._engines is None or self._engine_id is None:
+            return None
+        answer, said = self._engines[0], self._engine_id[0]
+        if answer is None or said is None:
+            return None
+        return agent_engine_cdi(
+            answer, "", options.docker, self._command, options.environment, engine_id=said
+        )
 
     def _agents_word(self, agent: BlockingAgent | None) -> EngineCdi | None:
         options = self._options
@@ -642,10 +695,12 @@ def gpu_arguments(command: DockerCommand, options: Options) -> GpuArguments:
         rootless = rootless_uid(docker, command.global_args, options.environment)
         lease = replace(lease, rootless_podman=rootless)
     engine_socket = engine_api.engine_socket(options, command)
-    lease_engine = None
-    if lease is not None and engine_socket is None and command.global_end != 0:
-        lease_engine = engine_api.cli_engine_socket(settings, command)  # -H, --context
-    cdi = CdiChoice(options, command, engine_socket, lease_engine)
+    lease_engine = lease_address = None
+    if lease is not None and engine_socket is None:  # -H, --context, tcp://, ssh://
+        lease_address = engine_api.cli_engine_address(settings, command)
+        lease_engine = engine_api.unix_path(lease_address)
+        lease_address = None if lease_engine is not None else lease_address
+    cdi = CdiChoice(options, command, engine_socket, lease_engine, lease_address)
     refuse = None if lease is None else lambda: _refuse_before_pull(endpoint, options, lease, cdi)
     started = time.perf_counter()
     labels, asked = image_labels(options, command, engine_socket, refuse)

@@ -56,6 +56,11 @@ under a temporary ``XDG_CACHE_HOME``): ``debian cli: docker`` is its refusal alo
 ``NV_GPU=auto`` with ``NV_CDI=no`` and unset (not ``yes``: Debian 12's CLI, 20.10, cannot
 pass a CDI device on, which the question finds).
 
+``--tcp`` (with ``--real-docker``) adds the ``real:`` dockerd again over TCP on loopback
+(``tcp: ...``, ``DOCKER_HOST=tcp://127.0.0.1:PORT``): the wrapper asks the docker CLI for
+the image's labels, and for the engine's ``ID`` (``docker info``), which the agent's row
+must say for the lease to be asked (``controller.wrapper.followed_engine``).
+
 ``--podman`` (with ``--lease``, as root) adds the run as Podman's users have it:
 ``NV_DOCKER=podman`` (one word: its version is remembered, ``cli_versions``), a store of its
 own (overlay, Podman's default driver: the image's labels are remembered, ``podman_labels``)
@@ -72,7 +77,8 @@ Each line also has the CPU time (user and system) of the command and its childre
 other load on a shared machine moves less than the wall time.
 
     python -m tests.benchmarks.bench_wrapper [--runs 40] [--warmup 5]
-        [--lease [--real-docker] [--cdi-docker [--debian-cli]] [--podman] [--compare DIR]]
+        [--lease [--real-docker [--tcp]] [--cdi-docker [--debian-cli]] [--podman]
+         [--compare DIR]]
 """
 
 from __future__ import annotations
@@ -171,6 +177,7 @@ REAL_VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
     ("NV_GPU=auto, NV_CDI unset", {"NV_GPU": "auto", "NV_CPUSET": "no"}),
 )
 REAL, CDI = "real: ", "cdi: "  # the private engines: dockerd 20.10, dockerd 25+ with CDI on
+TCP = "tcp: "  # --tcp: the real: engine over TCP on loopback (DOCKER_HOST=tcp://127.0.0.1:PORT)
 DEBIAN = "debian cli: "  # --debian-cli: the CDI engine through Debian's docker CLI
 DEBIAN_CLI = Path("/usr/bin/docker")  # Debian's docker.io: built with -trimpath
 PODMAN = "podman: "  # --podman: NV_DOCKER=podman, a private store through its own settings
@@ -211,12 +218,19 @@ def lease_path(opts: argparse.Namespace) -> int:
         lease_agent = LeaseAgent(forgetful=True)
         port = stack.enter_context(served_in_thread(lease_agent))
         engine_hosts: dict[str, str] = {}
+        tcp_host = None
         if opts.real_docker:
-            engine_hosts[REAL] = _private_engine(stack)
+            if opts.tcp:
+                from tests.support.services import free_port  # noqa: PLC0415
+
+                tcp_host = f"tcp://127.0.0.1:{free_port()}"
+            engine_hosts[REAL] = _private_engine(stack, tcp=tcp_host)
         if opts.cdi_docker:
             engine_hosts[CDI] = _private_engine(stack, cdi=Path(tmp))
         # The agent follows the node's engine and says what it answered (GET /engines/json)
         lease_agent.engines = [_followed(host) for host in engine_hosts.values()]
+        if tcp_host is not None:  # the same dockerd over TCP: only its ID tells it is followed
+            engine_hosts[TCP] = tcp_host
         python = _plain_venv(Path(tmp))
         _see_libraries(python)
         docker = Path(tmp) / "docker"
@@ -375,9 +389,12 @@ def _check(variant: Variant) -> tuple[str | None, str]:
     return None, engine_line
 
 
-def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str:
+def _private_engine(
+    stack: contextlib.ExitStack, cdi: Path | None = None, tcp: str | None = None
+) -> str:
     """A private dockerd (tests.support.dockerd) with the GPU image; its DOCKER_HOST.
-    ``cdi``: Debian 13's dockerd with CDI on instead, reading specs from a directory there."""
+    ``cdi``: Debian 13's dockerd with CDI on instead, reading specs from a directory there.
+    ``tcp``: a loopback ``tcp://`` address it listens on too."""
     from tests.support.dockerd import (  # noqa: PLC0415
         FETCHED_DOCKERD,
         start_engine,
@@ -385,7 +402,7 @@ def _private_engine(stack: contextlib.ExitStack, cdi: Path | None = None) -> str
     )
 
     if cdi is None:
-        engine, proc = start_engine()
+        engine, proc = start_engine(extra_args=["--host", tcp] if tcp else ())
     else:
         dockerd = os.environ.get("NVD_DOCKERD_CDI") or str(FETCHED_DOCKERD)
         if not os.access(dockerd, os.X_OK):
@@ -473,6 +490,7 @@ def _followed(host: str) -> dict[str, object]:
         "Version": facts.version,
         "CDISpecDirs": list(facts.cdi_spec_dirs),
         "ReadAt": facts.read_s,
+        "ID": facts.engine_id,
     }
 
 
@@ -541,6 +559,11 @@ def main() -> int:
         "--debian-cli",
         action="store_true",
         help="with --cdi-docker: also through Debian's docker CLI (-trimpath: no version in it)",
+    )
+    parser.add_argument(
+        "--tcp",
+        action="store_true",
+        help="with --real-docker: also its dockerd over TCP on loopback (its ID checked)",
     )
     parser.add_argument(
         "--podman",

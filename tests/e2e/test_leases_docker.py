@@ -42,7 +42,7 @@ from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
 from tests.support.device_nodes import nvidia_nodes, wanted_nodes
 from tests.support.dockerd import DockerEngine, restart_engine, start_engine, stop_engine
 from tests.support.lease_node import LeaseNode, one_line
-from tests.support.services import stop_process, wait_until
+from tests.support.services import free_port, stop_process, wait_until
 from tests.support.wrapper import wrapper_command
 
 # The first test may wait for another run on this machine to give back the device nodes.
@@ -328,9 +328,14 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
     seen by the agent, so a lease for one would be given back when docker returns while the
     container runs. The run is refused in one line before anything is leased or created.
     The same dockerd reached at a second socket of its own, by an agent that follows it at
-    the first, gets its lease: one daemon (``GET /info``'s ID)."""
+    the first, gets its lease: one daemon (``GET /info``'s ID). So does that dockerd reached
+    over TCP (``DOCKER_HOST=tcp://127.0.0.1:PORT``: the docker CLI's ``docker info`` says its
+    ID), which the agent of the node's own dockerd refuses."""
     second = tmp_path / "second.sock"
-    engine, proc = start_engine(extra_args=(*SHUTDOWN_ARGS, "--host", f"unix://{second}"))
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    engine, proc = start_engine(
+        extra_args=(*SHUTDOWN_ARGS, "--host", f"unix://{second}", "--host", tcp)
+    )
     other = Dockerd(engine, proc)
     try:
         # an image it does not have: refused before docker pulls it (no pull is tried)
@@ -360,11 +365,24 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
         assert global_host.returncode != 0
         assert f"on the engine at {engine.host}, which" in one_line(global_host.stderr)
         assert node.table()["Leases"] == []
+        # the same engine over TCP: no socket file to compare, its ID is
+        over_tcp = node.run_leased(DOCKER_HOST=tcp)
+        assert over_tcp.returncode != 0
+        ids = [engine.docker("info", "--format", "{{.ID}}").stdout.strip()]
+        ids.append(node.dockerd.engine.docker("info", "--format", "{{.ID}}").stdout.strip())
+        line = one_line(over_tcp.stderr)
+        assert (f"on the engine at {tcp} (ID {ids[0]}), which the agent of ") in line, line
+        assert f"does not follow (it follows {node.dockerd.socket} (ID {ids[1]}))" in line, line
+        assert node.table()["Leases"] == []
         assert engine.docker("ps", "-aq").stdout.split() == []
         with node_of(other, tmp_path / "other-agent") as follows_other:
             leased = follows_other.run_leased(DOCKER_HOST=f"unix://{second}")
             assert leased.returncode == 0, leased.stderr
-            follows_other.wait_bound([leased.stdout.strip()], "the lease bound to its container")
+            first = leased.stdout.strip()
+            follows_other.wait_bound([first], "the lease bound to its container")
+            leased = follows_other.run_leased(DOCKER_HOST=tcp)
+            assert leased.returncode == 0, leased.stderr
+            follows_other.wait_bound([first, leased.stdout.strip()], "the lease over TCP bound")
     finally:
         stop_engine(other.engine, other.proc)
 

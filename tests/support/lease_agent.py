@@ -117,6 +117,8 @@ class LeaseAgent:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # GET /engines/json's rows (agent.api.engines): the engines the agent says it follows
     engines: list[dict[str, Any]] = field(default_factory=list)
+    # and the boot id it says (None: this machine's; another: an agent of another machine)
+    boot: str | None = None
 
     # --- the table -------------------------------------------------------------------------
 
@@ -324,7 +326,7 @@ class LeaseAgent:
         return _json({"Version": {"Driver": DRIVER, "CUDA": "13.0"}, "Devices": devices})
 
     async def _engines(self, _: web.Request) -> web.Response:
-        return _json({"BootId": boot_id(), "Engines": self.engines})
+        return _json({"BootId": self.boot or boot_id(), "Engines": self.engines})
 
     async def _health(self, _: web.Request) -> web.Response:
         entries = [

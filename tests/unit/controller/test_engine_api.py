@@ -27,11 +27,13 @@ from controller.wrapper.docker_args import scan
 from controller.wrapper.engine_api import (
     DEFAULT_SOCKET,
     NO_SUCH_IMAGE,
+    cli_engine_address,
     cli_engine_socket,
     docker_version,
     engine_socket,
     image_labels,
     server_version,
+    tcp_engine_id,
 )
 from controller.wrapper.engine_cdi import AGENT_ENGINES, agent_engine_cdi, ask_engine
 from controller.wrapper.gpu_args import CdiChoice
@@ -156,6 +158,13 @@ def test_the_lease_check_sees_the_engine_the_global_options_name(
     ]:
         assert cli_engine_socket(options, scan(args)) == expected, args
         assert engine_socket(options, scan(args)) == (expected if args == RUN else None)
+    # the address whatever it is: the check asks a tcp:// or ssh:// engine its ID by the CLI
+    assert cli_engine_address(options, scan(["-H", "tcp://127.0.0.1:2375", *RUN])) == (
+        "tcp://127.0.0.1:2375"
+    )
+    remote = _options(cli_path, DOCKER_CONFIG=str(config), DOCKER_HOST=" ssh://ops@gpu-7 ")
+    assert cli_engine_address(remote, scan(RUN)) == "ssh://ops@gpu-7"
+    assert cli_engine_address(_options(cli_path), scan(RUN)) == "unix:///var/run/docker.sock"
 
 
 def test_no_socket_or_an_odd_name_leaves_it_to_the_cli(tmp_path: Path) -> None:
@@ -192,6 +201,70 @@ def _answering(path: Path, answer: bytes) -> threading.Thread:
 def _json(status: str, body: object) -> bytes:
     text = json.dumps(body).encode()
     return b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status.encode(), len(text), text)
+
+
+def _answering_tcp(answer: bytes, family: int = socket.AF_INET) -> tuple[int, list[bytes]]:
+    """A server on a loopback port that reads one request and writes ``answer``, then
+    closes: its port, and the requests it read."""
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+    listener.listen(1)
+    read: list[bytes] = []
+
+    def serve() -> None:
+        with listener, listener.accept()[0] as conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            read.append(data)
+            conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], read
+
+
+def test_a_plain_tcp_dockerd_is_asked_its_id_over_http() -> None:
+    """``DOCKER_HOST=tcp://127.0.0.1:PORT``: ``GET /info``, no docker CLI to start."""
+    port, read = _answering_tcp(_json("200 OK", {"ID": "52N2:AD6T", "ServerVersion": "20.10"}))
+    assert tcp_engine_id(f"tcp://127.0.0.1:{port}") == "52N2:AD6T"
+    assert read[0].startswith(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port)
+    if socket.has_ipv6:
+        port, read = _answering_tcp(_json("200 OK", {"ID": "X"}), socket.AF_INET6)
+        assert tcp_engine_id(f"tcp://[::1]:{port}/") == "X"
+        assert b"Host: [::1]:%d\r\n" % port in read[0]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # Go's TLS server to a plain HTTP request: the CLI, which knows the TLS, is asked
+        b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
+        _json("200 OK", {"ServerVersion": "20.10"}),  # no ID said
+        _json("200 OK", ["not", "info"]),
+        b"\x15\x03\x01\x00\x02\x02\x46",  # a TLS alert: not HTTP
+    ],
+)
+def test_a_tcp_engine_that_does_not_say_its_id_over_http_says_none(answer: bytes) -> None:
+    port, _ = _answering_tcp(answer)
+    assert tcp_engine_id(f"tcp://127.0.0.1:{port}") is None
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "ssh://ops@gpu-7",
+        "tcp://",
+        "tcp://user@127.0.0.1:2375",
+        "tcp://127.0.0.1:2375/v1.41",
+        "tcp://127.0.0.1:0",
+        "tcp://127.0.0.1:99999",
+        "tcp://127.0.0.1:port",
+        "tcp://::1:2375",  # IPv6 without brackets: the CLI's business
+        "tcp://[::1",
+    ],
+)
+def test_other_addresses_are_left_to_the_cli(address: str) -> None:
+    assert tcp_engine_id(address) is None
 
 
 @pytest.mark.parametrize(
@@ -627,3 +700,28 @@ def test_a_cli_that_does_not_record_its_version_is_asked_it_once(
     assert found[0].asked[2:] == (CLI_INFO, "docker --version")
     assert found[1].asked[2:] == (CLI_INFO, "docker --version, remembered")
     assert calls.read_text().splitlines() == ["--version"]
+
+
+def test_a_tcp_engine_whose_id_a_lease_asked_takes_the_agent_s_word(tmp_path: Path) -> None:
+    """``DOCKER_HOST=tcp://...`` with a lease: the check asked the agent's rows and the
+    engine's ``ID`` (``GET /info`` over plain HTTP); the row of that ``ID`` (the agent of
+    another machine, here) says whether it reads CDI: no ``docker version`` to run."""
+    where = _bin(tmp_path, "cli")
+    go_program(where / "docker", ldflags_lines(DOCKER_CE_CLI))
+    (where / "docker").chmod(0o755)
+    port, read = _answering_tcp(_json("200 OK", {"ID": "52N2:AD6T"}))
+    options = _options(f"{where}:/usr/bin:/bin", DOCKER_HOST=f"tcp://127.0.0.1:{port}")
+    answer = _agent_row("/var/run/docker.sock")
+    answer["BootId"] = "another-machine"
+    answer["Engines"][0]["ID"] = "52N2:AD6T"  # type: ignore[index]
+    choice = CdiChoice(options, scan(RUN), None, lease_address=f"tcp://127.0.0.1:{port}")
+    agent = _LocalAgent(answer)
+    assert choice.engines(agent) == answer  # type: ignore[arg-type]
+    assert choice.lease_engine_id() == "52N2:AD6T"
+    assert choice(None) is True
+    assert choice.engine is not None
+    assert choice.engine.asked == (AGENT_ENGINES, CLI_INFO)
+    assert [request.split(b" ", 2)[1] for request in read] == [b"/info"]
+    # another daemon's ID: the agent says nothing of it (the engine is asked)
+    docker = [str(where / "docker")]
+    assert agent_engine_cdi(answer, "", docker, scan(RUN), {}, engine_id="ANOTHER") is None

@@ -836,3 +836,51 @@ async def test_podman_docker_asking_roots_service_gets_its_lease(
     result = await run(docker, node, "run", "-d", IMAGE, NV_GPU="auto", **env)
     assert result.code == 0, result.stderr
     assert node.agent.requests[:2] == ["GET /gpu/info/json", "POST /leases"]
+
+
+# --- the engine docker runs on, as the agent sees it ----------------------------------------
+
+
+async def test_an_agent_of_another_machine_refuses_a_lease_for_a_dockerd_it_does_not_follow(
+    node: Node, tmp_path: Path
+) -> None:
+    """``NV_HOST`` names a node's agent, but docker creates the container on this machine's
+    dockerd (no ``DOCKER_HOST`` for that node): the engine's ``ID`` is not one the agent
+    follows, so the lease would end when docker returns. The node's own dockerd, reached
+    here through a forwarded socket, says the ``ID`` the agent follows."""
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+    from controller.transport.plain_http import PlainAgentClient  # noqa: PLC0415
+    from controller.wrapper.docker_args import scan  # noqa: PLC0415
+    from controller.wrapper.gpu_args import CdiChoice, _refuse_an_unfollowed_engine  # noqa: PLC0415
+    from controller.wrapper.leases import LeaseAsk  # noqa: PLC0415
+    from tests.support.fake_engine import FakeEngine, json_answer  # noqa: PLC0415
+
+    nodes = "5b0f3a4e-9d2c-4c1e-8f7a-2d6b1e0c9a37"
+    node.agent.boot = "another-machine"
+    node.agent.engines = [
+        {"Socket": "/var/run/docker.sock", "Following": True, "Version": "26.1.5", "ID": nodes}
+    ]
+    engine = FakeEngine(tmp_path / "docker.sock")
+    engine.answers["/info"] = json_answer({"ID": "0e1d2c3b-4a59-4687-9a1b-c2d3e4f5a6b7"})
+    await engine.start()
+
+    def check() -> None:
+        options = Options.build({"PATH": os.environ["PATH"]}, command="wrapper")
+        cdi = CdiChoice(options, scan(["run", IMAGE]), None, lease_engine=str(engine.socket_path))
+        with PlainAgentClient(parse_endpoint(node.url)) as agent:
+            _refuse_an_unfollowed_engine(agent, LeaseAsk("NV_GPU=auto:1"), cdi)
+
+    try:
+        with pytest.raises(GpuError) as refused:
+            await asyncio.to_thread(check)
+        assert str(refused.value).startswith(
+            f"NV_GPU=auto:1 asks for a GPU lease, but docker runs its containers on the engine "
+            f"at unix://{engine.socket_path} (ID 0e1d2c3b-4a59-4687-9a1b-c2d3e4f5a6b7), which "
+            f"the agent of {node.url} does not follow (it follows "
+            f"/var/run/docker.sock (ID {nodes}))"
+        ), refused.value
+        engine.answers["/info"] = json_answer({"ID": nodes})  # the node's dockerd, forwarded
+        await asyncio.to_thread(check)
+        assert engine.requests == ["/info", "/info"]  # asked once a run
+    finally:
+        await engine.stop()
