@@ -367,7 +367,7 @@ def _names_default(paths: Sequence[str]) -> bool:
                 found = json_codec.loads(file.read(podman_labels.MAX_SETTINGS_BYTES))
         except FileNotFoundError:
             continue
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # nested too deep for the parser too
             return True
         connection = found.get("Connection") if isinstance(found, dict) else None
         if not isinstance(connection, dict) or connection.get("Default"):

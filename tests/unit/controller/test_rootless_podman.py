@@ -366,3 +366,13 @@ def test_a_socket_the_wrapper_may_not_look_at_is_that_of_the_podmans_user(
         assert machine.uid("sudo", "-u", "nobody", "podman", "--url", url) == NOBODY, url
     assert machine.uid("podman", "--url", f"unix://{runtime}") == NOBODY
     assert machine.uid("sudo", "podman", "--url", f"unix://{hidden}/podman.sock") is None
+
+
+def test_a_connections_file_nested_too_deep_is_one_that_cannot_be_read(machine: Machine) -> None:
+    """A ``podman-connections.json`` nested deeper than the parser goes (Python's recursion
+    limit) is read as one Podman cannot parse, not a ``RecursionError`` out of the wrapper."""
+    machine.socket(USER)
+    connections = machine.config / "containers" / "podman-connections.json"
+    connections.parent.mkdir(parents=True)
+    connections.write_text('{"Connection": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert machine.uid("podman", "--remote") is None  # unreadable: not read, as a default
