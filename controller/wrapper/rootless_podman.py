@@ -23,24 +23,25 @@ small files (no subprocess: docs/nvidia-docker.md, "Speed"):
    ``"$@"`` count as podman's options.
 3. Where its containers are made. A local ``podman`` makes them as the user it runs as:
    rootless unless root. A client of a service (``podman-remote``, ``--remote``, ``--url``,
-   ``-H``/``--host``, ``CONTAINER_HOST``, a containers.conf ``remote = true``) talks to
-   the URL given (``--url`` or ``-H``, else ``CONTAINER_HOST``), else to Podman's default
-   socket (``$XDG_RUNTIME_DIR/podman/podman.sock`` for a user, as Podman finds its runtime
-   directory; ``/run/podman/podman.sock`` for root). A ``unix:`` socket there is rootless
+   ``-H``/``--host``, ``--connection``/``-c``, ``--context NAME``, ``CONTAINER_HOST``,
+   ``CONTAINER_CONNECTION``, a containers.conf ``remote = true``) talks to the URL Podman
+   chooses (``podman_connections``: its options, its variables, a connection's URI from
+   ``podman-connections.json`` or containers.conf's ``service_destinations``, a default
+   connection, else Podman's default socket, ``$XDG_RUNTIME_DIR/podman/podman.sock`` for a
+   user and ``/run/podman/podman.sock`` for root). A ``unix:`` socket there is rootless
    Podman of the socket's owner unless root owns it (one that is not there: podman fails;
    one the wrapper's user may not look at, which ``sudo -u USER`` reaches: the ``<uid>`` of
    its ``/run/user/<uid>/`` path, else USER's); ``ssh://`` and ``tcp://`` are a service on
-   another machine. A named connection (``--connection``, ``--context NAME``,
-   ``CONTAINER_CONNECTION``) or a default one configured (containers.conf's
-   ``active_service`` or ``remote_uri``, a default in ``podman-connections.json``) is not
-   read: None, as for a service elsewhere.
+   another machine; a connection named that is not there: podman fails (None). Where
+   Podman 4 and 5 may choose differently (containers.conf's ``remote_uri``), the first of
+   their sockets that is a user's counts.
 """
 
 from __future__ import annotations
 
 import os
 
-from controller.wrapper import docker_args, docker_cli, podman_labels
+from controller.wrapper import docker_args, docker_cli, podman_connections, podman_labels
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,10 +49,7 @@ if TYPE_CHECKING:
 
 SCRIPT_BYTES = 4096  # podman-docker's script is about 200 bytes
 PODMAN_NAMES = ("podman", "podman-remote")
-ROOT_SOCKET = "/run/podman/podman.sock"  # Podman's default service socket for root
-CONNECTIONS_FILE = "podman-connections.json"  # Podman 5's connections, beside containers.conf
 _VALUE, _FLAG, _OPTIONAL = "value", "flag", "optional"  # how an option takes its value
-_ENGINE_KEYS = ("remote", "active_service", "remote_uri")  # containers.conf's, [engine]
 _FALSE = ("false", "f", "0")  # how pflag's flags are said false (--remote=false), lowered
 # Podman's global options that choose its service; any other takes a value unless it is
 # one of docker_args' global flags (Podman's pflag knows them all; only these are read).
@@ -106,11 +104,13 @@ def rootless_uid(
     flagged = name == "podman-remote" or _flagged_remote(options, env)
     if not flagged and uid == 0:  # root's Podman, or a service its settings name: root's
         return None
-    settings = _engine_settings(podman_labels.containers_conf(env, uid))
+    conf_files = podman_labels.containers_conf(env, uid)
+    settings = podman_connections.engine_settings(conf_files)
     if not flagged and settings.get("remote") != "true":
         return uid  # a local podman of a user other than root
-    url = _destination(options, env, settings, uid)
-    return _socket_owner(url, uid) if url is not None else None
+    urls = podman_connections.destinations(options, env, settings, conf_files, uid)
+    owners = (_socket_owner(url, uid) for url in urls)
+    return next((owner for owner in owners if owner is not None), None)
 
 
 def runs_podman(docker: Sequence[str], environment: Mapping[str, str]) -> bool:
@@ -313,85 +313,6 @@ def _flagged_remote(options: Mapping[str, str], env: Mapping[str, str]) -> bool:
     if "remote" in options:
         return options["remote"].lower() not in _FALSE
     return bool(env.get("CONTAINER_HOST") or env.get("CONTAINER_CONNECTION"))
-
-
-def _engine_settings(files: Sequence[str]) -> dict[str, str]:
-    """What the containers.conf ``files`` (in Podman's order: a later one wins) set of
-    ``remote``, ``active_service`` and ``remote_uri``."""
-    settings: dict[str, str] = {}
-    for file in files:
-        found = podman_labels.conf_values(file, _ENGINE_KEYS)
-        settings.update((key, values[-1]) for key, values in found.items())
-    return settings
-
-
-def _destination(
-    options: Mapping[str, str], env: Mapping[str, str], settings: Mapping[str, str], uid: int
-) -> str | None:
-    """The URL a Podman client of user ``uid`` talks to, in Podman's order (its options,
-    its variables, a configured default, its default socket); None: a connection by name
-    or a configured default (not read)."""
-    if "connection" in options or options.get("context", "default") != "default":
-        return None
-    if "url" in options or "host" in options:
-        return options.get("url", options.get("host"))
-    if env.get("CONTAINER_CONNECTION"):
-        return None
-    if env.get("CONTAINER_HOST"):
-        return env["CONTAINER_HOST"]
-    if settings.get("active_service") or settings.get("remote_uri"):
-        return None
-    if _names_default(_connections_files(env, uid)):
-        return None
-    return "unix:" + _runtime_socket(env, uid)
-
-
-def _connections_files(env: Mapping[str, str], uid: int) -> list[str]:
-    """Where Podman 5 keeps its connections: ``PODMAN_CONNECTIONS_CONF``, else beside the
-    user's containers.conf (root's: also /etc/containers)."""
-    if env.get("PODMAN_CONNECTIONS_CONF"):
-        return [env["PODMAN_CONNECTIONS_CONF"]]
-    config = podman_labels.user_config_dir(env)
-    places = [os.path.join(config, "containers", CONNECTIONS_FILE)] if config else []
-    return places + ([f"/etc/containers/{CONNECTIONS_FILE}"] if uid == 0 else [])
-
-
-def _names_default(paths: Sequence[str]) -> bool:
-    """One of Podman 5's connections files at ``paths`` names a default connection (one
-    that is there but cannot be read counts: Podman would use it, or fail)."""
-    from controller import json_codec  # noqa: PLC0415 (a client without a URL only)
-
-    for path in paths:
-        try:
-            with open(path, "rb") as file:
-                found = json_codec.loads(file.read(podman_labels.MAX_SETTINGS_BYTES))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, RecursionError):  # nested too deep for the parser too
-            return True
-        connection = found.get("Connection") if isinstance(found, dict) else None
-        if not isinstance(connection, dict) or connection.get("Default"):
-            return True
-    return False
-
-
-def _runtime_socket(env: Mapping[str, str], uid: int) -> str:
-    """Podman's default service socket for ``uid``: root's, else in the runtime directory as
-    Podman finds it (``XDG_RUNTIME_DIR``, else ``/run/user/<uid>`` where that is the
-    user's, else ``$TMPDIR/podman-run-<uid>``)."""
-    if uid == 0:
-        return ROOT_SOCKET
-    runtime = env.get("XDG_RUNTIME_DIR") or ""
-    if not runtime:
-        runtime = f"/run/user/{uid}"
-        try:
-            if os.stat(runtime).st_uid != uid:
-                runtime = ""
-        except OSError:
-            runtime = ""
-    if not runtime:
-        runtime = os.path.join(env.get("TMPDIR") or "/tmp", f"podman-run-{uid}")
-    return os.path.join(runtime, "podman", "podman.sock")
 
 
 def _socket_owner(url: str, uid: int) -> int | None:

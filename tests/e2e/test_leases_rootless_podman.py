@@ -10,8 +10,10 @@ that user's Podman API service. Checked:
   exits 1 with the one line that says why, naming the user's uid, before anything is
   leased: no container, no lease, every GPU free. So do the runs with ``NV_DOCKER="podman
   --url unix://<the user's socket>"`` (by the user, and by root), with ``NV_DOCKER`` unset
-  where the user's ``docker`` is podman-docker's script, and with ``NV_DOCKER="env LANG=C
-  podman"``;
+  where the user's ``docker`` is podman-docker's script, with ``NV_DOCKER="env LANG=C
+  podman"``, and with a connection the user added (``podman system connection add
+  --default``, in Podman 4's containers.conf): ``podman --connection NAME``,
+  ``CONTAINER_CONNECTION=NAME`` and ``podman --remote`` (the default connection);
 - an agent that follows the user's service (``--podman-socket <the user's socket>``): the
   run gets a GPU, as its CDI name; the lease is bound to the container and stays bound once
   the wrapper's watcher has asked for it back (``DELETE /leases/{id}/pending``, which an
@@ -84,6 +86,7 @@ USER = "nvd-rootless"
 COMMENT = "nvidia-docker tests, rootless Podman (tests/e2e/test_leases_rootless_podman.py)"
 SUBIDS = (1_100_000_000, 65_536)  # first subordinate uid and gid, and how many
 IMAGE = "nvd-rootless/busybox:1"
+CONNECTION = "nvd-own.service"  # the user's connection to its own service (a quoted TOML key)
 GPUS = 8
 CDI_DIR = Path("/var/run/cdi")
 SPEC = CDI_DIR / SPEC_NAME
@@ -547,8 +550,9 @@ def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
     rootless: Rootless,
 ) -> None:
     """``podman``; a client of the user's service (``--url``), run by the user and by root;
-    ``docker`` that is podman-docker's script; ``env ... podman``: each refused, naming the
-    user's uid."""
+    ``docker`` that is podman-docker's script; ``env ... podman``; a client of a connection
+    to the user's service, by name and as the default: each refused, naming the user's
+    uid."""
     url = f"unix://{rootless.socket_path}"
     with _node(rootless, following_the_user=False) as node:
         assert not any(node.following().values())
@@ -559,6 +563,17 @@ def test_a_lease_is_refused_where_the_agent_does_not_follow_the_users_podman(
         _refused(rootless.through_podman_docker(node.url), rootless.uid)
         _refused(rootless.nvidia_docker_run(node.url, NV_DOCKER="env LANG=C podman"), rootless.uid)
         _refused(_as_root(node.url, f"podman --url {url}"), rootless.uid)
+        rootless.podman("system", "connection", "add", "--default", CONNECTION, url)
+        try:
+            for nv_docker, env in (
+                (f"podman --connection {CONNECTION}", {}),
+                ("podman --remote", {"CONTAINER_CONNECTION": CONNECTION}),
+                ("podman --remote", {}),  # the default connection
+            ):
+                run = rootless.nvidia_docker_run(node.url, NV_DOCKER=nv_docker, **env)
+                _refused(run, rootless.uid)
+        finally:
+            rootless.podman("system", "connection", "remove", CONNECTION)
 
         assert rootless.podman("ps", "--all", "--quiet") == ""
         table = node.table()

@@ -187,26 +187,197 @@ def test_the_default_socket_is_in_the_runtime_directory_podman_finds(
     assert machine.uid("podman", "--remote", XDG_RUNTIME_DIR="", TMPDIR=str(machine.tmp)) == uid
 
 
-def test_a_named_or_configured_connection_is_not_read(machine: Machine) -> None:
-    """A connection by name (``--connection``, ``CONTAINER_CONNECTION``, ``--context``) or a
-    default configured (containers.conf, Podman 5's podman-connections.json): not read, as
-    for a service on another machine (docs/nvidia-docker.md, "Rootless Podman")."""
-    machine.socket(USER)
-    assert machine.uid("podman", "--remote") == USER
-    assert machine.uid("podman", "--connection", "mine") is None
+# --- connections by name, and the default one -----------------------------------------------
+
+
+def _containers_conf(*destinations: tuple[str, str], active: str = "") -> str:
+    """A containers.conf as Podman 4's ``podman system connection add`` writes it (its TOML
+    writer indents tables, quotes a name that is not a bare key)."""
+    lines = ["[containers]", "", "[engine]"]
+    lines += [f'  active_service = "{active}"'] if active else []
+    lines += ["  [engine.service_destinations]"]
+    for name, uri in destinations:
+        quoted = name if name.replace("-", "").replace("_", "").isalnum() else f'"{name}"'
+        lines += [f"    [engine.service_destinations.{quoted}]", f'      uri = "{uri}"']
+    return "\n".join([*lines, "", "[machine]", ""])
+
+
+def _connections_json(*connections: tuple[str, str], default: str = "") -> str:
+    """Podman 5's podman-connections.json as ``podman system connection add`` writes it."""
+    return json.dumps({
+        "Connection": {
+            **({"Default": default} if default else {}),
+            "Connections": {name: {"URI": uri, "Identity": ""} for name, uri in connections},
+        },
+        "Farm": {},
+    })  # fmt: skip
+
+
+def _write_connections(machine: Machine, text: str) -> Path:
+    path = machine.config / "containers" / "podman-connections.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+NAMED = [
+    ("--connection", "{name}"),
+    ("--connection={name}",),
+    ("-c", "{name}"),
+    ("-c{name}",),
+    ("--context", "{name}"),
+    ("--remote", "CONTAINER_CONNECTION={name}"),
+]
+
+
+@pytest.mark.parametrize("form", NAMED)
+@pytest.mark.parametrize("where", ["podman-connections.json", "containers.conf"])
+def test_a_connection_by_name_is_its_uri(
+    machine: Machine, form: tuple[str, ...], where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``podman --connection NAME`` (``-c``, ``--context``, ``CONTAINER_CONNECTION``) talks
+    to the URI of that connection, of Podman 5's podman-connections.json or Podman 4's
+    containers.conf: a socket of the user's is the user's rootless Podman, whoever asks it;
+    root's, or another machine's, is not."""
+    own = machine.socket(USER)
+    root = machine.socket(0, machine.tmp / "root.sock")
+    named = {"mine.local": f"unix://{own}", "root": f"unix://{root}", "gpu-7": SSH}
+    if where == "containers.conf":
+        machine.settings(_containers_conf(*named.items()))
+    else:
+        _write_connections(machine, _connections_json(*named.items()))
+
+    def uid(name: str) -> int | None:
+        words = [word.format(name=name) for word in form]
+        variables = dict(word.split("=", 1) for word in words if word.startswith("CONTAINER_"))
+        options = [word for word in words if not word.startswith("CONTAINER_")]
+        return machine.uid("podman", *options, **variables)
+
+    assert uid("mine.local") == USER
+    assert uid("root") is None
+    assert uid("gpu-7") is None
+    assert uid("not-there") is None  # podman fails: no such connection
+    _as_root(monkeypatch)
+    assert uid("mine.local") == USER
+
+
+def test_the_connections_file_names_a_connection_before_containers_conf(
+    machine: Machine,
+) -> None:
+    """A name in both: Podman 5 takes podman-connections.json's (``GetConnection``); a
+    later containers.conf's table wins over an earlier one's."""
+    own = f"unix://{machine.socket(USER)}"
+    root = f"unix://{machine.socket(0, machine.tmp / 'root.sock')}"
+    machine.settings(_containers_conf(("gpu", root)))
+    connections = _write_connections(machine, _connections_json(("gpu", own)))
+    assert machine.uid("podman", "-c", "gpu") == USER
+    connections.write_text(_connections_json(("gpu", root)))
+    machine.settings(_containers_conf(("gpu", own)))
+    assert machine.uid("podman", "-c", "gpu") is None
+    connections.unlink()
+    assert machine.uid("podman", "-c", "gpu") == USER
+    later = machine.tmp / "later.conf"
+    later.write_text(_containers_conf(("gpu", root)))
+    assert machine.uid("podman", "-c", "gpu", CONTAINERS_CONF=str(later)) is None
+
+
+def test_the_options_and_variables_choose_in_podmans_order(machine: Machine) -> None:
+    """``--connection``, then ``--url``, then ``--context NAME``, then ``--host``; then
+    ``CONTAINER_CONNECTION``, then ``CONTAINER_HOST`` (Podman 5's ``readRemoteCliFlags`` and
+    ``setupRemoteConnection``)."""
+    own = f"unix://{machine.socket(USER)}"
+    root = f"unix://{machine.socket(0, machine.tmp / 'root.sock')}"
+    machine.settings(_containers_conf(("mine", own), ("root", root)))
+    assert machine.uid("podman", "--url", root, "--connection", "mine") == USER
+    assert machine.uid("podman", "--url", own, "--context", "root") == USER
+    assert machine.uid("podman", "--context", "mine", "-H", root) == USER
+    assert machine.uid("podman", "--context", "default", "-H", own) == USER
+    assert machine.uid("podman", "--context", "default", "-H", root) is None
+    assert machine.uid("podman", "-c", "mine", "--context", "mine") is None  # podman refuses
+    assert machine.uid("podman", CONTAINER_CONNECTION="mine", CONTAINER_HOST=root) == USER
+    assert machine.uid("podman", "--url", own, CONTAINER_CONNECTION="root") == USER
+
+
+def test_a_default_connection_is_its_uri(machine: Machine) -> None:
+    """A client without a URL: the default connection (podman-connections.json's
+    ``Default``, else containers.conf's ``active_service``); none, or one not there: Podman's
+    default socket. A local podman: made by its user, whatever the settings name."""
+    own = f"unix://{machine.socket(USER, machine.tmp / 'own.sock')}"
+    root = f"unix://{machine.socket(0, machine.tmp / 'root.sock')}"
+    machine.socket(USER)  # the default socket: the user's
+    machine.settings(_containers_conf(("mine", own), ("root", root), active="root"))
+    assert machine.uid("podman", "--remote") is None
+    assert machine.uid("podman-remote") is None
+    assert machine.uid("podman") == USER  # a local podman
+    connections = _write_connections(machine, _connections_json(default="mine"))
+    assert machine.uid("podman", "--remote") == USER  # the file's default, from containers.conf
+    connections.write_text(_connections_json(("mine", root), default="mine"))
+    assert machine.uid("podman", "--remote") is None  # the file's own "mine"
+    connections.write_text(_connections_json(default="not-there"))
+    assert machine.uid("podman", "--remote") == USER  # the default socket
+    machine.socket(0)
+    assert machine.uid("podman", "--remote") is None
+    connections.write_text(_connections_json(("ssh", SSH), default="ssh"))
+    assert machine.uid("podman", "--remote") is None
+    connections.write_text(_connections_json(("mine", own), default="mine"))
+    machine.settings("[engine]\nremote = true\n")
+    assert machine.uid("podman") == USER  # remote = true: a client of the default connection
+
+
+def test_the_connections_file_is_where_podman_finds_it(machine: Machine) -> None:
+    """``PODMAN_CONNECTIONS_CONF`` (set, even empty: no file), else beside the user's
+    containers.conf; its keys whatever their case, as Go's encoding/json reads them."""
+    own = f"unix://{machine.socket(USER, machine.tmp / 'own.sock')}"
+    elsewhere = machine.tmp / "connections.json"
+    elsewhere.write_text(_connections_json(("mine", own), default="mine"))
     assert machine.uid("podman", "-c", "mine") is None
-    assert machine.uid("podman", "--context", "mine") is None
-    assert machine.uid("podman", "--context", "default") == USER
+    assert machine.uid("podman", "-c", "mine", PODMAN_CONNECTIONS_CONF=str(elsewhere)) == USER
+    _write_connections(machine, _connections_json(("mine", own)))
+    assert machine.uid("podman", "-c", "mine") == USER
+    assert machine.uid("podman", "-c", "mine", PODMAN_CONNECTIONS_CONF="") is None
+    lowered = {"connection": {"connections": {"mine": {"uri": own}}}}
+    _write_connections(machine, json.dumps(lowered))
+    assert machine.uid("podman", "-c", "mine") == USER
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        '{"Connection": ' + "[" * 100_000 + "]" * 100_000 + "}",  # deeper than Python parses
+        json.dumps({"Connection": {"Default": 7, "Connections": {}}}),
+        json.dumps({"Connection": {"Connections": {"mine": {"URI": ["unix:///x"]}}}}),
+        json.dumps({"Connection": []}),
+        json.dumps([]),
+        " " * (1 << 20) + "{}",  # more than MAX_SETTINGS_BYTES
+    ],
+)
+def test_a_connections_file_podman_cannot_parse(machine: Machine, text: str) -> None:
+    """Podman fails on a connection named (no URL: None), and talks to its default socket
+    without one (the user's here; not containers.conf's ``active_service``, root's); nothing
+    raises (not a RecursionError)."""
+    own = f"unix://{machine.socket(USER)}"
+    root = f"unix://{machine.socket(0, machine.tmp / 'root.sock')}"
+    machine.settings(_containers_conf(("mine", own), ("root", root), active="root"))
+    _write_connections(machine, text)
+    assert machine.uid("podman", "--connection", "mine") is None
     assert machine.uid("podman", "--remote", CONTAINER_CONNECTION="mine") is None
-    machine.settings('[engine]\nactive_service = "gpu-7"\n')
-    assert machine.uid("podman", "--remote") is None
-    assert machine.uid("podman") == USER  # a local podman: the settings name no service
-    machine.settings("[engine]\n")
-    connections = machine.config / "containers" / "podman-connections.json"
-    connections.write_text(json.dumps({"Connection": {"Connections": {}}}))
     assert machine.uid("podman", "--remote") == USER
-    connections.write_text(json.dumps({"Connection": {"Default": "gpu-7"}}))
+
+
+def test_podman_4s_remote_uri_or_the_default_socket(machine: Machine) -> None:
+    """containers.conf's ``remote_uri``, where no connection is the default: Podman 4 talks
+    to it, Podman 5 to its default socket; either that is a user's counts."""
+    own = f"unix://{machine.socket(USER, machine.tmp / 'own.sock')}"
+    root = f"unix://{machine.socket(0, machine.tmp / 'root.sock')}"
+    machine.settings(f'[engine]\nremote_uri = "{own}"\n')
+    assert machine.uid("podman", "--remote") == USER  # Podman 4's; no default socket here
+    machine.socket(0)
+    assert machine.uid("podman", "--remote") == USER
+    machine.settings(f'[engine]\nremote_uri = "{root}"\n')
     assert machine.uid("podman", "--remote") is None
+    machine.socket(USER)
+    assert machine.uid("podman", "--remote") == USER  # Podman 5's: the default socket
 
 
 # --- podman-docker: a docker that is Podman -------------------------------------------------
@@ -366,13 +537,3 @@ def test_a_socket_the_wrapper_may_not_look_at_is_that_of_the_podmans_user(
         assert machine.uid("sudo", "-u", "nobody", "podman", "--url", url) == NOBODY, url
     assert machine.uid("podman", "--url", f"unix://{runtime}") == NOBODY
     assert machine.uid("sudo", "podman", "--url", f"unix://{hidden}/podman.sock") is None
-
-
-def test_a_connections_file_nested_too_deep_is_one_that_cannot_be_read(machine: Machine) -> None:
-    """A ``podman-connections.json`` nested deeper than the parser goes (Python's recursion
-    limit) is read as one Podman cannot parse, not a ``RecursionError`` out of the wrapper."""
-    machine.socket(USER)
-    connections = machine.config / "containers" / "podman-connections.json"
-    connections.parent.mkdir(parents=True)
-    connections.write_text('{"Connection": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    assert machine.uid("podman", "--remote") is None  # unreadable: not read, as a default
