@@ -9,12 +9,21 @@ on another machine, or one not looked at. It runs only when a lease is asked, an
 small files (no subprocess: docs/nvidia-docker.md, "Speed"):
 
 1. Prefixes, seen through: ``env`` (its ``-i``, ``-u NAME`` and ``NAME=VALUE`` words change
-   the environment podman gets) and ``sudo``, whose podman runs as ``-u USER``
+   the environment podman gets); ``sudo``, whose podman runs as ``-u USER``
    (``--user=USER``, ``#UID``), else as root (``-g GROUP`` alone: as the caller), in sudo's
    default ``env_reset`` environment (``PATH``, the user's ``HOME`` and the ``VAR=value``
    words; the caller's with ``-E`` or ``--preserve-env``, and the variables named with
-   ``--preserve-env=LIST``). An option the prefix is not known to take (``env -S``, ``sudo
-   -h``): not seen through (None).
+   ``--preserve-env=LIST``); util-linux's ``runuser -u USER`` (``--user=USER``; a name, or
+   a uid where util-linux takes one; with ``-g``, ``-G``, ``-m``/``-p``, ``-P``, ``-T``,
+   ``-w``), run by root only, whose podman runs as USER in the caller's environment with
+   USER's ``HOME`` (and ``USER``, ``LOGNAME``; all of the caller's with ``-m``/``-p``); and
+   OpenDoas's ``doas`` (``-n``, ``-u USER``: a name or a uid), whose podman runs as USER,
+   else root, in the environment doas makes without ``keepenv`` or ``setenv`` in
+   doas.conf, which is not read: USER's ``HOME``, ``LOGNAME``, ``USER`` and ``SHELL``, the
+   caller's ``TERM`` and ``DISPLAY``, and ``PATH`` (the caller's, where doas finds the
+   program). An option the prefix is not known to take (``env -S``, ``sudo -h``), or a
+   shell it starts (``runuser USER -c ...``, ``runuser -l``, ``doas -s``), and ``doas -C``
+   or ``-L``, which run no command: not seen through (None); so are ``setpriv`` and ``su``.
 2. The program: ``podman`` or ``podman-remote`` by name; else the file found as execvp finds
    it (``docker`` on ``PATH``), when its real name is one of those (a link, as some
    ``podman-docker`` packages install) or when it is a small script (``#!``, read up to
@@ -45,6 +54,7 @@ from controller.wrapper import docker_args, docker_cli, podman_connections, podm
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import pwd
     from collections.abc import Mapping, Sequence
 
 SCRIPT_BYTES = 4096  # podman-docker's script is about 200 bytes
@@ -83,6 +93,17 @@ _SUDO_OPTIONS = {  # sudo's that run a command; -h (help or --host), -e, -l, -v:
     ) for spelled in (f"-{short}", f"--{long}")},
     "-E": ("preserve-env", _OPTIONAL), "--preserve-env": ("preserve-env", _OPTIONAL),
 }  # fmt: skip
+_RUNUSER_OPTIONS = {  # util-linux's with -u; -c, -C, -f, -l, -s (a shell), -h, -V: not seen through
+    **{spelled: (long, _VALUE) for short, long in (
+        ("u", "user"), ("g", "group"), ("G", "supp-group"), ("w", "whitelist-environment"),
+    ) for spelled in (f"-{short}", f"--{long}")},
+    **{spelled: (long, _FLAG) for short, long in (
+        ("m", "preserve-environment"), ("p", "preserve-environment"), ("P", "pty"),
+        ("T", "no-pty"),
+    ) for spelled in (f"-{short}", f"--{long}")},
+}  # fmt: skip
+_DOAS_OPTIONS = {"-n": ("n", _FLAG), "-u": ("user", _VALUE)}  # -C, -L, -s: not seen through
+_DOAS_KEPT = ("TERM", "DISPLAY", "PATH")  # the caller's, in the environment doas makes
 
 
 def rootless_uid(
@@ -114,9 +135,9 @@ def rootless_uid(
 
 
 def runs_podman(docker: Sequence[str], environment: Mapping[str, str]) -> bool:
-    """``docker`` (``NV_DOCKER``'s words) runs Podman's client, past any ``env`` or ``sudo``
-    before it: ``podman`` by name, or a ``docker`` that is podman-docker's script or a link
-    to ``podman`` (step 2 of the module docstring)."""
+    """``docker`` (``NV_DOCKER``'s words) runs Podman's client, past any ``env``, ``sudo``,
+    ``runuser`` or ``doas`` before it: ``podman`` by name, or a ``docker`` that is
+    podman-docker's script or a link to ``podman`` (step 2 of the module docstring)."""
     seen = _through_prefixes(docker, environment)
     return seen is not None and bool(seen[0]) and _podman_client(seen[0][0], seen[2]) is not None
 
@@ -125,13 +146,11 @@ def _through_prefixes(
     docker: Sequence[str], environment: Mapping[str, str]
 ) -> tuple[list[str], int, dict[str, str]] | None:
     """``docker``'s words from its program on, the uid it runs as and its environment,
-    past any ``env`` and ``sudo`` before it; None where a prefix is not seen through."""
+    past any ``env``, ``sudo``, ``runuser`` and ``doas`` before it; None where a prefix is
+    not seen through."""
     words, uid, env = list(docker), os.geteuid(), dict(environment)
-    while words and os.path.basename(words[0]) in ("env", "sudo"):
-        if os.path.basename(words[0]) == "env":
-            read = _env(words[1:], env)
-        else:
-            read = _sudo(words[1:], env)
+    while words and os.path.basename(words[0]) in _PREFIXES:
+        read = _PREFIXES[os.path.basename(words[0])](words[1:], env)
         if read is None:
             return None
         words, env, run_as = read
@@ -185,6 +204,67 @@ def _sudo(
     if home and ("set-home" in given or "login" in given):
         env["HOME"] = home
     return _assign(words[at:], env), env, uid
+
+
+def _runuser(
+    words: list[str], environment: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], int | None] | None:
+    """util-linux runuser's words (after ``runuser``): with ``-u USER``, the command's words,
+    its environment (the caller's, with USER's ``HOME``, and ``USER`` and ``LOGNAME`` unless
+    USER is root; ``-m``/``-p``: the caller's) and USER's uid. None for its other forms (a
+    shell), a user not there, and a caller other than root (runuser refuses). Its options
+    end at the command, as if ``--`` came before it (GNU getopt reads on, and runuser fails
+    on podman's own options after the command, leasing nothing)."""
+    read = _options(words, _RUNUSER_OPTIONS, unknown=None)
+    if read is None or os.geteuid() != 0:
+        return None
+    options, at = read
+    given = dict(options)
+    if "user" not in given or words[at : at + 1] == ["-"]:  # su's forms; -u with a login
+        return None
+    entry = _account(given["user"])
+    if entry is None:
+        return None
+    env = dict(environment)
+    if "preserve-environment" not in given:
+        env["HOME"] = entry.pw_dir
+        if entry.pw_uid != 0:
+            env.update(USER=entry.pw_name, LOGNAME=entry.pw_name)
+    return words[at:], env, entry.pw_uid
+
+
+def _doas(
+    words: list[str], environment: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], int | None] | None:
+    """OpenDoas's words (after ``doas``): the command's words, the environment doas makes
+    (without ``keepenv`` or ``setenv`` in doas.conf: the user's ``HOME``, ``LOGNAME``,
+    ``USER`` and ``SHELL``, the caller's ``TERM``, ``DISPLAY`` and ``PATH``, in which doas
+    finds the program), and the uid it runs as (``-u USER``, else root)."""
+    read = _options(words, _DOAS_OPTIONS, unknown=None)
+    if read is None:
+        return None
+    options, at = read
+    entry = _account(dict(options).get("user", "root"))
+    if entry is None:
+        return None
+    env = {name: environment[name] for name in _DOAS_KEPT if name in environment}
+    env.update(HOME=entry.pw_dir, LOGNAME=entry.pw_name, USER=entry.pw_name)
+    env["SHELL"] = entry.pw_shell
+    return words[at:], env, entry.pw_uid
+
+
+def _account(name: str) -> pwd.struct_passwd | None:
+    """The passwd entry of runuser's or doas's user: by name, else by uid; None: none."""
+    import pwd  # noqa: PLC0415 (runuser and doas only)
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    try:
+        return pwd.getpwuid(int(name)) if name.isascii() and name.isdigit() else None
+    except (KeyError, OverflowError):
+        return None
 
 
 def _user(name: str) -> tuple[int, str] | None:
@@ -259,6 +339,9 @@ def _options(
                 break
         at += 1
     return found, at
+
+
+_PREFIXES = {"env": _env, "sudo": _sudo, "runuser": _runuser, "doas": _doas}
 
 
 def _podman_client(word: str, environment: Mapping[str, str]) -> tuple[str, list[str]] | None:

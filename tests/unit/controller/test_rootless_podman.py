@@ -537,3 +537,100 @@ def test_a_socket_the_wrapper_may_not_look_at_is_that_of_the_podmans_user(
         assert machine.uid("sudo", "-u", "nobody", "podman", "--url", url) == NOBODY, url
     assert machine.uid("podman", "--url", f"unix://{runtime}") == NOBODY
     assert machine.uid("sudo", "podman", "--url", f"unix://{hidden}/podman.sock") is None
+
+
+# --- prefixes: runuser, doas ----------------------------------------------------------------
+
+OTHER_RUNUSER = [
+    ("runuser", "-u", "nobody", "podman"),
+    ("runuser", "-u", "nobody", "--", "podman"),
+    ("/usr/sbin/runuser", "--user=nobody", "podman"),
+    ("runuser", "-unobody", "podman"),
+    ("runuser", "-u", "nobody", "-g", "nogroup", "-G", "nogroup", "podman"),
+    ("runuser", "-m", "-u", "nobody", "-P", "podman"),
+    ("runuser", "-u", str(NOBODY), "podman"),
+    ("runuser", "-u", "nobody", "env", "A=1", "podman"),
+    ("env", "A=1", "runuser", "-u", "nobody", "podman"),
+    ("sudo", "runuser", "-u", "nobody", "podman"),
+]
+
+
+def test_runuser_as_another_user_runs_that_users_rootless_podman(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runuser -u USER podman`` (root's: runuser refuses anyone else): USER's own Podman,
+    in the caller's environment with USER's ``HOME``."""
+    _as_root(monkeypatch)
+    for docker in OTHER_RUNUSER:
+        assert machine.uid(*docker) == NOBODY, docker
+    assert machine.uid("runuser", "-u", "root", "podman") is None  # root's Podman
+    # the caller's variables are podman's: root's CONTAINER_HOST names the user's service
+    own = f"unix://{machine.socket(USER)}"
+    assert machine.uid("runuser", "-u", "nobody", "podman", CONTAINER_HOST=own) == USER
+    # USER's HOME, where its containers.conf is (not the caller's: remote = true there)
+    home = machine.tmp / "caller"
+    (home / ".config" / "containers").mkdir(parents=True)
+    (home / ".config" / "containers" / "containers.conf").write_text("[engine]\nremote = true\n")
+    caller = {"XDG_CONFIG_HOME": "", "HOME": str(home), "XDG_RUNTIME_DIR": str(machine.runtime)}
+    assert machine.uid("runuser", "-u", "nobody", "podman", **caller) == NOBODY
+    socket = machine.socket(0)  # the caller's default socket, read with -m: root's
+    assert machine.uid("runuser", "-m", "-u", "nobody", "podman", **caller) is None
+    os.chown(socket, USER, USER)
+    assert machine.uid("runuser", "-p", "-u", "nobody", "podman", **caller) == USER
+
+
+def test_a_runuser_that_runs_a_shell_or_fails_is_not_seen_through(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert machine.uid("runuser", "-u", "nobody", "podman") is None  # not root: it refuses
+    _as_root(monkeypatch)
+    assert machine.uid("runuser", "nobody", "-c", "podman") is None
+    assert machine.uid("runuser", "-l", "nobody", "-c", "podman") is None
+    assert machine.uid("runuser", "-", "nobody") is None
+    assert machine.uid("runuser", "-u", "nobody", "-", "podman") is None
+    assert machine.uid("runuser", "-s", "/bin/sh", "-u", "nobody", "podman") is None
+    assert machine.uid("runuser", "-u", "no-such-user-here", "podman") is None
+    assert machine.uid("runuser", "-u", "nobody") is None
+    assert machine.uid("runuser") is None
+
+
+OTHER_DOAS = [
+    ("doas", "-u", "nobody", "podman"),
+    ("/usr/bin/doas", "-n", "-u", "nobody", "podman"),
+    ("doas", "-nu", "nobody", "podman"),
+    ("doas", "-unobody", "--", "podman"),
+    ("doas", "-u", str(NOBODY), "podman"),
+    ("env", "A=1", "doas", "-u", "nobody", "podman"),
+]
+
+
+def test_doas_runs_root_podman_or_that_of_another_user(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``doas podman``: root's Podman; ``doas -u USER podman``: USER's own. In the
+    environment doas makes (its default ``doas.conf`` rule): the caller's ``CONTAINER_HOST``
+    is not podman's."""
+    for docker in OTHER_DOAS:
+        assert machine.uid(*docker) == NOBODY, docker
+    own = f"unix://{machine.socket(USER)}"
+    assert machine.uid("doas", "-u", "nobody", "podman", CONTAINER_HOST=own) == NOBODY
+    assert machine.uid("doas", "podman") is None
+    assert machine.uid("doas", "-u", "root", "podman") is None
+    assert machine.uid("doas", "podman", CONTAINER_HOST=own) is None
+    # its own runtime directory, not the caller's: nobody's service is not there
+    assert machine.uid("doas", "-u", "nobody", "podman", "--remote") is None
+    assert machine.uid("doas", "-u", "nobody", "podman-remote") is None
+    _as_root(monkeypatch)
+    assert machine.uid("doas", "-u", "nobody", "podman") == NOBODY
+    assert runs_podman(("doas", "podman"), machine.environment)
+
+
+def test_a_doas_that_runs_no_podman_is_not_seen_through(machine: Machine) -> None:
+    assert machine.uid("doas", "-s") is None
+    assert machine.uid("doas", "-u", "nobody", "-s") is None
+    assert machine.uid("doas", "-C", "/etc/doas.conf", "podman") is None
+    assert machine.uid("doas", "-L") is None
+    assert machine.uid("doas", "-x", "podman") is None
+    assert machine.uid("doas", "-u", "no-such-user-here", "podman") is None
+    assert machine.uid("doas", "-u") is None
+    assert machine.uid("doas") is None
