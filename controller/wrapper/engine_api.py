@@ -12,8 +12,9 @@ socket itself (``engine_socket``), with the HTTP/1.1 client of
 
 ``engine_socket(options, command)`` says which socket, or None (ask the CLI):
 
-- the docker command is ``docker`` (``NV_DOCKER`` unset or ``docker``), found on ``PATH``
-  as a program (ELF) whose real name is ``docker``: not ``sudo docker``, ``podman``, a
+- the docker command is ``docker`` (``NV_DOCKER`` unset or ``docker``), found on ``PATH``,
+  or one word naming the file (``NV_DOCKER=/usr/bin/docker``), that is a program (ELF)
+  whose real name is ``docker`` (``docker_cli_file``): not ``sudo docker``, ``podman``, a
   script such as podman-docker's, a link to ``podman``;
 - the command line has no global options before ``run`` (``-H``, ``--context``,
   ``--config``, TLS flags: the CLI's business);
@@ -44,6 +45,8 @@ from controller.transport.plain_http import tcp_get, unix_get
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from controller.options import Options
     from controller.wrapper.docker_args import DockerCommand
 
@@ -88,15 +91,27 @@ def cli_engine_address(options: Options, command: DockerCommand) -> str | None:
     """The address of the engine that docker's own CLI runs ``command`` on, as docker
     decides it (``unix:///var/run/docker.sock`` where nothing names one;
     ``tcp://127.0.0.1:2375``, ``ssh://user@node``), or None where the docker command is not
-    that CLI (``NV_DOCKER``, ``sudo docker``, podman-docker's script)."""
-    if options.docker != ("docker",):
-        return None
-    if docker_program(options.environment.get("PATH") or os.defpath) is None:
+    that CLI (``sudo docker``, ``podman``, podman-docker's script: ``docker_cli_file``)."""
+    if docker_cli_file(options.docker, options.environment) is None:
         return None
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
     found = docker_address(options, command.docker_host, command.docker_context)
     return UNIX + DEFAULT_SOCKET if found is None else found[0].strip()
+
+
+def docker_cli_file(docker: Sequence[str], environment: Mapping[str, str]) -> str | None:
+    """The docker CLI's file that the docker command (``NV_DOCKER``'s words) runs: ``docker``
+    as found on ``PATH`` (``docker_program``), or one word naming the file
+    (``NV_DOCKER=/usr/bin/docker``, as where a ``docker`` earlier on ``PATH`` is the wrapper
+    itself), when it is that CLI; None for anything else (``sudo docker``, ``podman``)."""
+    if len(docker) != 1:
+        return None
+    if docker[0] == "docker":
+        return docker_program(environment.get("PATH") or os.defpath)
+    if "/" not in docker[0] or not os.access(docker[0], os.X_OK):
+        return None
+    return docker[0] if _is_cli(docker[0]) else None
 
 
 def docker_program(search_path: str) -> str | None:
@@ -107,14 +122,19 @@ def docker_program(search_path: str) -> str | None:
         path = os.path.join(directory or ".", "docker")
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             continue
-        if os.path.basename(os.path.realpath(path)) != "docker":
-            return None
-        try:
-            with open(path, "rb") as program:
-                return path if program.read(4) == _ELF else None
-        except OSError:
-            return None
+        return path if _is_cli(path) else None
     return None
+
+
+def _is_cli(path: str) -> bool:
+    """``path`` is a program (ELF) whose real name is ``docker``."""
+    if os.path.basename(os.path.realpath(path)) != "docker":
+        return False
+    try:
+        with open(path, "rb") as program:
+            return program.read(4) == _ELF
+    except OSError:
+        return False
 
 
 def _get_json(socket_path: str, target: str) -> tuple[int, object] | None:

@@ -358,6 +358,13 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
         ) in line, line
         assert f"DOCKER_HOST={node.dockerd.engine.host}" in line, line
         assert node.table()["Leases"] == []
+        # NV_DOCKER naming the docker CLI's file, as where the first docker on PATH is the
+        # wrapper itself: the same check
+        cli = shutil.which("docker")
+        assert cli is not None
+        by_path = node.run_leased(DOCKER_HOST=engine.host, NV_DOCKER=cli)
+        assert by_path.returncode != 0
+        assert "which the node's agent does not follow" in one_line(by_path.stderr)
         # the same engine named by docker's own -H, DOCKER_HOST the followed one's
         global_host = node.nvidia_docker(
             "-H", engine.host, "run", "-d", IMAGE, "sleep", "600", NV_GPU="auto:1"

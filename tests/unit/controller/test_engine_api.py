@@ -82,7 +82,8 @@ def test_the_local_daemon_is_its_default_socket(cli_path: str) -> None:
         ({"DOCKER_HOST": "unix://"}, RUN),
         ({"NV_DOCKER": "sudo docker"}, RUN),
         ({"NV_DOCKER": "podman"}, RUN),
-        ({"NV_DOCKER": "/usr/bin/docker"}, RUN),
+        ({"NV_DOCKER": "/nonexistent/docker"}, RUN),
+        ({"NV_DOCKER": "/bin/true"}, RUN),  # a program, but not named docker
         ({}, ["-H", "unix:///var/run/docker.sock", *RUN]),
         ({}, ["--context", "default", *RUN]),
         ({}, ["--debug", *RUN]),
@@ -93,6 +94,27 @@ def test_anything_else_keeps_the_cli(
     cli_path: str, environ: dict[str, str], args: list[str]
 ) -> None:
     assert engine_socket(_options(cli_path, **environ), scan(args)) is None
+
+
+def test_nv_docker_naming_the_cli_s_file_is_the_cli(tmp_path: Path) -> None:
+    """``NV_DOCKER=/usr/bin/docker``, as where ``docker`` on ``PATH`` is the wrapper itself:
+    the engine is asked as for ``docker`` (and a lease's check sees it), not a script by
+    that name nor a link to podman."""
+    program = _bin(tmp_path, "program")
+    shutil.copy(PROGRAM, program / "docker")
+    wrapper = _bin(tmp_path, "wrapper")  # the first docker on PATH: a script, the wrapper
+    (wrapper / "docker").write_text('#!/bin/sh\nexec nvidia-docker "$@"\n')
+    (wrapper / "docker").chmod(0o755)
+    linked = _bin(tmp_path, "linked")
+    shutil.copy(PROGRAM, linked / "podman")
+    (linked / "docker").symlink_to(linked / "podman")
+    search_path = f"{wrapper}:/usr/bin:/bin"
+    assert engine_socket(_options(search_path), scan(RUN)) is None  # PATH's docker: a script
+    options = _options(search_path, NV_DOCKER=str(program / "docker"))
+    assert engine_socket(options, scan(RUN)) == DEFAULT_SOCKET
+    assert cli_engine_address(options, scan(["-H", "tcp://n:2375", *RUN])) == "tcp://n:2375"
+    for other in (wrapper / "docker", linked / "docker"):
+        assert engine_socket(_options(search_path, NV_DOCKER=str(other)), scan(RUN)) is None
 
 
 def test_docker_must_be_the_cli_program(tmp_path: Path) -> None:
