@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 
 from controller import json_codec
+from controller.errors import EndpointError
 from controller.transport.plain_http import tcp_get, unix_get
 
 TYPE_CHECKING = False
@@ -66,7 +67,7 @@ _MISSING_WORDS = ("no such image", "image not known")  # docker's, Podman's
 def engine_socket(options: Options, command: DockerCommand) -> str | None:
     """The unix socket of the engine the docker CLI would ask, when the wrapper may ask it
     itself (see the module docstring); else None."""
-    if command.global_end != 0:
+    if command.global_end != 0 or docker_cli_file(options.docker, options.environment) is None:
         return None
     return cli_engine_socket(options, command)
 
@@ -91,13 +92,56 @@ def cli_engine_address(options: Options, command: DockerCommand) -> str | None:
     """The address of the engine that docker's own CLI runs ``command`` on, as docker
     decides it (``unix:///var/run/docker.sock`` where nothing names one;
     ``tcp://127.0.0.1:2375``, ``ssh://user@node``), or None where the docker command is not
-    that CLI (``sudo docker``, ``podman``, podman-docker's script: ``docker_cli_file``)."""
-    if docker_cli_file(options.docker, options.environment) is None:
-        return None
+    that CLI (``podman``, podman-docker's script: ``docker_cli_file``), or that CLI behind
+    prefixes the wrapper does not see through (``_prefixed_settings``), or its settings
+    cannot be read (a context, root's ``config.json`` for ``sudo docker``)."""
     from controller.transport.docker_context import docker_address  # noqa: PLC0415
 
-    found = docker_address(options, command.docker_host, command.docker_context)
+    if docker_cli_file(options.docker, options.environment) is None:
+        settings = _prefixed_settings(options, command)
+        if settings is None:
+            return None
+        options, command = settings
+    try:
+        found = docker_address(options, command.docker_host, command.docker_context)
+    except EndpointError:  # a context, or root's config.json, the wrapper cannot read
+        return None
     return UNIX + DEFAULT_SOCKET if found is None else found[0].strip()
+
+
+def _prefixed_settings(
+    options: Options, command: DockerCommand
+) -> tuple[Options, DockerCommand] | None:
+    """For a docker command of more than one word that runs docker's CLI (``NV_DOCKER='sudo
+    docker -D'``, ``env DOCKER_HOST=... docker``, ``docker -H ...``): the settings the CLI
+    gets past the prefixes (``command_prefixes``: the environment and the user whose
+    ``HOME`` has its ``.docker``), and the command with the CLI's own global options of
+    ``NV_DOCKER`` before the command line's; None for anything else."""
+    if len(options.docker) < 2:
+        return None
+    from controller import env_text  # noqa: PLC0415
+    from controller.record import replace  # noqa: PLC0415
+    from controller.wrapper.command_prefixes import through_prefixes  # noqa: PLC0415
+    from controller.wrapper.docker_args import scan  # noqa: PLC0415
+
+    seen = through_prefixes(options.docker, options.environment)
+    if seen is None or not seen[0] or docker_cli_file(seen[0][:1], seen[2]) is None:
+        return None
+    words, _, env = seen
+    home = env.get("HOME") or options.home
+    config = (env.get("DOCKER_CONFIG") or "").strip()
+    settings = replace(
+        options,
+        docker_host=(env.get("DOCKER_HOST") or "").strip() or None,
+        docker_context=(env.get("DOCKER_CONTEXT") or "").strip() or None,
+        docker_config=env_text.expand_home(config, home) if config else None,
+        home=home,
+        environment=env,
+    )
+    scanned = scan([*words[1:], *command.args])
+    if scanned.docker_config is not None:
+        settings = replace(settings, docker_config=scanned.docker_config)
+    return settings, scanned
 
 
 def docker_cli_file(docker: Sequence[str], environment: Mapping[str, str]) -> str | None:

@@ -365,6 +365,10 @@ def test_a_dockerd_the_agent_does_not_follow_gets_no_lease(node: Node, tmp_path:
         by_path = node.run_leased(DOCKER_HOST=engine.host, NV_DOCKER=cli)
         assert by_path.returncode != 0
         assert "which the node's agent does not follow" in one_line(by_path.stderr)
+        # and behind a prefix, in the environment it gives docker (sudo's: root's docker)
+        prefixed = node.run_leased(NV_DOCKER=f"env DOCKER_HOST={engine.host} docker -D")
+        assert prefixed.returncode != 0
+        assert "which the node's agent does not follow" in one_line(prefixed.stderr)
         # the same engine named by docker's own -H, DOCKER_HOST the followed one's
         global_host = node.nvidia_docker(
             "-H", engine.host, "run", "-d", IMAGE, "sleep", "600", NV_GPU="auto:1"

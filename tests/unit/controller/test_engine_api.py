@@ -747,3 +747,34 @@ def test_a_tcp_engine_whose_id_a_lease_asked_takes_the_agent_s_word(tmp_path: Pa
     # another daemon's ID: the agent says nothing of it (the engine is asked)
     docker = [str(where / "docker")]
     assert agent_engine_cdi(answer, "", docker, scan(RUN), {}, engine_id="ANOTHER") is None
+
+
+def test_a_docker_command_of_several_words_is_seen_through_for_the_lease_check(
+    cli_path: str, tmp_path: Path
+) -> None:
+    """``NV_DOCKER='sudo docker -D'`` (nvidia-docker 1.0's own example), ``env VAR=...
+    docker``, ``docker -H ...``: the engine docker's CLI gets past the prefixes, in the
+    environment each gives it, with ``NV_DOCKER``'s global options before the command
+    line's. The engine questions themselves stay the CLI's (``engine_socket``)."""
+    config = tmp_path / "docker-config"  # no config.json: no current context
+    users = "unix:///run/user/7/docker.sock"
+    base = {"DOCKER_HOST": users, "DOCKER_CONFIG": str(config)}
+    for nv_docker, args, expected in [
+        ("sudo -E docker", RUN, users),  # the caller's environment
+        ("sudo --preserve-env=DOCKER_CONFIG docker -D", RUN, "unix:///var/run/docker.sock"),
+        ("docker -H unix:///srv/d.sock", RUN, "unix:///srv/d.sock"),
+        ("docker -H unix:///srv/d.sock", ["-H", "unix:///srv/e.sock", *RUN], "unix:///srv/e.sock"),
+        ("env DOCKER_HOST=tcp://127.0.0.1:2375 docker", RUN, "tcp://127.0.0.1:2375"),
+        ("env -u DOCKER_HOST docker", RUN, "unix:///var/run/docker.sock"),
+        ("sudo podman", RUN, None),
+        ("nice docker", RUN, None),  # a prefix not seen through
+        ("sudo -h docker", RUN, None),
+    ]:
+        options = _options(cli_path, NV_DOCKER=nv_docker, **base)
+        assert cli_engine_address(options, scan(args)) == expected, nv_docker
+        assert engine_socket(options, scan(args)) is None, nv_docker
+    # settings it cannot read (a config.json that is not a file): it cannot say
+    config.mkdir()
+    (config / "config.json").mkdir()
+    options = _options(cli_path, NV_DOCKER="sudo -E docker", DOCKER_CONFIG=str(config))
+    assert cli_engine_address(options, scan(RUN)) is None
