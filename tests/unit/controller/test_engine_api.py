@@ -206,6 +206,11 @@ def _answering(path: Path, answer: bytes) -> threading.Thread:
     """A server on ``path`` that reads one request and writes ``answer``, then closes."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
+    return _serve_once(listener, answer, [])
+
+
+def _serve_once(listener: socket.socket, answer: bytes, read: list[bytes]) -> threading.Thread:
+    """Serve one request on ``listener`` (bound): read it into ``read``, write ``answer``."""
     listener.listen(1)
 
     def serve() -> None:
@@ -213,6 +218,7 @@ def _answering(path: Path, answer: bytes) -> threading.Thread:
             data = b""
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
+            read.append(data)
             conn.sendall(answer)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -230,18 +236,8 @@ def _answering_tcp(answer: bytes, family: int = socket.AF_INET) -> tuple[int, li
     closes: its port, and the requests it read."""
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
-    listener.listen(1)
     read: list[bytes] = []
-
-    def serve() -> None:
-        with listener, listener.accept()[0] as conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            read.append(data)
-            conn.sendall(answer)
-
-    threading.Thread(target=serve, daemon=True).start()
+    _serve_once(listener, answer, read)
     return listener.getsockname()[1], read
 
 
