@@ -72,6 +72,7 @@ from controller.wrapper.engine_cdi import (
     EngineCdi,
     agent_engine_cdi,
     engine_cdi,
+    engine_rows,
     is_podman,
     local_rows,
 )
@@ -354,6 +355,8 @@ def _refuse_an_unfollowed_engine(agent: BlockingAgent, lease: LeaseAsk, cdi: Cdi
     from controller.wrapper import followed_engine  # noqa: PLC0415 (a lease on docker's engine)
 
     answer = cdi.engines(agent)
+    if not any(engine_rows(answer)):  # an agent before the route, or following no engine
+        return
     engine = cdi.lease_engine
     if engine is not None and any(local_rows(answer)):
         if followed_engine.engine_followed(answer, engine) is False:

@@ -871,6 +871,12 @@ async def test_an_agent_of_another_machine_refuses_a_lease_for_a_dockerd_it_does
             _refuse_an_unfollowed_engine(agent, LeaseAsk("NV_GPU=auto:1"), cdi)
 
     try:
+        node.agent.engines = []  # an agent that lists no engine cannot say: nothing asked
+        await asyncio.to_thread(check)
+        assert engine.requests == []
+        node.agent.engines = [
+            {"Socket": "/var/run/docker.sock", "Following": True, "Version": "26.1.5", "ID": nodes}
+        ]
         with pytest.raises(GpuError) as refused:
             await asyncio.to_thread(check)
         assert str(refused.value).startswith(
