@@ -19,8 +19,9 @@ with ``remote = true``) of user ``uid`` talks to, chosen as Podman 5 chooses it 
 A connection's name is one of ``podman-connections.json`` (Podman 5's, written by ``podman
 system connection add``: ``PODMAN_CONNECTIONS_CONF``, else beside the user's containers.conf;
 its keys read as Go reads them, whatever their case), else a table
-``[engine.service_destinations.NAME]`` of the containers.conf files (Podman 4's; a later file
-wins), its ``URI`` (``uri``). A name given (option or variable) that is neither, or with a
+``[engine.service_destinations.NAME]`` of the containers.conf files (Podman 4's, read with
+``tomllib``: a file that is not TOML names none, as Podman refuses it; a later file wins),
+its ``URI`` (``uri``). A name given (option or variable) that is neither, or with a
 connections file Podman cannot parse (not JSON, a value of another type, nested deeper than
 the parser goes, over ``MAX_SETTINGS_BYTES``): Podman fails, and there is no URL (``[]``). A
 default name that is neither, or such a file: Podman talks to its default socket.
@@ -131,9 +132,26 @@ def _uri(name: str, connections: Mapping[str, str], conf_files: Sequence[str]) -
         return connections[name]
     found = None
     for file in conf_files:
-        uri = podman_labels.conf_values(file, ("uri",), table=(*_DESTINATIONS, name))
-        found = uri["uri"][-1] if uri.get("uri") else found
+        found = _destination_uri(file, name) or found
     return found
+
+
+def _destination_uri(path: str, name: str) -> str | None:
+    """``[engine.service_destinations.NAME]``'s ``uri`` in the containers.conf at ``path``,
+    read with ``tomllib`` (its first ``MAX_SETTINGS_BYTES``); None: not there, or a file
+    that is not TOML (Podman refuses it too)."""
+    import tomllib  # noqa: PLC0415 (a connection by name only: about 2 ms to import)
+
+    try:
+        with open(path, "rb") as file:
+            data = file.read(podman_labels.MAX_SETTINGS_BYTES)
+        table: object = tomllib.loads(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return None
+    for key in (*_DESTINATIONS, name):
+        table = table.get(key) if isinstance(table, dict) else None
+    uri = table.get("uri") if isinstance(table, dict) else None
+    return uri if isinstance(uri, str) and uri else None
 
 
 def _connections(env: Mapping[str, str]) -> tuple[str, dict[str, str]]:

@@ -268,59 +268,21 @@ def _says_remote(path: str) -> bool:
     return "true" in conf_values(path, ("remote",)).get("remote", ())
 
 
-def conf_values(
-    path: str, keys: Sequence[str], *, table: tuple[str, ...] | None = None
-) -> dict[str, list[str]]:
+def conf_values(path: str, keys: Sequence[str]) -> dict[str, list[str]]:
     """The values the containers.conf file at ``path`` gives those of ``keys`` it sets, in
     order (its first ``MAX_SETTINGS_BYTES``; quotes and comments removed), read line by
-    line: a line ``key = value`` anywhere in the file counts, whatever its table; with
-    ``table`` (a table's name by its parts, ``("engine", "service_destinations", "gpu-7")``),
-    only the lines after that table's header (``[engine.service_destinations.gpu-7]``,
-    indented or with quoted parts as Podman writes them) and before the next header."""
+    line: a line ``key = value`` anywhere in the file counts, whatever its table."""
     try:
         with open(path, "rb") as file:
             text = file.read(MAX_SETTINGS_BYTES).decode("utf-8", "replace")
     except OSError:
         return {}
     found: dict[str, list[str]] = {}
-    inside = table is None
     for line in text.split("\n") if any(key in text for key in keys) else ():
-        header = _table_header(line) if table is not None else None
-        if header is not None:
-            inside = header == table
-            continue
         key, equals, value = line.partition("=")
-        if inside and equals and key.strip() in keys:
+        if equals and key.strip() in keys:
             found.setdefault(key.strip(), []).append(value.partition("#")[0].strip().strip("\"'"))
     return found
-
-
-def _table_header(line: str) -> tuple[str, ...] | None:
-    """The parts of the table a TOML header line names (``[a."b.c"]``: ``("a", "b.c")``);
-    ``()`` for an array of tables' header (``[[a]]``), which ends a table too; None for
-    any other line."""
-    text = line.strip()
-    if text.startswith("[["):
-        return ()
-    if not text.startswith("["):
-        return None
-    parts: list[str] = []
-    part, quote = "", ""
-    for at, char in enumerate(text[1:], 1):
-        if quote:
-            quote, part = ("", part) if char == quote else (quote, part + char)
-        elif char in "\"'":
-            quote = char
-        elif char == ".":
-            parts, part = [*parts, part.strip()], ""
-        elif char == "]":  # a header, unless something but a comment follows (an array)
-            rest = text[at + 1 :].strip()
-            return (*parts, part.strip()) if not rest or rest.startswith("#") else None
-        elif char.isalnum() or char in "_- \t":  # a bare key's, or the space around one
-            part += char
-        else:
-            return None
-    return None
 
 
 def _store_file(graph_driver: object) -> str | None:

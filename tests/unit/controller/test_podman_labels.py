@@ -260,30 +260,3 @@ def test_a_one_word_podman_is_one_memory_wherever_it_runs(
         node.run("cuda:12.4", GPU_LABELS)
     monkeypatch.chdir(tmp_path)
     assert node.memory().recall("cuda:12.4") == GPU_LABELS
-
-
-def test_a_key_of_one_table_is_read_in_that_table_only(tmp_path: Path) -> None:
-    """``conf_values(..., table=...)``: the lines of that table, whose header Podman's TOML
-    writer indents and quotes where the name is not a bare key; a key in any table counts
-    without one."""
-    conf = tmp_path / "containers.conf"
-    conf.write_text(
-        '[engine]\n  active_service = "a.b"  # the default\n'
-        "  [engine.service_destinations]\n"
-        '    [engine.service_destinations."a.b"]\n      uri = "unix:///run/a.sock"\n'
-        '    [engine.service_destinations.c]\n      uri = "ssh://gpu-7"\n'
-        "volumes = [\n  [\"x\", 'y'],\n]\n"
-        '[ engine . service_destinations . "a.b" ]\nuri = "unix:///run/again.sock"\n'
-        '[[farms]]\nuri = "tcp://farm"\n'
-    )
-    values = podman_labels.conf_values
-    destination = ("engine", "service_destinations", "a.b")
-    assert values(str(conf), ("uri",), table=destination) == {
-        "uri": ["unix:///run/a.sock", "unix:///run/again.sock"]
-    }
-    assert values(str(conf), ("uri",), table=("engine", "service_destinations", "c")) == {
-        "uri": ["ssh://gpu-7"]
-    }
-    assert values(str(conf), ("uri",), table=("engine", "service_destinations", "d")) == {}
-    assert values(str(conf), ("active_service",), table=("engine",)) == {"active_service": ["a.b"]}
-    assert len(values(str(conf), ("uri",))["uri"]) == 4

@@ -281,6 +281,16 @@ def test_the_connections_file_names_a_connection_before_containers_conf(
     assert machine.uid("podman", "-c", "gpu", CONTAINERS_CONF=str(later)) is None
 
 
+def test_a_containers_conf_that_is_not_toml_names_no_connection(machine: Machine) -> None:
+    """Podman refuses a containers.conf its TOML parser cannot read (a table given twice):
+    no URL, as for a name that is not there."""
+    own = f"unix://{machine.socket(USER)}"
+    machine.settings(_containers_conf(("mine", own)))
+    assert machine.uid("podman", "-c", "mine") == USER
+    machine.settings(_containers_conf(("mine", own)) + "[engine]\n")
+    assert machine.uid("podman", "-c", "mine") is None
+
+
 def test_the_options_and_variables_choose_in_podmans_order(machine: Machine) -> None:
     """``--connection``, then ``--url``, then ``--context NAME``, then ``--host``; then
     ``CONTAINER_CONNECTION``, then ``CONTAINER_HOST`` (Podman 5's ``readRemoteCliFlags`` and
