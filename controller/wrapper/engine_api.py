@@ -69,15 +69,6 @@ def engine_socket(options: Options, command: DockerCommand) -> str | None:
     itself (see the module docstring); else None."""
     if command.global_end != 0 or docker_cli_file(options.docker, options.environment) is None:
         return None
-    return cli_engine_socket(options, command)
-
-
-def cli_engine_socket(options: Options, command: DockerCommand) -> str | None:
-    """The unix socket of the engine that docker's own CLI runs ``command`` on, its global
-    options (``-H``, ``--context``; ``--config``'s contexts where ``options`` has them)
-    included; None where the docker command is not that CLI or its address is not a unix
-    socket. Where the wrapper asks nothing of the engine, only which one it is: the lease's
-    followed-engine check (``followed_engine``)."""
     return unix_path(cli_engine_address(options, command))
 
 

@@ -28,12 +28,12 @@ from controller.wrapper.engine_api import (
     DEFAULT_SOCKET,
     NO_SUCH_IMAGE,
     cli_engine_address,
-    cli_engine_socket,
     docker_version,
     engine_socket,
     image_labels,
     server_version,
     tcp_engine_id,
+    unix_path,
 )
 from controller.wrapper.engine_cdi import AGENT_ENGINES, agent_engine_cdi, ask_engine
 from controller.wrapper.gpu_args import CdiChoice
@@ -178,7 +178,7 @@ def test_the_lease_check_sees_the_engine_the_global_options_name(
         (["-H", "tcp://127.0.0.1:2375", *RUN], None),
         (RUN, "/run/d.sock"),
     ]:
-        assert cli_engine_socket(options, scan(args)) == expected, args
+        assert unix_path(cli_engine_address(options, scan(args))) == expected, args
         assert engine_socket(options, scan(args)) == (expected if args == RUN else None)
     # the address whatever it is: the check asks a tcp:// or ssh:// engine its ID by the CLI
     assert cli_engine_address(options, scan(["-H", "tcp://127.0.0.1:2375", *RUN])) == (
