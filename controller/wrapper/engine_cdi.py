@@ -252,7 +252,9 @@ def follows_own_engine(answer: object, uid: int) -> bool:
     and follows an engine whose socket is user ``uid``'s (rootless Podman's service, as
     ``--podman-socket /run/user/<uid>/podman/podman.sock`` has it follow). A row that says
     a dockerd's version is not one: that user's rootless Docker does not see the containers
-    of the user's Podman."""
+    of the user's Podman. A socket the wrapper's user may not look at (``sudo -u alice
+    podman`` run by bob: alice's ``/run/user/<uid>`` is hers alone) is the user's whose
+    ``<uid>`` its path names."""
     for row in _followed_rows(answer):
         socket = row.get("Socket")
         if row.get("Version") is not None:  # a dockerd (Podman's service says none)
@@ -260,9 +262,21 @@ def follows_own_engine(answer: object, uid: int) -> bool:
         try:
             if isinstance(socket, str) and os.stat(socket).st_uid == uid:
                 return True
+        except PermissionError:  # another user's runtime directory: its path says whose
+            if isinstance(socket, str) and runtime_dir_owner(socket) == uid:
+                return True
         except (OSError, ValueError):
             continue
     return False
+
+
+def runtime_dir_owner(path: str) -> int | None:
+    """The ``<uid>`` of a ``path`` in ``/run/user/<uid>/`` (``/var/run`` too), else None."""
+    for runtime in ("/run/user/", "/var/run/user/"):
+        number, slash, _ = path.removeprefix(runtime).partition("/")
+        if path.startswith(runtime) and slash and number.isascii() and number.isdigit():
+            return int(number)
+    return None
 
 
 def _boot_id() -> str | None:

@@ -39,6 +39,7 @@ import os
 
 from controller.wrapper import docker_args, docker_cli, podman_connections, podman_labels
 from controller.wrapper.command_prefixes import FLAG, VALUE, read_options, through_prefixes
+from controller.wrapper.engine_cdi import runtime_dir_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -160,17 +161,8 @@ def _socket_owner(url: str, uid: int) -> int | None:
     try:
         owner = os.stat(path).st_uid
     except PermissionError:
-        found = _runtime_dir_owner(path)
+        found = runtime_dir_owner(path)
         owner = uid if found is None else found
     except (OSError, ValueError):
         return None
     return owner if owner != 0 else None
-
-
-def _runtime_dir_owner(path: str) -> int | None:
-    """The ``<uid>`` of a ``path`` in ``/run/user/<uid>/`` (``/var/run`` too), else None."""
-    for runtime in ("/run/user/", "/var/run/user/"):
-        number, slash, _ = path.removeprefix(runtime).partition("/")
-        if path.startswith(runtime) and slash and number.isascii() and number.isdigit():
-            return int(number)
-    return None

@@ -12,6 +12,7 @@ docker CLI, as ``test_docker_context`` does.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -774,3 +775,30 @@ def test_a_docker_command_of_several_words_is_seen_through_for_the_lease_check(
     (config / "config.json").mkdir()
     options = _options(cli_path, NV_DOCKER="sudo -E docker", DOCKER_CONFIG=str(config))
     assert cli_engine_address(options, scan(RUN)) is None
+
+
+def test_a_service_socket_the_wrapper_may_not_look_at_is_its_path_s_user_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sudo -u alice podman`` run by bob: the agent follows alice's service at
+    ``/run/user/<alice>/podman/podman.sock``, which bob may not stat (alice's runtime
+    directory is hers alone): its path says whose it is."""
+    from controller.wrapper import engine_cdi  # noqa: PLC0415
+
+    service = "/run/user/4321/podman/podman.sock"
+    real_stat = os.stat
+
+    def stat(path: str, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).startswith("/run/user/4321/"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", stat)
+    answer = {
+        "BootId": BOOT_ID.read_text().strip(),
+        "Engines": [{"Socket": service, "Following": True, "Version": None, "ID": None}],
+    }
+    assert engine_cdi.follows_own_engine(answer, 4321) is True
+    assert engine_cdi.follows_own_engine(answer, 4322) is False
+    answer["Engines"][0]["Following"] = False  # type: ignore[index]
+    assert engine_cdi.follows_own_engine(answer, 4321) is False
