@@ -237,8 +237,10 @@ def parse_endpoint(
     source: str = "argument",
     docker_address: bool = False,
     user: str | None = None,
+    http_port: int = DEFAULT_HTTP_PORT,
 ) -> Endpoint:
     """Parse one address (see the module docstring); raises ``EndpointError``.
+    ``http_port``: the port where the value names none (the agent's, 3476, unless given).
 
     ``docker_address``: the value is docker's daemon address (``DOCKER_HOST``, ``-H``), whose
     port is docker's; the agent's HTTP port is then always 3476. ``user`` is the SSH user when
@@ -277,7 +279,7 @@ def parse_endpoint(
 
     host, ports = _split_host(address, invalid)
     numbers = [_port(field, invalid) for field in ports]
-    ssh_port, http_port = DEFAULT_SSH_PORT, DEFAULT_HTTP_PORT
+    ssh_port = DEFAULT_SSH_PORT
     if transport == "ssh":
         if numbers and numbers[0] is not None:
             ssh_port = numbers[0]

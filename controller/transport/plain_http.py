@@ -393,16 +393,13 @@ def unix_get(path: str, target: str, timeout_s: float) -> tuple[int, dict[str, s
 
 
 def tcp_get(
-    host: str, port: int, target: str, timeout_s: float
+    endpoint: Endpoint, target: str, timeout_s: float
 ) -> tuple[int, dict[str, str], bytes] | None:
-    """``unix_get`` of a plain HTTP server at ``host``:``port`` (a dockerd's ``-H
-    tcp://...`` without TLS); None as there (a TLS server answers plain HTTP with a 400)."""
-    return _get(_Connection(host, port, _host_header(host, port)), target, timeout_s)
-
-
-def _host_header(host: str, port: int) -> str:
-    """The ``Host`` header of ``host``:``port`` (an IPv6 address in brackets, its zone out)."""
-    return f"[{host.partition('%')[0]}]:{port}" if ":" in host else f"{host}:{port}"
+    """``unix_get`` of a plain HTTP server at ``endpoint``'s host and HTTP port (a dockerd's
+    ``-H tcp://...`` without TLS); None as there (a TLS server answers plain HTTP with a
+    400)."""
+    connection = _Connection(endpoint.host, endpoint.http_port, endpoint.host_header)
+    return _get(connection, target, timeout_s)
 
 
 def _get(

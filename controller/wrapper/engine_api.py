@@ -69,7 +69,7 @@ def engine_socket(options: Options, command: DockerCommand) -> str | None:
     itself (see the module docstring); else None."""
     if command.global_end != 0 or docker_cli_file(options.docker, options.environment) is None:
         return None
-    return unix_path(cli_engine_address(options, command))
+    return unix_path(_docker_address(options, command))
 
 
 def unix_path(address: str | None) -> str | None:
@@ -86,16 +86,22 @@ def cli_engine_address(options: Options, command: DockerCommand) -> str | None:
     that CLI (``podman``, podman-docker's script: ``docker_cli_file``), or that CLI behind
     prefixes the wrapper does not see through (``_prefixed_settings``), or its settings
     cannot be read (a context, root's ``config.json`` for ``sudo docker``)."""
-    from controller.transport.docker_context import docker_address  # noqa: PLC0415
-
     if docker_cli_file(options.docker, options.environment) is None:
         settings = _prefixed_settings(options, command)
         if settings is None:
             return None
         options, command = settings
+    return _docker_address(options, command)
+
+
+def _docker_address(options: Options, command: DockerCommand) -> str | None:
+    """The address docker's CLI decides for ``command`` in ``options`` (None: its settings
+    cannot be read: a context, or root's ``config.json``, the wrapper may not read)."""
+    from controller.transport.docker_context import docker_address  # noqa: PLC0415
+
     try:
         found = docker_address(options, command.docker_host, command.docker_context)
-    except EndpointError:  # a context, or root's config.json, the wrapper cannot read
+    except EndpointError:
         return None
     return UNIX + DEFAULT_SOCKET if found is None else found[0].strip()
 
@@ -264,25 +270,18 @@ def _said_id(answer: tuple[int, object] | None) -> str | None:
 
 def tcp_engine_id(address: str) -> str | None:
     """``engine_id`` of the dockerd at a ``tcp://HOST[:PORT]`` address over plain HTTP
-    (docker's port 2375 where none is written), or None: another form of address, no
-    answer, a server that speaks TLS (Go's answers plain HTTP with a 400), none said."""
-    rest = address.removeprefix(TCP).removesuffix("/")
-    if not address.startswith(TCP) or not rest or "/" in rest or "@" in rest:
+    (docker's port 2375 where none is written), or None: another form of address (read by
+    ``parse_endpoint``), no answer, a server that speaks TLS (Go's answers plain HTTP with a
+    400), none said."""
+    from controller.transport.endpoint import parse_endpoint  # noqa: PLC0415
+
+    if not address.startswith(TCP) or len(address) == len(TCP):
         return None
-    if rest.startswith("["):  # [::1]:2375
-        host, bracket, after = rest[1:].partition("]")
-        if not bracket or (after and not after.startswith(":")):
-            return None
-        port = after[1:]
-    elif rest.count(":") <= 1:
-        host, _, port = rest.partition(":")
-    else:
+    try:
+        endpoint = parse_endpoint(address, source="DOCKER_HOST", http_port=DOCKER_TCP_PORT)
+    except EndpointError:
         return None
-    port = port or str(DOCKER_TCP_PORT)
-    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    answer = tcp_get(host, int(port), "/info", TIMEOUT_S)
-    return _said_id(_decoded(answer))
+    return _said_id(_decoded(tcp_get(endpoint, "/info", TIMEOUT_S)))
 
 
 def server_version(socket_path: str) -> dict[str, object] | None:
