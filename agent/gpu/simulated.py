@@ -15,6 +15,9 @@ An event with ``mig`` carries that MIG device's GPU and compute instance ids, as
 on a GPU in MIG mode; a device's ``recovery_action`` is what its checks report (a new
 version of the file that sets it back to 0 is a reset no check saw the GPU down for). The
 profiling values (``status.telemetry.profiling``) are served as they are: no sampling.
+A device's energy counter (``status.telemetry.total_energy_mj``) starts at the file's value
+and grows at the device's power draw while the backend runs, as a GPU's does; a version of
+the file with another value for it starts it again there (a driver reload).
 A version that cannot be used (not a regular file, too large, too deep, not JSON, not a
 node file: ``nodefile``'s bounds) is one log line, and the previous version stays in force.
 """
@@ -25,6 +28,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from agent.gpu import nodefile
@@ -44,8 +49,17 @@ FALLEN_OFF_THE_BUS_XID = 79
 
 
 class SimulatedBackend:
-    def __init__(self, node: nodefile.NodeFile, source: str) -> None:
+    def __init__(
+        self,
+        node: nodefile.NodeFile,
+        source: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._node = node
+        self._clock = clock
+        # by device index: (the file's counter, mJ drawn since, when last read)
+        self._energy: dict[int, tuple[int, float, float]] = {}
         self._source = source
         self._lock = threading.Lock()
         self._lost: dict[int, bool] = {}  # set by events; else the file's ``lost``
@@ -54,9 +68,12 @@ class SimulatedBackend:
         self._seen = _signature(Path(source))
 
     @classmethod
-    def from_file(cls, name_or_path: str) -> SimulatedBackend:
+    def from_file(
+        cls, name_or_path: str, *, clock: Callable[[], float] = time.monotonic
+    ) -> SimulatedBackend:
         """Load a node file (or a built-in node name); raises ``NodeFileError``."""
-        return cls(nodefile.load(name_or_path), str(nodefile.resolve(name_or_path)))
+        path = str(nodefile.resolve(name_or_path))
+        return cls(nodefile.load(name_or_path), path, clock=clock)
 
     @property
     def name(self) -> str:
@@ -71,7 +88,30 @@ class SimulatedBackend:
     def device_status(self, index: int) -> DeviceStatus:
         if self._node.status_call_s:
             time.sleep(self._node.status_call_s)
-        return LOST_DEVICE_STATUS if self._is_lost(index) else self._node.devices[index].status
+        if self._is_lost(index):
+            return LOST_DEVICE_STATUS
+        return self._with_energy(index, self._node.devices[index].status)
+
+    def _with_energy(self, index: int, status: DeviceStatus) -> DeviceStatus:
+        """``status`` with its energy counter grown by the draw since the first read."""
+        telemetry = status.telemetry
+        base = telemetry.total_energy_mj
+        if base is None:
+            return status
+        draw_mw = telemetry.power_mw
+        if draw_mw is None:
+            draw_mw = 1000 * (status.power_w or 0)
+        now = self._clock()
+        with self._lock:
+            then_base, drawn_mj, then = self._energy.get(index, (base, 0.0, now))
+            if then_base != base:  # a new file version set the counter: it starts there
+                drawn_mj, then = 0.0, now
+            drawn_mj += draw_mw * max(0.0, now - then)
+            self._energy[index] = (base, drawn_mj, now)
+        if drawn_mj < 1.0:
+            return status
+        grown = replace(telemetry, total_energy_mj=base + int(drawn_mj))
+        return replace(status, telemetry=grown)
 
     def pcie_throughput(self, index: int) -> PcieThroughput:
         if self._node.pcie_sample_s:

@@ -6,7 +6,8 @@ Containers hold GPUs for times the test measures (from each lease's grant, in th
 table, to the ``docker rm -f`` that ends it); the agent sweeps every ``INTERVAL`` seconds.
 Checked: ``GET /usage/json`` grouped by a team label, by the Compose project label and by
 container gives each group the GPU-seconds its containers held, within one sweep interval
-per hold, and busy GPU-seconds at the node file's utilisation; the database is readable
+per hold, busy GPU-seconds at the node file's utilisation and energy at its power draw
+(the simulated GPUs' energy counters grow at it); the database is readable
 with the ``sqlite3`` CLI; under ``--idle-policy stop`` an idle container is stopped through
 the engine and one labelled ``nvidia-docker.idle=off`` is not; under ``release`` a stopped
 container's lease ends at once, long before its grace time, while a running one keeps its
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = "nvd-usage/busybox:1"
 GPUS = 8
 INTERVAL = 0.5  # --usage-interval
+POWER_W = 400  # every GPU's draw: its energy counter grows at that rate
 # A hold starts at its lease's grant and ends at the last sweep that saw it (at most one
 # interval early); the lease ends at dockerd's event, which may come after `docker rm -f`
 # has returned.
@@ -63,11 +65,13 @@ def dockerd() -> Iterator[DockerEngine]:
 
 
 def write_node(path: Path, utilization: int) -> None:
-    """The 8-GPU node, every GPU at ``utilization`` percent and without processes, renamed
-    into place (the agent's backend follows the file)."""
+    """The 8-GPU node, every GPU at ``utilization`` percent, drawing ``POWER_W`` and without
+    processes, renamed into place (the agent's backend follows the file)."""
     raw = json.loads(nodefile.resolve("hgx-h200-8").read_text(encoding="utf-8"))
     for device in raw["devices"]:
         device["status"]["utilization"]["gpu_pct"] = utilization
+        device["status"]["power_w"] = POWER_W
+        device["status"]["telemetry"]["power_mw"] = POWER_W * 1000
         device["status"]["processes"] = []
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(raw), encoding="utf-8")
@@ -200,8 +204,10 @@ def test_gpu_seconds_and_busy_seconds_per_team_project_and_container(
     assert within(teams["cv"]["gpu_seconds"], "eval-c"), (teams, spans)
     assert within(projects["alpha"]["gpu_seconds"], "train-a", "eval-c"), (projects, spans)
     assert within(projects["beta"]["gpu_seconds"], "train-b"), (projects, spans)
-    for row in [*teams.values(), *projects.values()]:  # every GPU at 50% all along
+    for row in [*teams.values(), *projects.values(), *by_container.values()]:
+        # every GPU at 50% and drawing POWER_W all along
         assert row["busy_gpu_seconds"] == pytest.approx(row["gpu_seconds"] * 0.5, rel=0.02)
+        assert row["energy_joules"] == pytest.approx(row["gpu_seconds"] * POWER_W, rel=0.05)
     assert set(by_container) == set(names)
     for name, span in spans.items():
         assert by_container[name]["container_id"] == span.container_id
