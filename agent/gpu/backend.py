@@ -50,9 +50,10 @@ class GpuBackend(Protocol):
     def pcie_throughput(self, index: int) -> PcieThroughput:
         """PCIe RX/TX of one device. Slow: NVML samples each direction for about 20 ms.
 
-        Only the agent's background sampler calls this, about once a second per device, so
-        it is also where a backend refreshes its other slow values (the NVML backend reads
-        BAR1 usage here, and ``device_status`` serves that sample).
+        In the daemon only the background sampler calls this, about once a second per device
+        (``--dump-node`` also times a few samples), so it is also where a backend refreshes its
+        other slow values (the NVML backend reads BAR1 usage here, and ``device_status``
+        serves that sample).
         """
         ...
 
