@@ -150,8 +150,8 @@ def _v1_root_only(cgroup_text: str) -> bool:
 
 
 def _exiting(pid: int, proc: Path) -> bool:
-    """Whether ``pid`` is exiting (``PF_EXITING`` in the flags of ``/proc/<pid>/stat``), or
-    is gone."""
+    """Whether ``pid`` is exiting (``PF_EXITING`` in the flags of ``/proc/<pid>/stat``);
+    False when that file cannot be read (it is gone)."""
     try:
         stat = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
         flags = int(stat.rpartition(")")[2].split()[6])

@@ -1,11 +1,12 @@
-"""The Docker engine's API on its unix socket, for one question: a container's name and image.
+"""The Docker engine's API on its unix socket, for one question: a container's name and image
+(and the labels asked for: ``wanted_labels``).
 
 ``GET /containers/<id>/json`` (``docker inspect``), asked through the engine's client
 (``agent.engines.http``, whose ``EngineClient`` this is: every answer bounded, each refusal
-one line); the fields read (``Name``, ``Config.Image``) have been there since the first API
-versions. Podman's API service (``podman system service``, the ``podman.socket`` unit)
-answers the same request the same way on its Docker-compatible endpoints, so one client
-serves both (``what`` names the engine in messages).
+one line); the fields read are ``Name`` and ``Config.Image``, there since the first API
+versions, and ``Config.Labels``. Podman's API service (``podman system service``, the
+``podman.socket`` unit) answers the same request the same way on its Docker-compatible
+endpoints, so one client serves both (``what`` names the engine in messages).
 
 ``listed`` asks the container list for one id instead (``GET /containers/json?all=1`` with
 an ``id`` filter: ``docker ps -a --filter id=...``; ``Names``, ``Image``, ``Labels``): dockerd
@@ -112,7 +113,8 @@ class DockerEngine(EngineClient):
         self.wanted_labels: frozenset[str] = frozenset()
 
     async def inspect(self, container_id: str) -> ContainerFacts | None:
-        """The container's name and image; ``None`` when the engine has no such container.
+        """The container's name, image and wanted labels; ``None`` when the engine has no such
+        container.
 
         ``DockerEngineError`` when the engine cannot be asked, ``BadAnswer`` (a
         ``DockerEngineError`` too) when its answer breaks a bound. Waiting for a free

@@ -3,9 +3,10 @@
 Each client connection gets its own task and its own connection to the engine, opened at
 its first request. Requests are read one at a time: the head (within ``MAX_HEAD_BYTES``, in
 ``head_timeout_s``), then the body, copied as it comes (``Content-Length`` or chunked,
-framing checked, bytes unchanged) while the answer is relayed as it comes. Only a GPU
-create (``agent.engine_socket.create``) is read whole (within ``MAX_CREATE_BYTES``),
-rewritten and leased; a create that cannot get its GPUs is answered here, as the engine
+framing checked, bytes unchanged) while the answer is relayed as it comes. Only a
+container create (``agent.engine_socket.create``) is read whole (within
+``MAX_CREATE_BYTES``), and only one that asks for GPUs is rewritten and leased; a create
+that cannot get its GPUs, or whose body is refused, is answered here, as the engine
 answers a bad create (``{"message": ...}``), and nothing is forwarded; a create that asks
 ``Expect: 100-continue`` gets ``100 Continue`` from the socket before its body is read (the
 ``Expect`` is not forwarded). An error answered here before a request was read whole (a

@@ -3,8 +3,8 @@
 The socket is bound under a temporary name, given the owner, group and mode of the engine's
 own socket (``--docker-socket``: whoever may use one may use the other, and both are
 root-equivalent), then renamed into place, so it never exists with looser rights. When the
-engine's socket is not there at start, the socket is the agent's own with mode 0600 (root
-only), said in the log. An agent that may not give a file away (an unprivileged user, as the
+engine's socket is not there at start, the socket is the agent's own with mode 0600 (its
+user only), said in the log. An agent that may not give a file away (an unprivileged user, as the
 packaged unit runs it) keeps itself as the owner and takes the engine socket's group and
 mode, which needs its user in that group (``docker``): the same clients may use both. A
 stale socket file (nobody listening) is replaced; a live one, or a file that is not a
