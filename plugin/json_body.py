@@ -5,7 +5,9 @@ write to the socket, though, and Python's JSON parser recurses once per nesting 
 body of 2,000 ``[`` raises ``RecursionError``. So the nesting depth is checked first, by a
 linear scan that never recurses, and only bodies within ``MAX_DEPTH`` levels are parsed.
 The size is bounded before this (``protocol.MAX_BODY_BYTES``, enforced by aiohttp while
-reading). Errors say what is wrong with the body and where, never Python's own message.
+reading; an AuthZ or start hook body by ``authz.MAX_AUTHZ_BODY_BYTES`` or
+``authz.MAX_HOOK_BODY_BYTES``, enforced by ``protocol._read``). Errors say what is wrong
+with the body and where, never Python's own message.
 """
 
 from __future__ import annotations

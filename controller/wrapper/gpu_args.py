@@ -580,8 +580,10 @@ def reach(endpoint: Endpoint, options: Options) -> Reach:
 class CdiChoice:
     """Whether the engine reads CDI, decided once, when the GPU arguments are made
     (``engine``: the answer and how it was found, for ``NV_DEBUG``): from the word of an
-    agent on this machine's loopback when it follows that engine (``agent_engine_cdi``: no
-    question to dockerd), else by asking the engine (``engine_cdi``)."""
+    agent on this machine's loopback when it follows that engine, or, where a lease's check
+    asked the agent's engines and the engine's ``ID``, from the agent's row of that ``ID``
+    (``agent_engine_cdi``: no question to dockerd), else by asking the engine
+    (``engine_cdi``)."""
 
     def __init__(
         self,
@@ -603,7 +605,8 @@ class CdiChoice:
 
     def __call__(self, agent: BlockingAgent | None) -> bool:
         """``agent``: the open connection to an agent on loopback, or None (a node's agent
-        through SSH or on another host, or none): then the engine is asked."""
+        through SSH or on another host, or none): then the engine is asked, unless a lease's
+        check already has the agent's row of the engine's ``ID``."""
         if self.engine is None:
             self.engine = (
                 self._agents_word(agent)
