@@ -20,7 +20,7 @@ from typing import Any
 
 from controller.fleet.query import NodeResult, Query, Request, json_int
 from controller.fleet.table import Column, Row, render
-from controller.fleet.usage_view import SHORT_ID, number
+from controller.fleet.usage_view import SHORT_ID, duration_text, number
 
 IDLE_PATH = "/usage/idle/json"
 IDLE = Query("idle", (Request("idle", IDLE_PATH, must_have="idle"),))
@@ -34,21 +34,6 @@ IDLE_COLUMNS = (
     Column("POLICY"),
     Column("ACTION", min_width=8),
 )
-
-
-def idle_for(seconds: float) -> str:
-    """``42 s``, ``17 min``, ``1 h 02 min``, ``3 d 04 h``."""
-    whole = max(0, int(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    minutes = whole // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes:02d} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours:02d} h"
 
 
 def _nodes(count: int) -> str:
@@ -98,7 +83,7 @@ class IdleUnit:
             unit,
             holder_text(item),
             _text(item.get("image")) or "-",
-            "-" if idle is None else idle_for(idle),
+            "-" if idle is None else duration_text(idle),
             _text(item.get("policy")) or self.node_policy or "-",
             _text(item.get("action")) or "-",
         )

@@ -427,11 +427,10 @@ class UsageReport:
         """``usage by label:team from 2026-12-01 00:00 to 2026-12-02 00:00 UTC (24 h)``."""
         if self.since is None or self.until is None:
             return f"usage by {self.ask.by} (the nodes did not say which range)"
-        hours = (self.until - self.since) / 3600
         differ = "; the widest of the nodes' ranges, which differ" if self.ranges_differ else ""
         return (
             f"usage by {self.ask.by} from {utc(self.since)} to {utc(self.until)} UTC "
-            f"({hours:g} h{differ})"
+            f"({span_text(self.until - self.since)}{differ})"
         )
 
     def columns(self) -> tuple[Column, ...]:
@@ -561,3 +560,27 @@ class UsageReport:
         if output == "json":
             return self.json()
         return "".join(line + "\n" for line in self.table(width, ellipsis))
+
+
+def span_text(seconds: float) -> str:
+    """A range's length: ``24 h`` for whole hours, else as ``duration_text`` says it
+    (``45 s``, ``30 min``, ``1 h 20 min``)."""
+    whole = round(seconds)
+    if whole >= 3600 and whole % 3600 == 0:
+        return f"{whole // 3600} h"
+    return duration_text(whole)
+
+
+def duration_text(seconds: float) -> str:
+    """A time as people say it: ``42 s``, ``17 min``, ``1 h 02 min``, ``3 d 04 h``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes = whole // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours:02d} h"

@@ -32,8 +32,8 @@ from click.testing import Result
 from agent.api.usage import BadQuery, parse_time
 from controller.ctl.main import main
 from controller.ctl.usage import check_range_time
-from controller.fleet.idle_view import holder_text, idle_for
-from controller.fleet.usage_view import UsageAsk, time_of
+from controller.fleet.idle_view import holder_text
+from controller.fleet.usage_view import UsageAsk, duration_text, span_text, time_of
 from tests.support.cli import cli_runner
 from tests.support.services import free_port
 from tests.unit.controller.ctl_lines import ERROR_LINE, error_of
@@ -558,8 +558,12 @@ async def test_idle_jsonl_is_each_nodes_answer_and_keeps_the_exit_code(fleet: Fl
 
 
 def test_idle_for_and_holders_read_as_a_person_says_them() -> None:
-    assert [idle_for(s) for s in (42, 600, 3720, 86400 + 3 * 3600 + 59)] == [
+    assert [duration_text(s) for s in (42, 600, 3720, 86400 + 3 * 3600 + 59)] == [
         "42 s", "10 min", "1 h 02 min", "1 d 03 h",
+    ]  # fmt: skip
+    # A report's range: whole hours as hours, else as a time (not "0.0166667 h")
+    assert [span_text(s) for s in (86400, 7 * 86400, 3600.0004, 60, 4800, 45)] == [
+        "24 h", "168 h", "1 h", "1 min", "1 h 20 min", "45 s",
     ]  # fmt: skip
     assert holder_text({"holder": "process", "pid": 4242}) == "pid 4242"
     assert holder_text({"holder": "lease", "lease_id": "lease-3", "container": "t"}) == (
