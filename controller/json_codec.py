@@ -76,7 +76,8 @@ def loads(data: str | bytes) -> Any:
 
 def _utf8(data: str | bytes) -> str | None:
     """``data`` as text when ``json.loads`` would read it as UTF-8 without a byte order
-    mark (a leading zero byte, or one of 0xEF 0xFE 0xFF: it guesses another encoding)."""
+    mark (a zero byte among the first four, or a first byte of 0xEF 0xFE 0xFF: it may guess
+    another encoding)."""
     if isinstance(data, str):
         return data
     if not isinstance(data, bytes | bytearray) or 0 in data[:4] or data[:1] in _BOM_STARTS:

@@ -44,7 +44,7 @@ Fleet queries do not use this client (``fleet_http``, one lean connection per no
 ``BlockingAgentClient`` drives one client from code without an event loop (the wrapper over
 HTTPS, with a token, or over SSH; over plain HTTP it uses ``plain_http`` instead).
 
-Only this module and ``ssh_tunnel`` import aiohttp / paramiko.
+Only this module imports aiohttp; only ``ssh_tunnel`` and ``ssh_config`` import paramiko.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from __future__ import annotations
 from controller import json_codec
 from controller.errors import EndpointError
 
-TYPE_CHECKING = False  # pathlib, hashlib: imported when a file is read, not for DOCKER_HOST
+TYPE_CHECKING = False  # pathlib, hashlib: imported only to read a context's file
 if TYPE_CHECKING:
     from pathlib import Path
 

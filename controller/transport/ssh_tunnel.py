@@ -2,9 +2,10 @@
 
 ``SshTunnel(endpoint, options)`` logs in once (``connect()``), then ``serve(port)`` listens
 on a private unix socket (in a fresh 0700 directory) and returns its path: every connection
-made to it becomes a ``direct-tcpip`` channel to ``localhost:port`` *on the node*. The caller
-(``controller.transport.client``) gives that path to aiohttp's public ``UnixConnector``, so
-HTTP over SSH is the same HTTP client as plain HTTP; many requests (and keep-alive
+made to it becomes a ``direct-tcpip`` channel to ``localhost:port`` *on the node*. The callers
+give that path to their HTTP client (``controller.transport.client``: aiohttp's public
+``UnixConnector``; ``controller.fleet.query``: ``fleet_http``), so HTTP over SSH is the same
+HTTP client as plain HTTP; many requests (and keep-alive
 connections) share the one SSH connection, and the agent can keep listening on the node's
 localhost only.
 
