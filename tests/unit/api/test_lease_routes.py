@@ -23,6 +23,7 @@ from agent.api.leases import LEASES, MAX_ASK_BYTES, Cpusets, make_routes
 from agent.api.routes import create_app
 from agent.leases.answers import Granted
 from agent.leases.asks import Ask
+from agent.leases.containers import Container, GpuUser
 from agent.leases.loads import GpuLoad
 from agent.leases.settings import LeaseSettings
 from agent.leasing.service import LeaseService
@@ -453,6 +454,18 @@ async def test_the_list_as_text(node: Node, client: Client) -> None:
     assert lines == [
         f"GPU 0    {UUIDS[0]:<40} pending: pending lease-2",
         f"GPU 1    {UUIDS[1]:<40} leased: running lease-1 (container {cid(1)[:12]})",
+    ]
+
+
+async def test_the_text_list_names_foreign_holders_as_the_refusals_do(
+    node: Node, client: Client
+) -> None:
+    node.leases.started(Container(cid(7), True, devices=("0",), how="--device /dev/nvidia0"))
+    node.leases.processes_seen([GpuUser(1, None, 4242)])
+    lines = (await (await client.get("/leases")).text()).splitlines()
+    assert lines == [
+        f"GPU 0    {UUIDS[0]:<40} foreign: container {cid(7)[:12]} (--device /dev/nvidia0)",
+        f"GPU 1    {UUIDS[1]:<40} foreign: pid 4242 (a GPU process)",
     ]
 
 
