@@ -16,8 +16,10 @@ on a GPU in MIG mode; a device's ``recovery_action`` is what its checks report (
 version of the file that sets it back to 0 is a reset no check saw the GPU down for). The
 profiling values (``status.telemetry.profiling``) are served as they are: no sampling.
 A device's energy counter (``status.telemetry.total_energy_mj``) starts at the file's value
-and grows at the device's power draw while the backend runs, as a GPU's does; a version of
-the file with another value for it starts it again there (a driver reload).
+and grows at the device's power draw while the backend runs, as a GPU's does, read with the
+slow sample (``pcie_throughput``) as the NVML backend reads it: status serves the counter of
+the device's last sample. A version of the file with another value for it starts it again
+there (a driver reload).
 A version that cannot be used (not a regular file, too large, too deep, not JSON, not a
 node file: ``nodefile``'s bounds) is one log line, and the previous version stays in force.
 """
@@ -58,7 +60,7 @@ class SimulatedBackend:
     ) -> None:
         self._node = node
         self._clock = clock
-        # by device index: (the file's counter, mJ drawn since, when last read)
+        # by device index: (the file's counter, mJ drawn since, when last sampled)
         self._energy: dict[int, tuple[int, float, float]] = {}
         self._source = source
         self._lock = threading.Lock()
@@ -92,12 +94,12 @@ class SimulatedBackend:
             return LOST_DEVICE_STATUS
         return self._with_energy(index, self._node.devices[index].status)
 
-    def _with_energy(self, index: int, status: DeviceStatus) -> DeviceStatus:
-        """``status`` with its energy counter grown by the draw since the first read."""
+    def _sample_energy(self, index: int, status: DeviceStatus) -> None:
+        """Grow the device's energy counter by its draw since its previous sample."""
         telemetry = status.telemetry
         base = telemetry.total_energy_mj
         if base is None:
-            return status
+            return
         draw_mw = telemetry.power_mw
         if draw_mw is None:
             draw_mw = 1000 * (status.power_w or 0)
@@ -108,16 +110,25 @@ class SimulatedBackend:
                 drawn_mj, then = 0.0, now
             drawn_mj += draw_mw * max(0.0, now - then)
             self._energy[index] = (base, drawn_mj, now)
-        if drawn_mj < 1.0:
+
+    def _with_energy(self, index: int, status: DeviceStatus) -> DeviceStatus:
+        """``status`` with the energy counter of the device's last sample."""
+        base = status.telemetry.total_energy_mj
+        with self._lock:
+            sampled = self._energy.get(index)
+        if base is None or sampled is None or sampled[0] != base or sampled[1] < 1.0:
             return status
-        grown = replace(telemetry, total_energy_mj=base + int(drawn_mj))
+        grown = replace(status.telemetry, total_energy_mj=base + int(sampled[1]))
         return replace(status, telemetry=grown)
 
     def pcie_throughput(self, index: int) -> PcieThroughput:
         if self._node.pcie_sample_s:
             time.sleep(self._node.pcie_sample_s)
         device = self._node.devices[index]
-        return UNKNOWN_THROUGHPUT if self._is_lost(index) else device.throughput
+        if self._is_lost(index):
+            return UNKNOWN_THROUGHPUT
+        self._sample_energy(index, device.status)
+        return device.throughput
 
     def health_check(self, index: int) -> DeviceCheck:
         with self._lock:

@@ -14,9 +14,10 @@ status stays fast").
   background sampler (``read_throughputs``; the NVML backend refreshes BAR1 usage and its
   other slow values on the same call); requests are served its latest sample, whose age is
   known. The sampler runs while someone reads status (a request, a scrape) and
-  rests once nobody has for ``SAMPLER_REST_AFTER_S``, so an idle node costs no sampling;
-  the first read after a rest waits for a fresh sample (about 45 ms) rather than being
-  served an old one.
+  rests once nobody has for ``SAMPLER_REST_AFTER_S``, so an idle node costs little
+  sampling: the usage ledger's sweeps take one sample a minute then (``sample_within_s``),
+  for the GPUs' energy counters; the first read after a rest waits for a fresh sample
+  (about 45 ms) rather than being served an old one.
 - Rendered bodies are cached on the sweep, so N requests sharing a sweep render once.
 - While the node's driver is being replaced, ``suspend(why)`` makes every sweep raise
   ``StatusUnavailable(why)`` (the REST API answers 503) until ``resume(reader, node)``; a
@@ -190,14 +191,21 @@ class StatusService:
         self._last_read = now
         return last
 
-    async def sweep(self, *, quiet: bool = False) -> Sweep:
+    async def sweep(self, *, quiet: bool = False, sample_within_s: float | None = None) -> Sweep:
         """The current status; joins the sweep in flight if there is one.
 
         ``quiet``: a background reader's sweep (the usage ledger's): it does not count as
         someone reading status, so it neither wakes the resting PCIe sampler nor keeps it
-        sampling. Raises ``StatusUnavailable`` while suspended."""
+        sampling. ``sample_within_s``: while the sampler rests, a sample older than this is
+        taken again once first (the ledger's energy counters, which come with the sample).
+        Raises ``StatusUnavailable`` while suspended."""
         if self._unavailable is not None:
             raise StatusUnavailable(self._unavailable)
+        if quiet and sample_within_s is not None and self._resting:
+            sample = self._sample
+            if sample is None or time.monotonic() - sample.taken_at > sample_within_s:
+                with contextlib.suppress(StatusUnavailable):
+                    await self.sample_pcie()
         if not quiet:
             self._last_read = time.monotonic()
             if self._resting:  # the sampler rested: this read gets a fresh sample

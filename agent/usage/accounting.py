@@ -10,8 +10,15 @@ sighting and a new one starts; the gap is not counted as held):
 - ``busy_s`` grows by ``dt`` times the unit's utilisation (the mean of the two sweeps'
   readings), shared equally by the holders of a shared unit; a unit without a reading (a
   MIG device: NVML gives no utilisation per MIG device) adds nothing;
-- ``energy_j`` grows by the GPU's energy counter's increase, shared like ``busy_s``
-  (whole GPUs only; a counter that went backwards, after a driver reload, adds nothing);
+- ``energy_j`` grows by the GPU's mean power between two moves of its energy counter times
+  the unit-seconds held (whole GPUs only). The counter is the slow sample's
+  (``agent.node.status``), so it may stay the same for several sweeps and then move by what
+  the GPU used since it was last read (``UnitSample.energy_at_s``): each holder seen at the
+  move gets that power times the unit-seconds it held the GPU since the previous move (its
+  share of a shared unit), so no holder gets what the GPU used while another held it; a
+  hold that ended before the move gets its part then, in the hour it was last seen. A
+  counter that went backwards (a driver reload), or that did not move for longer than
+  ``max_energy_span_s``, adds nothing;
 - ``peak_memory_mib`` is the most memory seen in use on the unit while it was held.
 
 A wall clock set back by more than ``max_gap_s`` is a gap too: the open holds end at their
@@ -80,6 +87,8 @@ class UnitSample:
     # Working now, or not known to be idle: utilisation above 0, a GPU process of a holder,
     # or a reading that could not tell (agent.usage.ledger.build_samples).
     active: bool = False
+    # When the energy counter was read (the slow sample's time); None: at the sweep.
+    energy_at_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -95,15 +104,27 @@ class _Open:
 class Accounting:
     """The holds open now and what changed since the last batch."""
 
-    def __init__(self, label_keys: Sequence[str], *, max_gap_s: float) -> None:
+    def __init__(
+        self,
+        label_keys: Sequence[str],
+        *,
+        max_gap_s: float,
+        max_energy_span_s: float | None = None,
+    ) -> None:
         self.label_keys = tuple(dict.fromkeys(label_keys))
         self.max_gap_s = max_gap_s
+        # The longest time between two moves of a GPU's energy counter that is counted
+        # (default: max_gap_s); see the module docstring.
+        self.max_energy_span_s = max(max_gap_s, max_energy_span_s or 0.0)
         self._open: dict[str, _Open] = {}  # by (holder ident, unit key)
         self._dirty: dict[str, Hold] = {}  # by hold key: the figures to write
         self._deltas: dict[tuple[int, str, str], list[float]] = {}
         self._last_t: float | None = None
         self._last_util: dict[str, int | None] = {}  # by unit
-        self._last_energy: dict[int, tuple[float, int]] = {}  # by GPU index: (t_s, mJ)
+        # By GPU index: when its energy counter was read at its last move, and the reading.
+        self._last_energy: dict[int, tuple[float, int]] = {}
+        # By GPU index: the unit-seconds each hold (by key) held it since that move.
+        self._energy_held: dict[int, dict[str, tuple[float, Hold]]] = {}
         # The wall-clock spans this run added to the hourly totals: disjoint, in order, at
         # most MAX_SPANS (one while the clock only goes forward; one more per step back).
         self._counted: list[tuple[float, float]] = []
@@ -135,6 +156,7 @@ class Accounting:
                 self._end(self._open.pop(slot))
             self._last_util.clear()
             self._last_energy.clear()
+            self._energy_held.clear()
             self._last_t = last = None
         seen: set[str] = set()
         self._sweep_from = None
@@ -183,7 +205,10 @@ class Accounting:
         unit_key = sample.mig_uuid or sample.gpu_uuid
         util_then = self._last_util.get(unit_key)
         self._last_util[unit_key] = sample.utilization_pct
-        energy = self._energy_since(t_s, sample)  # (joules, over seconds) or None
+        counting, energy = self._energy_since(t_s, sample)  # energy: (joules, over seconds)
+        held_since_move: dict[str, tuple[float, Hold]] | None = None
+        if counting:  # the seconds held now count toward the counter's next move
+            held_since_move = self._energy_held.setdefault(sample.gpu_index, {})
         holders = sample.holders
         share = 1.0 / len(holders) if holders else 0.0
         for holder in holders:
@@ -217,9 +242,14 @@ class Accounting:
                 readings = [u for u in (util_then, sample.utilization_pct) if u is not None]
                 busy = step * (sum(readings) / len(readings)) / 100.0 * share
             joules: float | None = None
-            if energy is not None and step > 0.0:
-                joules = energy[0] * share * min(1.0, step / energy[1])
-                hold.energy_j = (hold.energy_j or 0.0) + joules
+            if held_since_move is not None and step > 0.0:
+                unit_s = held_since_move.get(hold.key, (0.0, hold))[0] + step * share
+                if energy is None:
+                    held_since_move[hold.key] = (unit_s, hold)
+                else:
+                    held_since_move.pop(hold.key, None)
+                    joules = energy[0] / energy[1] * unit_s  # the mean power, held
+                    hold.energy_j = (hold.energy_j or 0.0) + joules
             hold.held_s += step
             hold.busy_s += busy
             if sample.memory_used_mib is not None:
@@ -234,21 +264,40 @@ class Accounting:
                 if self._sweep_from is None or start < self._sweep_from:
                     self._sweep_from = start
                 self._add_to_hours(current, start, t_s, busy, joules or 0.0)
+        if energy is not None and held_since_move:
+            # Holds that ended before the move: their part, into their last hour.
+            power_w = energy[0] / energy[1]
+            for unit_s, gone in held_since_move.values():
+                gone.energy_j = (gone.energy_j or 0.0) + power_w * unit_s
+                self._dirty[gone.key] = gone
+                self._add_hour(gone, hour_of(gone.last_seen_s), (0.0, 0.0, power_w * unit_s))
+            held_since_move.clear()
 
-    def _energy_since(self, t_s: float, sample: UnitSample) -> tuple[float, float] | None:
-        """Joules the GPU used since its previous reading, and over how many seconds
-        (whole GPUs with a counter only; None after a gap or a counter reset)."""
+    def _energy_since(
+        self, t_s: float, sample: UnitSample
+    ) -> tuple[bool, tuple[float, float] | None]:
+        """Whether this sweep's held seconds count toward the GPU's energy (it has a counter
+        read before this sweep: whole GPUs only), and, when the counter moved at this sweep,
+        the joules since its previous move and over how many seconds of its readings. A
+        first reading, a reset or a move after longer than ``max_energy_span_s`` counts
+        nothing (the held seconds waiting for a move are forgotten)."""
         if sample.mig_uuid is not None or sample.energy_mj is None:
-            return None
+            return False, None
         before = self._last_energy.get(sample.gpu_index)
-        self._last_energy[sample.gpu_index] = (t_s, sample.energy_mj)
+        if before is not None and before[1] == sample.energy_mj:
+            if t_s - before[0] > self.max_energy_span_s:  # a counter that stopped
+                self._energy_held.pop(sample.gpu_index, None)
+            return True, None  # not sampled again yet: the held seconds wait for the move
+        read_at = t_s if sample.energy_at_s is None else sample.energy_at_s
+        self._last_energy[sample.gpu_index] = (read_at, sample.energy_mj)
         if before is None:
-            return None
+            return False, None
         then_s, then_mj = before
-        seconds = t_s - then_s
-        if sample.energy_mj < then_mj or not 0.0 < seconds <= self.max_gap_s:
-            return None
-        return (sample.energy_mj - then_mj) / 1000.0, seconds
+        seconds = read_at - then_s
+        if sample.energy_mj < then_mj or not 0.0 < seconds <= self.max_energy_span_s:
+            self._energy_held.pop(sample.gpu_index, None)
+            return False, None
+        return True, ((sample.energy_mj - then_mj) / 1000.0, seconds)
 
     def _new_hold(self, holder: Holder, sample: UnitSample, started_s: float) -> Hold:
         unit_key = sample.mig_uuid or sample.gpu_uuid

@@ -60,6 +60,9 @@ MAX_SERIES = 1000  # owner-label series of the usage counters; beyond, "(other)"
 # within a second of the grant.
 SETTLE_S = 5.0
 STOP_TIMEOUT_S = 10  # the engine's grace before it kills an idle container it stops
+# While nobody reads status (the PCIe sampler rests), a sweep takes a new slow sample, which
+# brings the GPUs' energy counters, when the last is older than this (one sample a minute).
+ENERGY_SAMPLE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +99,12 @@ class UsageLedger:
         self.off_reason = off_reason  # why there is no store (None: there is one)
         self._clock = clock
         self._monotonic = monotonic
-        self.accounting = Accounting(settings.label_keys, max_gap_s=3 * settings.interval_s)
+        self.accounting = Accounting(
+            settings.label_keys,
+            max_gap_s=3 * settings.interval_s,
+            # a counter sampled once a minute moves about that often: a miss or two allowed
+            max_energy_span_s=3 * ENERGY_SAMPLE_S,
+        )
         self.idle = IdleTracker(
             settings.idle_after_s, settings.idle_policy, max_gap_s=3 * settings.interval_s
         )
@@ -199,7 +207,7 @@ class UsageLedger:
     async def tick(self) -> None:
         """One sweep accounted, written and checked for idle GPUs."""
         try:
-            sweep = await self.status.sweep(quiet=True)
+            sweep = await self.status.sweep(quiet=True, sample_within_s=ENERGY_SAMPLE_S)
         except StatusUnavailable:
             return  # the driver is being replaced: the gap is not counted
         now_s = self._clock()
@@ -381,6 +389,9 @@ def build_samples(
     leases = {lease.id: lease for lease in view.leases}
     statuses = sweep.statuses
     samples: list[UnitSample] = []
+    # The energy counters come with the slow sample: read when it was taken, not at now_s.
+    age_s = sweep.throughput_age_s
+    energy_at_s = now_s - age_s if age_s is not None else now_s
     for unit in view.units:
         if unit.gpu >= len(statuses) or unit.uuid is None:
             continue
@@ -427,6 +438,7 @@ def build_samples(
                 memory_used_mib=status.memory_used_mib if whole else None,
                 energy_mj=status.telemetry.total_energy_mj if whole else None,
                 holders=tuple(holders),
+                energy_at_s=energy_at_s,
                 active=unknown or bool(util) or pids_of_holders,
             )
         )

@@ -38,6 +38,30 @@ async def test_the_sampler_rests_without_readers_and_a_read_gets_a_fresh_sample(
         await status.close()
 
 
+async def test_a_quiet_sweep_takes_one_sample_when_the_rested_one_is_old() -> None:
+    """The usage ledger's sweeps are quiet: they never wake the sampler, but while it rests
+    they take one sample when the last is older than they allow (the energy counters)."""
+    backend = CountingBackend("h200")
+    status = StatusService(backend, backend.node_info(), pcie_interval_s=0.02, rest_after_s=0.2)
+    status.start_sampler()
+    try:
+        await _until(lambda: status.sampler_resting)
+        resting_calls = backend.pcie_calls
+        await asyncio.sleep(0.3)
+        await status.sweep(quiet=True)  # no freshness asked: nothing sampled
+        assert backend.pcie_calls == resting_calls
+        sweep = await status.sweep(quiet=True, sample_within_s=0.25)
+        assert backend.pcie_calls == resting_calls + 1  # the rested sample was 0.3 s old
+        assert sweep.throughput_age_s is not None
+        assert sweep.throughput_age_s < 0.25
+        await status.sweep(quiet=True, sample_within_s=10.0)  # fresh enough: none more
+        await asyncio.sleep(0.1)
+        assert backend.pcie_calls == resting_calls + 1
+        assert status.sampler_resting  # and the sampler still rests
+    finally:
+        await status.close()
+
+
 async def test_reads_keep_the_sampler_going() -> None:
     backend = CountingBackend("h200")
     status = StatusService(backend, backend.node_info(), pcie_interval_s=0.02, rest_after_s=0.2)

@@ -1,5 +1,6 @@
-"""A simulated GPU's energy counter grows at its power draw, as a real GPU's does, so the usage
-ledger and ``/metrics`` see energy on a simulated node (docs/node-file.md)."""
+"""A simulated GPU's energy counter grows at its power draw, as a real GPU's does, read with
+the slow sample as NVML's is, so the usage ledger and ``/metrics`` see energy on a simulated
+node (docs/node-file.md)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def _node(path: Path) -> dict[str, Any]:
 
 
 def _counter(backend: SimulatedBackend, index: int) -> int | None:
+    """The counter after a slow sample, as status serves it."""
+    backend.pcie_throughput(index)
     return backend.device_status(index).telemetry.total_energy_mj
 
 
@@ -47,6 +50,8 @@ def test_the_counter_starts_at_the_files_value_and_grows_at_the_draw(tmp_path: P
     clock.now += 2.5
     assert _counter(backend, 0) == start + int(draw_mw * 2.5)  # mW x s = mJ
     clock.now += 10.0
+    # Status serves the last sample's reading, as with NVML: not grown until sampled again.
+    assert backend.device_status(0).telemetry.total_energy_mj == start + int(draw_mw * 2.5)
     assert _counter(backend, 0) == start + int(draw_mw * 12.5)
     # Each GPU counts its own draw, from its first read.
     assert _counter(backend, 3) == data["devices"][3]["status"]["telemetry"]["total_energy_mj"]

@@ -129,6 +129,44 @@ def test_an_energy_counter_that_went_back_adds_nothing() -> None:
     assert hold.energy_j == pytest.approx(200.0)
 
 
+def test_a_counter_sampled_less_often_than_the_sweeps_gives_each_holder_its_own_part() -> None:
+    """The counter is the slow sample's: it stays the same for sweeps, then moves by what
+    the GPU used since its last move. Alice held the GPU for the first part of that, Bob
+    for the last: each gets their part, not Bob the whole move."""
+    accounting = Accounting([], max_gap_s=30, max_energy_span_s=120)
+    batch = run(
+        accounting,
+        (T0, [sample(ALICE, energy=1_000_000)]),
+        (T0 + 10, [sample(ALICE, energy=1_000_000)]),
+        (T0 + 20, [sample(ALICE, BOB, energy=1_000_000)]),  # Bob joins: a shared unit
+        (T0 + 30, [sample(BOB, energy=1_000_000)]),
+        (T0 + 40, [sample(BOB, energy=5_000_000)]),  # 4,000 J over 40 s
+    )
+    by_id = {h.container_id: h for h in batch.holds}
+    # The GPU drew 100 W. Alice: 10 s alone, then 10 s of a unit shared with Bob (seen
+    # first at T0 + 20): 15 unit-seconds; her hold ended before the move and gets its part
+    # then. Bob held it alone from T0 + 20: 20 unit-seconds.
+    assert by_id["c1"].ended_s == T0 + 20
+    assert by_id["c1"].energy_j == pytest.approx(1500.0)
+    assert by_id["c2"].energy_j == pytest.approx(2000.0)
+    assert totals(batch, "gpu", GPU0)[2] == pytest.approx(3500.0)
+    assert totals(batch, "image", "pytorch:2")[2] == pytest.approx(1500.0)  # Alice's image
+
+
+def test_a_counter_that_does_not_move_for_too_long_adds_nothing() -> None:
+    accounting = Accounting([], max_gap_s=30, max_energy_span_s=60)
+    sweeps = [(T0 + 10 * i, [sample(ALICE, energy=1_000_000)]) for i in range(9)]
+    batch = run(
+        accounting,
+        *sweeps,  # 80 s without a move: the sampler rested
+        (T0 + 90, [sample(ALICE, energy=9_000_000)]),
+        (T0 + 100, [sample(ALICE, energy=9_500_000)]),
+    )
+    (hold,) = batch.holds
+    assert hold.held_s == pytest.approx(100.0)
+    assert hold.energy_j == pytest.approx(500.0)  # only the last move's 10 s
+
+
 def test_a_unit_without_a_reading_adds_held_but_not_busy_seconds() -> None:
     accounting = Accounting([], max_gap_s=30)
     batch = run(accounting, (T0, [sample(ALICE, util=None)]), (T0 + 10, [sample(ALICE, util=None)]))
