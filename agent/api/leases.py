@@ -36,7 +36,7 @@ from agent.leases.holders import Lease
 from agent.leases.labels import labels_for
 from agent.leases.picking import link_words
 from agent.leases.plans import FreeSet
-from agent.leases.texts import short_id
+from agent.leases.texts import foreign_holder, short_id
 from agent.leases.view import TableView
 from agent.leasing.service import LeaseService
 from plugin.json_body import BodyError, parse_json
@@ -483,10 +483,7 @@ def _holder_text(taken: Taken) -> str:
     """``running lease-1 (container 3f2a1b9c0d4e)``, ``pending lease-2``; a foreign holder:
     ``container 3f2a1b9c0d4e (--device /dev/nvidia1)``, ``pid 4242``."""
     if taken.hold is Hold.FOREIGN:
-        holder = taken.container_id or "an unknown holder"
-        if taken.container_id and not holder.startswith("pid "):
-            holder = f"container {short_id(holder)}"
-        return holder + (f" ({taken.why})" if taken.why else "")
+        return foreign_holder(taken) + (f" ({taken.why})" if taken.why else "")
     who = taken.lease_id or taken.container_id or "?"
     if taken.container_id and taken.lease_id:
         who = f"{taken.lease_id} (container {short_id(taken.container_id)})"

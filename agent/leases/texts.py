@@ -31,6 +31,14 @@ def units_text(units: Sequence[Unit]) -> str:
     return ", ".join(u.label for u in units) or "none"
 
 
+def foreign_holder(taken: Taken) -> str:
+    """A foreign holder: ``container 3f2a1b9c0d4e``, ``pid 4242`` or ``an unknown holder``."""
+    holder = taken.container_id
+    if holder is None:
+        return "an unknown holder"
+    return holder if holder.startswith("pid ") else f"container {short_id(holder)}"
+
+
 def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
     """One holder (or ill health) in words: ``GPU 0 by container 3f2a1b9c0d4e (lease-4)
     since …Z``; ``units``: the dev names it holds, said instead of ``taken.unit`` when given."""
@@ -48,10 +56,8 @@ def taken_text(taken: Taken, units: Sequence[str] = ()) -> str:
     holder = taken.container_id
     until = f", until {when(taken.until_s)}" if taken.until_s is not None else ""
     if taken.hold is Hold.FOREIGN:
-        if holder is not None and holder.startswith("pid "):
-            what = holder
-        else:
-            what = f"foreign container {short_id(holder)}" if holder else "an unknown holder"
+        what = foreign_holder(taken)
+        what = f"foreign {what}" if what.startswith("container ") else what
         how = f" ({taken.why})" if taken.why else ""
         return f"{unit} by {what}{how} since {when(taken.since_s)}{until}"
     who = f"container {short_id(holder)}" if holder else "an unknown container"
