@@ -265,12 +265,25 @@ class Config:
         empty_is_none=True,
         metavar="PATH",
     )
+    podman_engine_socket: Path | None = _setting(
+        None,
+        "--podman-engine-socket",
+        help="Also serve the Docker Engine API on this unix socket (e.g. "
+        "/run/nvidia-docker/podman.sock), forwarded to --podman-socket (Podman's "
+        "Docker-compatible service, which ignores GPU requests itself): container creates "
+        "asking for GPUs (docker run --gpus, Compose) get the node's leases, as device nodes "
+        "and the driver's files (docs/engine-socket.md). Root-equivalent, like Podman's "
+        "socket, whose owner and mode it takes. Off unless given; empty: off.",
+        parse=Path,
+        empty_is_none=True,
+        metavar="PATH",
+    )
     engine_connections: int = _setting(
         256,
         "--engine-connections",
-        help="Most client connections to --engine-socket open at once (each also holds one "
-        "to the engine); beyond it a client gets one 503 answer. Their descriptors are kept "
-        "from REST connections.",
+        help="Most client connections to each engine socket (--engine-socket, "
+        "--podman-engine-socket) open at once (each also holds one to the engine); beyond it "
+        "a client gets one 503 answer. Their descriptors are kept from REST connections.",
         kind="int",
         minimum=1,
     )
@@ -454,6 +467,12 @@ class Config:
     @property
     def socket_path(self) -> Path:
         return self.socket_dir / SOCKET_NAME
+
+    @property
+    def engine_sockets(self) -> int:
+        """How many GPU-aware engine sockets are asked for (``--engine-socket``,
+        ``--podman-engine-socket``)."""
+        return (self.engine_socket is not None) + (self.podman_engine_socket is not None)
 
 
 def options() -> list[tuple[str, Option, Any]]:

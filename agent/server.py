@@ -166,7 +166,7 @@ async def start(config: Config, parts: contextlib.AsyncExitStack) -> Agent:
     fast = fast_gets(app, counters.count_resource, access.token_free)
     bound = await _serve_rest(config, app, guard, fast, rest_sockets, access, parts)
     await _check_ready(config, access, bound)
-    await _serve_engine_socket(config, state, leases, docker_events, cdi, parts)
+    await _serve_engine_sockets(config, state, leases, docker_events, cdi, store, parts)
     await life.start()
     if usage is not None:
         usage.start()
@@ -192,7 +192,7 @@ def _connection_budget(config: Config) -> DescriptorBudget:
     budget = descriptor_budget(
         config.max_connections,
         config.reserved_fds,
-        engine_connections=config.engine_connections if config.engine_socket else 0,
+        engine_connections=config.engine_connections * config.engine_sockets,
     )
     if budget.lowered:
         log.warning(
@@ -393,42 +393,77 @@ async def _usage(
     return ledger, None
 
 
-async def _serve_engine_socket(
+async def _serve_engine_sockets(
     config: Config,
     state: NodeState,
     leases: LeaseService,
     docker: EngineEvents,
     cdi: CdiSpecWriter | None,
+    store: VolumeStore,
     parts: contextlib.AsyncExitStack,
 ) -> None:
-    """``--engine-socket``: the Docker Engine API, forwarded, GPU creates leased (in the
-    CDI form where the engine reads the spec ``cdi`` writes: as ``docker``, its followed
-    events, last read it, or as it answers)."""
-    if config.engine_socket is None:
-        return
-    form = None
-    if cdi is not None:
-        form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts)
-    creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
+    """``--engine-socket``: the Docker Engine API of ``--docker-socket``, forwarded, GPU
+    creates leased (in the CDI form where the engine reads the spec ``cdi`` writes: as
+    ``docker``, its followed events, last read it, or as it answers).
+    ``--podman-engine-socket``: the same for Podman's Docker-compatible service
+    (``--podman-socket``), which ignores GPU requests itself and has no Docker volume
+    plugins: always the device-node form, the driver volume's directory bound."""
+    if config.engine_socket is not None and config.engine_socket == config.podman_engine_socket:
+        raise StartupError(
+            f"--engine-socket and --podman-engine-socket both name {config.engine_socket}: "
+            "give each its own file"
+        )
+    if config.engine_socket is not None:
+        form = None
+        if cdi is not None:
+            form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts)
+        creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
+        await _serve_one_engine_socket(
+            config, config.engine_socket, "--engine-socket", config.docker_socket, creates, parts
+        )
+    if config.podman_engine_socket is not None:
+        creates = GpuCreates(
+            leases,
+            lambda: state.facts,
+            Cpusets(),
+            driver_volumes=lambda name: store.create(name, keep=True),
+        )
+        await _serve_one_engine_socket(
+            config,
+            config.podman_engine_socket,
+            "--podman-engine-socket",
+            config.podman_socket,
+            creates,
+            parts,
+        )
+
+
+async def _serve_one_engine_socket(
+    config: Config,
+    path: Path,
+    flag: str,
+    engine: Path,
+    creates: GpuCreates,
+    parts: contextlib.AsyncExitStack,
+) -> None:
     try:
         site = await serve_engine_socket(
-            config.engine_socket,
-            config.docker_socket,
+            path,
+            engine,
             creates,
             head_timeout_s=config.idle_timeout_s + config.header_timeout_s,
             max_connections=config.engine_connections,
+            flag=flag,
         )
     except OSError as err:
-        raise StartupError(
-            f"cannot serve the engine socket {config.engine_socket}: {err}"
-        ) from None
+        raise StartupError(f"cannot serve the engine socket {path} ({flag}): {err}") from None
     parts.push_async_callback(site.close)
     log.info(
         "Serving the Docker Engine API on unix://%s (%s), forwarded to unix://%s; GPU "
         "creates get leases",
         site.path,
         site.rights,
-        config.docker_socket,
+        engine,
     )
 
 

@@ -9,7 +9,8 @@ understands: those requests removed (others kept), and in their place either the
 CDI devices (one request of driver ``cdi``, as the docker CLI sends ``--device
 nvidia.com/gpu=...`` to an engine that reads CDI) or its device nodes added to
 ``HostConfig.Devices`` and the driver volume to ``HostConfig.Mounts`` (a volume of the
-plugin's driver, as ``/docker/cli`` gives it); then the lease labels (over any the client
+plugin's driver, as ``/docker/cli`` gives it; for Podman's service, which has no Docker
+volume plugins, the volume's directory bound read-only); then the lease labels (over any the client
 sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set
 one.
 A create labelled ``nvidia-docker.lease.wait=SECONDS`` (``WAIT_LABEL``; 0 to
@@ -87,12 +88,13 @@ class GpuRequest:
 
 @dataclass(frozen=True, slots=True)
 class Mount:
-    """A named volume of a volume driver, as ``HostConfig.Mounts`` takes it."""
+    """A named volume of a volume driver (``driver``), or a host directory bound (``driver``
+    None: ``source`` is its path), as ``HostConfig.Mounts`` takes it."""
 
     source: str
     target: str
     read_only: bool
-    driver: str
+    driver: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,15 +340,15 @@ def rewrite(body: Mapping[str, Any], addition: Addition) -> dict[str, Any]:
     if addition.mounts:
         mounts = list(host.get("Mounts") or [])
         for mount in addition.mounts:
-            mounts.append(
-                {
-                    "Type": "volume",
-                    "Source": mount.source,
-                    "Target": mount.target,
-                    "ReadOnly": mount.read_only,
-                    "VolumeOptions": {"DriverConfig": {"Name": mount.driver}},
-                }
-            )
+            given: dict[str, Any] = {
+                "Type": "volume" if mount.driver is not None else "bind",
+                "Source": mount.source,
+                "Target": mount.target,
+                "ReadOnly": mount.read_only,
+            }
+            if mount.driver is not None:
+                given["VolumeOptions"] = {"DriverConfig": {"Name": mount.driver}}
+            mounts.append(given)
         host["Mounts"] = mounts
     if addition.cpuset_cpus and not host.get("CpusetCpus") and not host.get("CpusetMems"):
         host["CpusetCpus"] = addition.cpuset_cpus

@@ -5,15 +5,21 @@ Where the engine reads the node's CDI spec (``agent.engine_socket.cdi_form``), t
 GPUs are given as the spec's CDI names (``/docker/cli?format=cdi``'s), and the spec brings
 the nodes and the driver volume. Elsewhere the devices and the driver volume are
 ``/docker/cli``'s (``agent.api.docker_cli``: the node's control devices, then the leased
-GPUs' nodes, MIG capability nodes included; the volumes of the plugin's driver). The labels
+GPUs' nodes, MIG capability nodes included; the volumes of the plugin's driver). An engine
+without Docker's volume plugins (Podman's service: ``driver_volumes`` given) gets each
+driver volume's directory bound read-only instead, the volume built first where it is not
+on disk yet (in a thread: a first build copies the driver's files). The labels
 are ``labels_for`` the lease; the cpuset is the grant's NUMA nodes' CPUs where this host has
 those nodes (``agent.api.leases.Cpusets``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from agent.api.docker_cli import docker_cli_for
 from agent.api.leases import Cpusets
@@ -28,6 +34,7 @@ from agent.leasing.service import LeaseService
 from agent.node.facts import NodeFacts
 from agent.node.selection import InvalidParameter, select_volumes
 from plugin.volume_specs import VOLUME_DRIVER
+from plugin.volumes import VolumeError
 
 log = logging.getLogger("nvidia-docker-plugin.engine-socket")
 
@@ -44,11 +51,15 @@ class GpuCreates:
         facts: Callable[[], NodeFacts],
         cpusets: Cpusets | None = None,
         cdi: CdiForm | None = None,
+        driver_volumes: Callable[[str], Path] | None = None,
     ) -> None:
         self._leases = leases
         self._facts = facts
         self._cpusets = cpusets or Cpusets()
         self._cdi = cdi  # None: the device-node form always (the agent writes no CDI spec)
+        # A driver volume's name -> its directory, built if missing (blocking): given for an
+        # engine that has no Docker volume plugins, whose creates bind the directories.
+        self._driver_volumes = driver_volumes
 
     def _ask(self, request: GpuRequest, name: str | None) -> Ask:
         owner = [OWNER_VIA]
@@ -82,10 +93,16 @@ class GpuCreates:
             raise CreateError(409, answer.text)
         try:
             naming = await self._cdi.naming() if self._cdi is not None else None
-            return answer, self._addition(answer, naming)
+            addition = self._addition(answer, naming)
+            return answer, await self._bound(addition)
         except (InvalidParameter, UnhealthyDevice) as err:
             self.release(answer.lease.id)
             raise CreateError(409, f"the leased GPUs cannot be given: {err}") from None
+        except (VolumeError, OSError) as err:
+            self.release(answer.lease.id)
+            raise CreateError(
+                500, f"the driver's files cannot be given ({err}): see the agent's log"
+            ) from None
         except BaseException:  # its client left meanwhile: given back now, not at its expiry
             self.release(answer.lease.id)
             raise
@@ -127,6 +144,22 @@ class GpuCreates:
             cpuset_cpus=cpus,
             cpuset_mems=mems,
         )
+
+    async def _bound(self, addition: Addition) -> Addition:
+        """``addition`` with its driver volumes as their directories bound, where the
+        engine has no volume plugins; as it is elsewhere."""
+        built = self._driver_volumes
+        if built is None or not addition.mounts:
+            return addition
+        mounts = []
+        for mount in addition.mounts:
+            try:
+                path = await asyncio.to_thread(built, mount.source)
+            except (VolumeError, OSError):
+                log.exception("Engine socket: the volume %s could not be made", mount.source)
+                raise
+            mounts.append(replace(mount, source=str(path), driver=None))
+        return replace(addition, mounts=tuple(mounts))
 
     def release(self, lease_id: str) -> None:
         """Give back the lease of a create the engine refused."""

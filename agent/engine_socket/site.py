@@ -1,18 +1,19 @@
 """The engine socket served: bound with the engine socket's rights, one task per client.
 
 The socket is bound under a temporary name, given the owner, group and mode of the engine's
-own socket (``--docker-socket``: whoever may use one may use the other, and both are
-root-equivalent), then renamed into place, so it never exists with looser rights. When the
-engine's socket is not there at start, the socket is the agent's own with mode 0600 (its
-user only), said in the log. An agent that may not give a file away (an unprivileged user, as the
-packaged unit runs it) keeps itself as the owner and takes the engine socket's group and
-mode, which needs its user in that group (``docker``): the same clients may use both. A
-stale socket file (nobody listening) is replaced; a live one, or a file that is not a
-socket, stops the start with one line. Every client connection is its own task
-(``agent.engine_socket.proxy``): a slow or hostile client holds only its own. At most
-``max_connections`` are open at once (``--engine-connections``): a client beyond them gets
-one ``503`` answer in the engine's words and the connection is closed, so that the engine
-socket never takes the descriptors the REST API and the plugin socket need.
+own socket (``--docker-socket``, or ``--podman-socket`` behind ``--podman-engine-socket``:
+whoever may use one may use the other, and both are root-equivalent), then renamed into
+place, so it never exists with looser rights. When the engine's socket is not there at
+start, the socket is the agent's own with mode 0600 (its user only), said in the log. An
+agent that may not give a file away (an unprivileged user, as the packaged unit runs it)
+keeps itself as the owner and takes the engine socket's group and mode, which needs its user
+in that group (``docker``): the same clients may use both. A stale socket file (nobody
+listening) is replaced; a live one, or a file that is not a socket, stops the start with one
+line. Every client connection is its own task (``agent.engine_socket.proxy``): a slow or
+hostile client holds only its own. At most ``max_connections`` are open at once
+(``--engine-connections``): a client beyond them gets one ``503`` answer in the engine's
+words and the connection is closed, so that the engine socket never takes the descriptors
+the REST API and the plugin socket need.
 """
 
 from __future__ import annotations
@@ -86,21 +87,21 @@ def _rights(engine_socket: Path) -> tuple[int, int, int] | None:
     return stat.S_IMODE(found.st_mode), found.st_uid, found.st_gid
 
 
-def _clear_stale(path: Path) -> None:
+def _clear_stale(path: Path, flag: str) -> None:
     in_the_way = clear_stale_socket(path)
     if in_the_way is InTheWay.NOT_A_SOCKET:
         raise EngineSocketError(
-            0, f"{path} exists and is not a socket: remove it or choose another --engine-socket"
+            0, f"{path} exists and is not a socket: remove it or choose another {flag}"
         )
     if in_the_way is InTheWay.LIVE:
         raise EngineSocketError(
-            0, f"another process is serving {path}: stop it or choose another --engine-socket"
+            0, f"another process is serving {path}: stop it or choose another {flag}"
         )
 
 
-def _bind(path: Path, engine_socket: Path) -> tuple[socket.socket, str]:
+def _bind(path: Path, engine_socket: Path, flag: str) -> tuple[socket.socket, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _clear_stale(path)
+    _clear_stale(path, flag)
     rights = _rights(engine_socket)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.unlink(missing_ok=True)
@@ -198,10 +199,12 @@ async def serve_engine_socket(
     *,
     head_timeout_s: float,
     max_connections: int,
+    flag: str = "--engine-socket",
 ) -> EngineSocket:
     """Serve ``path``, forwarding to ``engine_socket``, at most ``max_connections`` clients
-    at once; ``EngineSocketError`` or ``OSError`` when it cannot be bound."""
-    sock, said = _bind(path, engine_socket)
+    at once; ``EngineSocketError`` or ``OSError`` when it cannot be bound (its line names
+    ``flag``, the option that asked for ``path``)."""
+    sock, said = _bind(path, engine_socket, flag)
     served: list[EngineSocket] = []
     refusals = _Refusals(path, max_connections)
 

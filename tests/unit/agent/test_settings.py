@@ -177,3 +177,21 @@ def test_an_engine_socket_of_another_scheme_is_refused_in_one_line(value: str) -
     result = CliRunner().invoke(cli.command, ["--docker-socket", value])
     assert result.exit_code == 2
     assert "give the engine's unix socket, as a path or unix://PATH" in result.output
+
+
+def test_each_gpu_aware_engine_socket_counts_for_the_descriptors_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _parsed(monkeypatch).engine_sockets == 0
+    podman = _parsed(
+        monkeypatch, NVIDIA_DOCKER_PLUGIN_PODMAN_ENGINE_SOCKET="/run/nvidia-docker/podman.sock"
+    )
+    assert podman.podman_engine_socket == Path("/run/nvidia-docker/podman.sock")
+    assert podman.engine_sockets == 1
+    both = _parsed(
+        monkeypatch,
+        "--engine-socket", "/run/nvidia-docker/docker.sock",
+        "--podman-engine-socket", "/run/nvidia-docker/podman.sock",
+    )  # fmt: skip
+    assert both.engine_sockets == 2
+    assert _parsed(monkeypatch, "--podman-engine-socket", "").podman_engine_socket is None
