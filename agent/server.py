@@ -417,7 +417,9 @@ async def _serve_engine_sockets(
         form = None
         if cdi is not None:
             form = CdiForm(docker.engine, cdi, facts=lambda: docker.facts)
-        creates = GpuCreates(leases, lambda: state.facts, Cpusets(), form)
+        creates = GpuCreates(
+            leases, lambda: state.facts, Cpusets(), form, engine=str(docker.engine.socket_path)
+        )
         await _serve_one_engine_socket(
             config, config.engine_socket, "--engine-socket", config.docker_socket, creates, parts
         )
@@ -427,6 +429,7 @@ async def _serve_engine_sockets(
             lambda: state.facts,
             Cpusets(),
             driver_volumes=lambda name: store.create(name, keep=True),
+            engine=str(config.podman_socket),  # the feed's name of it: its socket's path
         )
         await _serve_one_engine_socket(
             config,

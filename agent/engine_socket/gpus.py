@@ -16,6 +16,7 @@ those nodes (``agent.api.leases.Cpusets``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,6 +27,7 @@ from agent.api.leases import Cpusets
 from agent.cdi_spec.inputs import CdiNaming, cdi_names
 from agent.engine_socket.cdi_form import CdiForm
 from agent.engine_socket.create import Addition, CreateError, GpuRequest, Mount
+from agent.engines.containers import created_container
 from agent.health.selection import UnhealthyDevice
 from agent.leases.answers import Granted
 from agent.leases.asks import Ask, InvalidAsk
@@ -52,6 +54,7 @@ class GpuCreates:
         cpusets: Cpusets | None = None,
         cdi: CdiForm | None = None,
         driver_volumes: Callable[[str], Path] | None = None,
+        engine: str = "",
     ) -> None:
         self._leases = leases
         self._facts = facts
@@ -60,6 +63,7 @@ class GpuCreates:
         # A driver volume's name -> its directory, built if missing (blocking): given for an
         # engine that has no Docker volume plugins, whose creates bind the directories.
         self._driver_volumes = driver_volumes
+        self._engine = engine  # the engine's name in the lease table (its socket's path)
 
     def _ask(self, request: GpuRequest, name: str | None) -> Ask:
         owner = [OWNER_VIA]
@@ -160,6 +164,24 @@ class GpuCreates:
                 raise
             mounts.append(replace(mount, source=str(path), driver=None))
         return replace(addition, mounts=tuple(mounts))
+
+    def bind(self, lease_id: str, answer: bytes, *, sent: bytes) -> None:
+        """The engine made the container of ``lease_id``'s create (``sent``: the body sent
+        on; ``answer``: the engine's, ``{"Id": ...}``): the table binds the lease to it now.
+        Its events may come too late to: Podman's inspects and list wait while a container
+        starts, and a ``docker run --rm`` of a short job is gone by then, which left the
+        lease pending until its expiry. An answer without a container id is left to the
+        events."""
+        try:
+            made = json.loads(answer)
+            container = replace(
+                created_container(None, json.loads(sent)), id=made["Id"], engine=self._engine
+            )
+        except (ValueError, TypeError, KeyError):
+            log.debug("Engine socket: the create's answer names no container: left to events")
+            return
+        if container.lease is not None and container.lease.lease_id == lease_id:
+            self._leases.created(container)
 
     def release(self, lease_id: str) -> None:
         """Give back the lease of a create the engine refused."""

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from pathlib import Path
 
@@ -67,6 +68,7 @@ PIECE = 256 * 1024  # bytes copied at once
 END = b"\r\n\r\n"
 CLIENT_CHECK_S = 0.25  # how often a create that waits for GPUs checks that its client is there
 LINGER_S = 2.0  # how long what a client still sends after a closing error is read and dropped
+MAX_CREATED_ANSWER = 64 * 1024  # a create's answer read whole for its container's id
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -78,6 +80,15 @@ class _Broken(Exception):
     """A request whose body broke off or lost its framing after its head went on, an
     answer whose body did, or a create whose client left while it waited for GPUs: the
     connection is closed (the engine may have answered part already)."""
+
+
+def _whole(answer: Head) -> bool:
+    """A success whose body is short and of a known length."""
+    return (
+        200 <= answer.status < 300
+        and answer.framing.body is Body.LENGTH
+        and answer.framing.length <= MAX_CREATED_ANSWER
+    )
 
 
 def error_answer(status: int, text: str, *, close: bool = False) -> bytes:
@@ -328,15 +339,22 @@ class Connection:
             self._watcher.cancel()
             self._watcher = None
 
-    async def _answer(self, method: bytes) -> Head:
+    async def _answer(self, method: bytes, created: Callable[[bytes], None] | None = None) -> Head:
         """Relay the engine's answer (interim ones too); the final head. ``_Hijacked``.
         Its status is kept (``_status``) before it is relayed. A body that breaks off is
-        ``_Broken``: the client gets what came, then the connection's end."""
+        ``_Broken``: the client gets what came, then the connection's end. ``created``: a
+        success with a body of a known length (at most ``MAX_CREATED_ANSWER``) is read
+        whole and given to it before anything of it is relayed."""
         engine_reader, _ = await self._connect()
         while True:
             raw = await engine_reader.readuntil(END)
             answer = parse_response_head(raw, method=method)
             self._status = answer.status
+            if created is not None and _whole(answer):
+                body = await engine_reader.readexactly(answer.framing.length)
+                created(body)
+                await _write(self._writer, raw + body)
+                return answer
             await _write(self._writer, raw)
             if answer.status == 101 or answer.framing.body is Body.UNTIL_CLOSE:
                 raise _Hijacked
@@ -380,7 +398,11 @@ class Connection:
             _, engine_writer = await self._connect()
             dropped = (b"expect",) if continuing else ()
             await _write(engine_writer, head.with_body_length(len(raw), dropped) + raw)
-            answer = await self._answer(head.method)
+            if lease is None:
+                answer = await self._answer(head.method)
+            else:  # bound before its client can start it: its events may come too late
+                made = functools.partial(self._creates.bind, lease, sent=raw)
+                answer = await self._answer(head.method, created=made)
         finally:
             # the engine's answer decides, even when its client left before it was relayed
             if lease is not None and not 200 <= self._status < 300:

@@ -12,7 +12,8 @@ distinct GPUs, exactly those device nodes inside, the driver's files read-only, 
 leases bound to the containers; Podman's start gate (the packaged hook file, asking the
 agent) lets them start and stops a container made on Podman's own socket that names one of
 their device nodes; a run asking for more than is free fails in one line and makes no
-container; ``docker rm -f`` frees the lease; Compose's ``count: 1`` replicas get a
+container; ``docker rm -f`` frees the lease, and so does the end of a short ``--rm`` run
+(three in a row, each asking for all eight GPUs); Compose's ``count: 1`` replicas get a
 GPU each and ``down`` frees them. Docker's CLI 28 cannot run containers on Podman 4's
 service at all ("unknown server OS"): the module runs with Podman 5 (scripts/test-all's
 Podman 5 pass) and is skipped with an older one.
@@ -269,3 +270,13 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     down = compose("down")
     assert down.returncode == 0, down.stderr.decode()
     wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+
+
+def test_a_short_run_with_rm_frees_its_gpus_as_it_is_removed(served: Served) -> None:
+    """Podman's inspects and list wait while a container starts, so a short ``--rm`` job
+    was gone before any of its events could be read: its lease stayed pending until its
+    expiry (60 s), and its GPUs with it. The socket binds the lease from the create's
+    answer, so the removal's event frees them."""
+    for _ in range(3):
+        served.ok("run", "--rm", "--gpus", "8", IMAGE, "sh", "-c", "true")
+        wait_until(lambda: not served.table()["Leases"], what="the GPUs freed", timeout_s=5)

@@ -2,7 +2,10 @@
 Docker-compatible service, ``--podman-engine-socket``): a GPU create gets the leased GPUs'
 device nodes and the driver volume's directory bound read-only, the volume made first; a
 volume that cannot be made answers the create in one line, gives the lease back, and sends
-nothing to the engine. Against an in-process fake engine on a unix socket."""
+nothing to the engine; the container the engine made is bound to its lease as soon as the
+engine answers, before its client could start it (so that its removal frees the GPUs even
+when no event told of it while it lived). Against an in-process fake engine on a unix
+socket."""
 
 from __future__ import annotations
 
@@ -51,16 +54,19 @@ class World:
         self.leases = leases
         self.volumes = volumes
         self.bodies: list[dict[str, object]] = []  # the creates the engine was sent
+        self.made_id: object = "a"  # the id the engine answers a create with
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     bodies: list[dict[str, object]] = []
+    made: list[World] = []
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _, body = await read_request(reader)
         bodies.append(json.loads(body))
-        writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{"Id":"a"}')
+        answer = json.dumps({"Id": made[0].made_id, "Warnings": []}).encode()
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer)
         await writer.drain()
 
     async with serving(tmp_path / "podman.sock", engine):
@@ -68,7 +74,11 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         facts = NodeFacts(NODE, ("/dev/nvidiactl", "/dev/nvidia-uvm"))
         volumes = Volumes(tmp_path / "volumes")
         creates = GpuCreates(
-            leases, lambda: facts, Cpusets(tmp_path / "no-sysfs"), driver_volumes=volumes
+            leases,
+            lambda: facts,
+            Cpusets(tmp_path / "no-sysfs"),
+            driver_volumes=volumes,
+            engine="/run/podman/podman.sock",
         )
         site = await serve_engine_socket(
             tmp_path / "ours.sock",
@@ -80,6 +90,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         )
         world = World(site, leases, volumes)
         world.bodies = bodies
+        made.append(world)
         yield world
         await site.close()
         await leases.close()
@@ -132,3 +143,27 @@ async def test_a_driver_volume_that_cannot_be_made_answers_the_create_in_one_lin
     assert "\n" not in message
     assert not world.leases.view().leases  # given back at once
     assert not world.bodies  # nothing reached the engine
+
+
+async def test_the_made_container_is_bound_to_its_lease_before_any_event(world: World) -> None:
+    world.made_id = "3f2a1b9c0d4e" * 5 + "abcd"  # 64 hex digits, as engines make them
+    answer = await exchange(world.site, create(GPUS_2))
+    assert answer.startswith(b"HTTP/1.1 201 ")
+    assert answer.endswith(json.dumps({"Id": world.made_id, "Warnings": []}).encode())
+    (lease,) = world.leases.view().leases
+    assert lease.container_id == world.made_id
+    assert lease.engine == "/run/podman/podman.sock"
+    # its removal's event frees the GPUs at once (before, the lease stayed pending until
+    # its expiry when the engine's events came too late to bind it)
+    world.leases.destroyed(world.made_id)
+    assert not world.leases.view().leases
+
+
+async def test_an_answer_without_a_container_id_leaves_the_lease_to_the_events(
+    world: World,
+) -> None:
+    world.made_id = None  # no container id
+    answer = await exchange(world.site, create(GPUS_2))
+    assert answer.startswith(b"HTTP/1.1 201 ")
+    (lease,) = world.leases.view().leases
+    assert lease.container_id is None  # pending: the engine's created event binds it
