@@ -35,8 +35,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_leases_docker import IMAGE, Dockerd, dockerd, nvidia_devices
-from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
+from tests.support.agent_process import launch_agent, wait_ready
 from tests.support.dockerd import RUN_HELP_HINTS
+from tests.support.engine_socket_client import COMPOSE, EngineSocketClient, compose_project
 from tests.support.services import stop_process, wait_until
 from tests.support.wrapper import wrapper_command
 
@@ -47,61 +48,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 __all__ = ["dockerd", "nvidia_devices"]  # module fixtures, shared
 
 
-@dataclass
-class Served:
+@dataclass(kw_only=True)
+class Served(EngineSocketClient):
     dockerd: Dockerd
-    agent: AgentProcess
-    engine_socket: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
-
-    def table(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
-    def bound(self) -> dict[str, str]:
-        return {
-            lease["Container"]: lease["Lease"]
-            for lease in self.table()["Leases"]
-            if lease["Container"] is not None
-        }
-
-    def client_env(self) -> dict[str, str]:
-        """This environment for a Docker client of the agent's socket (no other DOCKER_*)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        env["DOCKER_HOST"] = f"unix://{self.engine_socket}"
-        return env
-
-    def docker(
-        self, *args: str, stdin: bytes | None = None, timeout_s: float = 60
-    ) -> subprocess.CompletedProcess[bytes]:
-        """The docker CLI through the agent's engine socket."""
-        env = self.client_env()
-        return subprocess.run(
-            ["docker", *args],
-            env=env,
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-
-    def ok(self, *args: str, stdin: bytes | None = None) -> str:
-        run = self.docker(*args, stdin=stdin)
-        assert run.returncode == 0, (args, run.stderr.decode())
-        return run.stdout.decode()
-
-    def gpus_of(self, container_id: str) -> list[str]:
-        raw = self.ok("inspect", "-f", "{{json .HostConfig.Devices}}", container_id)
-        return sorted(
-            d["PathOnHost"]
-            for d in json.loads(raw)
-            if d["PathOnHost"].removeprefix("/dev/nvidia").isdigit()
-        )
 
 
 @pytest.fixture
@@ -123,7 +72,7 @@ def served(dockerd: Dockerd, tmp_path: Path) -> Iterator[Served]:
     try:
         wait_ready(agent)
         wait_until(engine_socket.exists, what="the engine socket", timeout_s=20)
-        yield Served(dockerd, agent, engine_socket)
+        yield Served(dockerd=dockerd, agent=agent, engine_socket=engine_socket)
     finally:
         engine = dockerd.engine
         ids = engine.docker("ps", "-aq", check=False).stdout.split()
@@ -426,9 +375,6 @@ def test_a_terminal_attach_cp_and_build_work_through_it(served: Served, tmp_path
     served.ok("rmi", "nvd-engine-socket/built:1")
 
 
-COMPOSE = (
-    REPO / ".cache" / "compose" / "usr" / "libexec" / "docker" / "cli-plugins" / "docker-compose"
-)
 COMPOSE_FILE = """\
 services:
   trainer:
@@ -445,31 +391,8 @@ services:
 def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     served: Served, tmp_path: Path
 ) -> None:
-    if not COMPOSE.exists():
-        pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "compose.yaml").write_text(COMPOSE_FILE.format(image=IMAGE))
-    env = served.client_env()
-
-    def compose(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [str(COMPOSE), "-p", "nvdgpus", *args],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-
-    up = compose("up", "-d")
-    assert up.returncode == 0, up.stderr.decode()
-    ids = served.ok("ps", "-q", "--filter", "label=com.docker.compose.project=nvdgpus").split()
-    assert len(ids) == 4
-    gpus = [gpu for cid in ids for gpu in served.gpus_of(cid)]
-    assert len(set(gpus)) == len(gpus) == 4, gpus
-    full = {served.ok("inspect", "-f", "{{.Id}}", cid).strip() for cid in ids}
-    wait_until(lambda: set(served.bound()) == full, what="4 leases bound", timeout_s=20)
+    project = compose_project(tmp_path / "project", COMPOSE_FILE.format(image=IMAGE))
+    served.compose_up(project, "nvdgpus", 4)
     owners = [lease["Owner"] for lease in served.table()["Leases"]]
     assert sorted(o["name"] for o in owners) == [f"nvdgpus-trainer-{i}" for i in range(1, 5)]
     # The usage ledger groups them by the labels Compose gave them (docs/usage.md).
@@ -481,9 +404,7 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     replicas = usage(served, "container")
     assert {f"nvdgpus-trainer-{i}" for i in range(1, 5)} <= set(replicas), replicas
 
-    down = compose("down")
-    assert down.returncode == 0, down.stderr.decode()
-    wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
+    served.compose_down(project, "nvdgpus")
 
 
 WAITING_SERVICE = """\

@@ -25,23 +25,19 @@ fixture (mknod where missing, under the machine-wide device lock).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import tempfile
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.e2e.test_engine_socket import COMPOSE
 from tests.e2e.test_leases_docker import nvidia_devices
-from tests.support.agent_process import AgentProcess, launch_agent, wait_ready
-from tests.support.podman import ApiService, api_service, private_podman, write_start_hook
+from tests.support.agent_process import launch_agent, wait_ready
+from tests.support.engine_socket_client import EngineSocketClient, compose_project
+from tests.support.podman import ApiService, gated_api_service, podman_plugin_dir
 from tests.support.prerequisites import require_root
 from tests.support.services import stop_process, wait_until
 
@@ -63,8 +59,8 @@ def _podman_major() -> int | None:
 
 @pytest.fixture(scope="module")
 def service(nvidia_devices: None) -> Iterator[ApiService]:
-    """Podman 5's service, its containers run through Podman's start gate (the packaged
-    hook file), which asks the agent of the test on its plugin socket (``plugin_dir``)."""
+    """Podman 5's service, its containers run through Podman's start gate, which asks the
+    agent of the test on its plugin socket (``podman_plugin_dir``)."""
     require_root()
     major = _podman_major()
     if major is not None and major < 5:
@@ -72,72 +68,13 @@ def service(nvidia_devices: None) -> Iterator[ApiService]:
             f"Podman {major}'s service cannot run containers for Docker's CLI 28 ('unknown "
             "server OS'): run with Podman 5 first on PATH (scripts/test-all's Podman 5 pass)"
         )
-    hooks_dir = Path(tempfile.mkdtemp(prefix="nvd-engine-podman-hooks-"))
-    try:
-        with private_podman(hooks_dir=hooks_dir) as podman:
-            write_start_hook(hooks_dir, plugin_dir(podman.base) / "nvidia-docker.sock")
-            podman.import_busybox(IMAGE, {})
-            with api_service(podman) as running:
-                yield running
-    finally:
-        shutil.rmtree(hooks_dir, ignore_errors=True)
+    with gated_api_service(IMAGE) as running:
+        yield running
 
 
-def plugin_dir(podman_base: Path) -> Path:
-    """Where each agent of the module serves its plugin socket (one agent at a time)."""
-    return podman_base / "plugins"
-
-
-@dataclass
-class Served:
+@dataclass(kw_only=True)
+class Served(EngineSocketClient):
     service: ApiService
-    agent: AgentProcess
-    engine_socket: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
-
-    def table(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/leases/json", timeout=10) as resp:
-            table: dict[str, Any] = json.loads(resp.read())
-        return table
-
-    def bound(self) -> dict[str, str]:
-        return {
-            lease["Container"]: lease["Lease"]
-            for lease in self.table()["Leases"]
-            if lease["Container"] is not None
-        }
-
-    def client_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        env["DOCKER_HOST"] = f"unix://{self.engine_socket}"
-        return env
-
-    def docker(self, *args: str) -> subprocess.CompletedProcess[bytes]:
-        """The docker CLI through the agent's socket in front of Podman."""
-        return subprocess.run(
-            ["docker", *args],
-            env=self.client_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-
-    def ok(self, *args: str) -> str:
-        run = self.docker(*args)
-        assert run.returncode == 0, (args, run.stderr.decode())
-        return run.stdout.decode()
-
-    def gpus_of(self, container_id: str) -> list[str]:
-        raw = self.ok("inspect", "-f", "{{json .HostConfig.Devices}}", container_id)
-        return sorted(
-            d["PathOnHost"]
-            for d in json.loads(raw)
-            if d["PathOnHost"].removeprefix("/dev/nvidia").isdigit()
-        )
 
 
 @pytest.fixture
@@ -152,12 +89,12 @@ def served(service: ApiService, tmp_path: Path) -> Iterator[Served]:
         "--cdi-spec-dir", "",
         "--podman-engine-socket", str(engine_socket),
         simulate="hgx-h200-8",
-        socket_dir=plugin_dir(service.podman.base),
+        socket_dir=podman_plugin_dir(service.podman.base),
     )  # fmt: skip
     try:
         wait_ready(agent)
         wait_until(engine_socket.exists, what="the engine socket", timeout_s=20)
-        yield Served(service, agent, engine_socket)
+        yield Served(service=service, agent=agent, engine_socket=engine_socket)
     finally:
         service.podman("rm", "--all", "--force", check=False)
         stop_process(agent.proc)
@@ -243,40 +180,6 @@ services:
 def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     served: Served, tmp_path: Path
 ) -> None:
-    if not COMPOSE.exists():
-        pytest.skip(f"no Docker Compose v2 at {COMPOSE} (scripts/test-all fetches Debian 13's)")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "compose.yaml").write_text(COMPOSE_FILE.format(image=IMAGE))
-
-    def compose(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [str(COMPOSE), "-p", "nvdpodman", *args],
-            cwd=project,
-            env=served.client_env(),
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-
-    up = compose("up", "-d")
-    assert up.returncode == 0, up.stderr.decode()
-    ids = served.ok("ps", "-q", "--filter", "label=com.docker.compose.project=nvdpodman").split()
-    assert len(ids) == 3
-    gpus = [gpu for cid in ids for gpu in served.gpus_of(cid)]
-    assert len(set(gpus)) == len(gpus) == 3, gpus
-    full = {served.ok("inspect", "-f", "{{.Id}}", cid).strip() for cid in ids}
-    wait_until(lambda: set(served.bound()) == full, what="3 leases bound", timeout_s=30)
-    down = compose("down")
-    assert down.returncode == 0, down.stderr.decode()
-    wait_until(lambda: not served.table()["Leases"], what="the leases freed", timeout_s=10)
-
-
-def test_a_short_run_with_rm_frees_its_gpus_as_it_is_removed(served: Served) -> None:
-    """Podman's inspects and list wait while a container starts, so a short ``--rm`` job
-    was gone before any of its events could be read: its lease stayed pending until its
-    expiry (60 s), and its GPUs with it. The socket binds the lease from the create's
-    answer, so the removal's event frees them."""
-    for _ in range(3):
-        served.ok("run", "--rm", "--gpus", "8", IMAGE, "sh", "-c", "true")
-        wait_until(lambda: not served.table()["Leases"], what="the GPUs freed", timeout_s=5)
+    project = compose_project(tmp_path / "project", COMPOSE_FILE.format(image=IMAGE))
+    served.compose_up(project, "nvdpodman", 3)
+    served.compose_down(project, "nvdpodman")

@@ -55,9 +55,8 @@ from tests.support.podman import (
     CDI_LOCK,
     RUN_LIMITS,
     ApiService,
-    api_service,
-    private_podman,
-    write_start_hook,
+    gated_api_service,
+    podman_plugin_dir,
 )
 from tests.support.prerequisites import require_root
 from tests.support.services import machine_lock, stop_process, wait_until
@@ -80,22 +79,11 @@ LEASE_DEVICES = "nvidia-docker.lease.devices"
 def podman_service() -> Iterator[ApiService]:
     """A private Podman with the busybox image, and its API service on a socket; its
     containers run Podman's start gate (the packaged hook file), which asks the agent of
-    the test on its plugin socket (``plugin_dir``): every wrapper run below passes it."""
+    the test on its plugin socket (``podman_plugin_dir``): every wrapper run below passes
+    it."""
     require_root()
-    hooks_dir = Path(tempfile.mkdtemp(prefix="nvd-leases-podman-hooks-"))
-    try:
-        with private_podman(hooks_dir=hooks_dir) as podman:
-            write_start_hook(hooks_dir, plugin_dir(podman.base) / "nvidia-docker.sock")
-            podman.import_busybox(IMAGE, {})
-            with api_service(podman) as service:
-                yield service
-    finally:
-        shutil.rmtree(hooks_dir, ignore_errors=True)
-
-
-def plugin_dir(podman_base: Path) -> Path:
-    """Where each agent of the module serves its plugin socket (one agent at a time)."""
-    return podman_base / "plugins"
+    with gated_api_service(IMAGE) as service:
+        yield service
 
 
 def _foreign_specs() -> list[str]:
@@ -204,7 +192,7 @@ def _launch(service: ApiService, base: Path, docker_socket: Path | None = None) 
         "--cdi-spec-dir", str(CDI_DIR),
         "--cdi-dev-root", str(base / "devroot"),
         simulate="hgx-h200-8",
-        socket_dir=plugin_dir(service.podman.base),
+        socket_dir=podman_plugin_dir(service.podman.base),
     )  # fmt: skip
 
 

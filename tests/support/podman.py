@@ -259,3 +259,26 @@ def write_start_hook(hooks_dir: Path, socket_path: Path) -> None:
     hook["hook"]["args"] = ["nvidia-docker-start-hook", "--socket", str(socket_path)]
     hooks_dir.mkdir(parents=True, exist_ok=True)
     (hooks_dir / SHIPPED_START_HOOK.name).write_text(json.dumps(hook))
+
+
+def podman_plugin_dir(podman_base: Path) -> Path:
+    """Where the agent whose start gate ``gated_api_service`` installs serves its plugin
+    socket (one agent at a time)."""
+    return podman_base / "plugins"
+
+
+@contextlib.contextmanager
+def gated_api_service(image: str) -> Iterator[ApiService]:
+    """A private Podman with the busybox image as ``image``, and its API service; its
+    containers run Podman's start gate (the packaged hook file), which asks the agent
+    serving its plugin socket in ``podman_plugin_dir`` (a container with no NVIDIA device
+    starts without asking)."""
+    hooks_dir = Path(tempfile.mkdtemp(prefix="nvd-podman-hooks-"))
+    try:
+        with private_podman(hooks_dir=hooks_dir) as podman:
+            write_start_hook(hooks_dir, podman_plugin_dir(podman.base) / "nvidia-docker.sock")
+            podman.import_busybox(image, {})
+            with api_service(podman) as service:
+                yield service
+    finally:
+        shutil.rmtree(hooks_dir, ignore_errors=True)
