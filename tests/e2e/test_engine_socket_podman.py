@@ -15,8 +15,8 @@ their device nodes; a run asking for more than is free fails in one line and mak
 container; ``docker rm -f`` frees the lease, and so does the end of a short ``--rm`` run
 (three in a row, each asking for all eight GPUs); Compose's ``count: 1`` replicas get a
 GPU each and ``down`` frees them. Docker's CLI 28 cannot run containers on Podman 4's
-service at all ("unknown server OS"): the module runs with Podman 5 (scripts/test-all's
-Podman 5 pass) and is skipped with an older one.
+service at all ("unknown server OS"): the module runs Podman 5, the machine's where it is
+one, else the Debian 13 Podman that scripts/test-all unpacks into ``.cache/podman5``.
 
 The device nodes /dev/nvidia0..7, nvidiactl and nvidia-uvm come from test_leases_docker's
 fixture (mknod where missing, under the machine-wide device lock).
@@ -25,6 +25,7 @@ fixture (mknod where missing, under the machine-wide device lock).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -48,8 +49,10 @@ __all__ = ["nvidia_devices"]  # a module fixture, shared
 IMAGE = "nvd-engine-podman/busybox:1"
 
 
-def _podman_major() -> int | None:
-    podman = shutil.which("podman")
+PODMAN5 = Path(__file__).resolve().parents[2] / ".cache" / "podman5" / "bin"
+
+
+def _podman_major(podman: str | None) -> int | None:
     if podman is None:
         return None
     out = subprocess.run([podman, "--version"], capture_output=True, text=True, check=False)
@@ -58,16 +61,33 @@ def _podman_major() -> int | None:
 
 
 @pytest.fixture(scope="module")
-def service(nvidia_devices: None) -> Iterator[ApiService]:
+def podman5_first() -> Iterator[None]:
+    """Podman 5 or later first on ``PATH`` for the module: the machine's ``podman`` where it
+    is one, else scripts/test-all's Debian 13 Podman (``.cache/podman5``). Docker's CLI 28
+    cannot run containers on Podman 4's service at all ('unknown server OS')."""
+    found = _podman_major(shutil.which("podman"))
+    if found is not None and found >= 5:
+        yield
+        return
+    unpacked = PODMAN5 / "podman"
+    if not unpacked.exists() or (_podman_major(str(unpacked)) or 0) < 5:
+        pytest.skip(
+            f"needs Podman 5 (the machine's is {found or 'not there'}): Docker's CLI 28 cannot "
+            f"run containers on Podman 4's service; scripts/test-all unpacks one into {PODMAN5}"
+        )
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{PODMAN5}{os.pathsep}{path}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
+
+
+@pytest.fixture(scope="module")
+def service(nvidia_devices: None, podman5_first: None) -> Iterator[ApiService]:
     """Podman 5's service, its containers run through Podman's start gate, which asks the
     agent of the test on its plugin socket (``podman_plugin_dir``)."""
     require_root()
-    major = _podman_major()
-    if major is not None and major < 5:
-        pytest.skip(
-            f"Podman {major}'s service cannot run containers for Docker's CLI 28 ('unknown "
-            "server OS'): run with Podman 5 first on PATH (scripts/test-all's Podman 5 pass)"
-        )
     with gated_api_service(IMAGE) as running:
         yield running
 
@@ -183,3 +203,13 @@ def test_compose_replicas_get_a_gpu_each_and_down_frees_them(
     project = compose_project(tmp_path / "project", COMPOSE_FILE.format(image=IMAGE))
     served.compose_up(project, "nvdpodman", 3)
     served.compose_down(project, "nvdpodman")
+
+
+def test_a_short_run_with_rm_frees_its_gpus_as_it_is_removed(served: Served) -> None:
+    """Podman's inspects and list wait while a container starts, so a short ``--rm`` job
+    was gone before any of its events could be read: its lease stayed pending until its
+    expiry (60 s), and its GPUs with it. The socket binds the lease from the create's
+    answer, so the removal's event frees them."""
+    for _ in range(3):
+        served.ok("run", "--rm", "--gpus", "8", IMAGE, "sh", "-c", "true")
+        wait_until(lambda: not served.table()["Leases"], what="the GPUs freed", timeout_s=5)
