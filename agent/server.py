@@ -449,6 +449,8 @@ async def _serve_one_engine_socket(
     creates: GpuCreates,
     parts: contextlib.AsyncExitStack,
 ) -> None:
+    """``path`` served (asked for by ``flag``), forwarded to ``engine``'s socket; closed
+    with ``parts``. One line and a stop when it cannot be bound."""
     try:
         site = await serve_engine_socket(
             path,

@@ -10,9 +10,9 @@ CDI devices (one request of driver ``cdi``, as the docker CLI sends ``--device
 nvidia.com/gpu=...`` to an engine that reads CDI) or its device nodes added to
 ``HostConfig.Devices`` and the driver volume to ``HostConfig.Mounts`` (a volume of the
 plugin's driver, as ``/docker/cli`` gives it; for Podman's service, which has no Docker
-volume plugins, the volume's directory bound read-only); then the lease labels (over any the client
-sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the client set
-one.
+volume plugins, the volume's directory bound read-only); then the lease labels (over any
+the client sent), ``NVIDIA_VISIBLE_DEVICES`` (over the client's), and the cpuset unless the
+client set one.
 A create labelled ``nvidia-docker.lease.wait=SECONDS`` (``WAIT_LABEL``; 0 to
 ``MAX_WAIT_S``) waits that long in the lease queue when its GPUs are not free now.
 A GPU request whose ``Options`` hold ``mig-profile`` (``MIG_OPTION``: ``docker run --gpus

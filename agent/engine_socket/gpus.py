@@ -171,7 +171,7 @@ class GpuCreates:
         Its events may come too late to: Podman's inspects and list wait while a container
         starts, and a ``docker run --rm`` of a short job is gone by then, which left the
         lease pending until its expiry. An answer without a container id is left to the
-        events."""
+        events. Never raises: the client gets the engine's answer whatever happens here."""
         try:
             made = json.loads(answer)
             container = replace(
@@ -180,8 +180,12 @@ class GpuCreates:
         except (ValueError, TypeError, KeyError):
             log.debug("Engine socket: the create's answer names no container: left to events")
             return
-        if container.lease is not None and container.lease.lease_id == lease_id:
+        if container.lease is None or container.lease.lease_id != lease_id:
+            return
+        try:
             self._leases.created(container)
+        except Exception:  # a bug: the client still gets the engine's answer
+            log.exception("Engine socket: binding %s to its container failed", lease_id)
 
     def release(self, lease_id: str) -> None:
         """Give back the lease of a create the engine refused."""
