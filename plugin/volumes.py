@@ -47,8 +47,9 @@ BAD_FORMAT = "bad volume format"
 UNSUPPORTED = "unsupported volume"
 NO_SUCH_VOLUME = "no such volume"
 INVALID_VERSION = "invalid volume version"
-IN_USE_BY_CDI = (
-    "in use by the agent's CDI spec (containers given GPUs through CDI mount it by path)"
+IN_USE_BY_PATH = (
+    "in use by containers that mount it by path (the agent's CDI spec, or GPU creates "
+    "through its Podman engine socket)"
 )
 
 VERSION_PATTERN = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,7}")
@@ -189,7 +190,7 @@ class VolumeStore:
     def create(self, name: str, *, keep: bool = False) -> Path:
         """Build the volume unless it exists; safe to call from many threads at once.
         ``keep``: Remove refuses this volume from now on (it replaces the one kept before):
-        the CDI spec mounts it by path."""
+        the CDI spec, and creates through the Podman engine socket, mount it by path."""
         ref = self.parse(name)
         if ref.version != self.driver_version:
             raise VolumeError(INVALID_VERSION, name)
@@ -213,7 +214,7 @@ class VolumeStore:
 
     def remove(self, name: str) -> None:
         """Delete a volume of any driver version (stale ones after an upgrade too), but not
-        the one kept for the CDI spec."""
+        the one kept (mounted by path: ``create``'s ``keep``)."""
         ref = self.parse(name)
         final = self.path(ref)
         if not final.is_dir():  # no lock for names that do not exist
@@ -222,7 +223,7 @@ class VolumeStore:
             if not final.is_dir():
                 raise VolumeError(NO_SUCH_VOLUME, name)
             if ref.name == self._kept:
-                raise VolumeError(IN_USE_BY_CDI, name)
+                raise VolumeError(IN_USE_BY_PATH, name)
             doomed = final.with_name(f".{ref.version}{REMOVING}{secrets.token_hex(6)}")
             final.rename(doomed)
             _fsync_dir(final.parent)

@@ -274,7 +274,7 @@ def test_docker_cannot_remove_the_volume_the_spec_mounts_by_path(
     store = VolumeStore(tmp_path / "volumes", files)
     volume = volume_builder(store)(fake_driver.version)
     name = f"nvidia_driver_{fake_driver.version}"
-    with pytest.raises(VolumeError, match=f"in use by the agent's CDI spec.*: {name}$"):
+    with pytest.raises(VolumeError, match=f"in use by containers that mount it by path.*: {name}$"):
         store.remove(name)
     assert (volume / "lib64" / "libcuda.so.1").exists()
     store.use_files(dataclasses.replace(files, driver_version="590.48.01"))
