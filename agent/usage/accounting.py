@@ -18,7 +18,10 @@ sighting and a new one starts; the gap is not counted as held):
   share of a shared unit), so no holder gets what the GPU used while another held it; a
   hold that ended before the move gets its part then, in the hour it was last seen. A
   counter that went backwards (a driver reload), or that did not move for longer than
-  ``max_energy_span_s``, adds nothing;
+  ``max_energy_span_s``, adds nothing; so does a move that would mean more than
+  ``MAX_GPU_POWER_W`` (no GPU draws that: one of the two readings was wrong), and a reading
+  of 0 is no reading (NVML's counter counts from the driver's load; a field it has not
+  filled yet reads 0);
 - ``peak_memory_mib`` is the most memory seen in use on the unit while it was held.
 
 A wall clock set back by more than ``max_gap_s`` is a gap too: the open holds end at their
@@ -46,6 +49,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.usage.records import Batch, Hold, HolderKind, HourDelta, Labels, hour_of
+
+# More than any GPU draws (an H200 700 W, a B200 1,000 W, a GB300 superchip's GPU 1,400 W):
+# a counter move that would mean more is a wrong reading, and counts nothing.
+MAX_GPU_POWER_W = 5_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +286,10 @@ class Accounting:
         """Whether this sweep's held seconds count toward the GPU's energy (it has a counter
         read before this sweep: whole GPUs only), and, when the counter moved at this sweep,
         the joules since its previous move and over how many seconds of its readings. A
-        first reading, a reset or a move after longer than ``max_energy_span_s`` counts
-        nothing (the held seconds waiting for a move are forgotten)."""
-        if sample.mig_uuid is not None or sample.energy_mj is None:
+        first reading, a reset, a move after longer than ``max_energy_span_s`` or one faster
+        than ``MAX_GPU_POWER_W`` counts nothing (the held seconds waiting for a move are
+        forgotten); a reading of 0 is none."""
+        if sample.mig_uuid is not None or sample.energy_mj is None or sample.energy_mj <= 0:
             return False, None
         before = self._last_energy.get(sample.gpu_index)
         if before is not None and before[1] == sample.energy_mj:
@@ -294,10 +302,15 @@ class Accounting:
             return False, None
         then_s, then_mj = before
         seconds = read_at - then_s
-        if sample.energy_mj < then_mj or not 0.0 < seconds <= self.max_energy_span_s:
+        joules = (sample.energy_mj - then_mj) / 1000.0
+        if (
+            joules < 0.0
+            or not 0.0 < seconds <= self.max_energy_span_s
+            or joules / seconds > MAX_GPU_POWER_W
+        ):
             self._energy_held.pop(sample.gpu_index, None)
             return False, None
-        return True, ((sample.energy_mj - then_mj) / 1000.0, seconds)
+        return True, (joules, seconds)
 
     def _new_hold(self, holder: Holder, sample: UnitSample, started_s: float) -> Hold:
         unit_key = sample.mig_uuid or sample.gpu_uuid

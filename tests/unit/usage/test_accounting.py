@@ -129,6 +129,34 @@ def test_an_energy_counter_that_went_back_adds_nothing() -> None:
     assert hold.energy_j == pytest.approx(200.0)
 
 
+def test_a_counter_read_as_0_first_gives_no_hold_the_whole_counter() -> None:
+    """A GPU that ran for a day before the agent: NVML's field read 0 once, then the counter
+    (4.9 MJ). The move from 0 is no energy of the hold's (before, the hold got the whole
+    4.9 MJ); from the next move on, it gets the GPU's power (74 W) times its seconds."""
+    accounting = Accounting([], max_gap_s=30, max_energy_span_s=180)
+    batch = run(
+        accounting,
+        (T0, [sample(ALICE, energy=0)]),
+        (T0 + 1, [sample(ALICE, energy=4_931_200_000)]),
+        *[(T0 + 1 + 10 * i, [sample(ALICE, energy=4_931_200_000)]) for i in range(1, 6)],
+        (T0 + 61, [sample(ALICE, energy=4_931_200_000 + 74 * 60 * 1000)]),
+    )
+    (hold,) = batch.holds
+    assert hold.energy_j == pytest.approx(74 * 60)
+
+
+def test_a_move_faster_than_any_gpu_draws_counts_nothing() -> None:
+    accounting = Accounting([], max_gap_s=30, max_energy_span_s=180)
+    batch = run(
+        accounting,
+        (T0, [sample(ALICE, energy=1_000_000)]),
+        (T0 + 10, [sample(ALICE, energy=1_000_000 + 100_000_000)]),  # 10 kW: a wrong reading
+        (T0 + 20, [sample(ALICE, energy=1_000_000 + 100_000_000 + 4_000_000)]),  # 400 W
+    )
+    (hold,) = batch.holds
+    assert hold.energy_j == pytest.approx(4_000.0)
+
+
 def test_a_counter_sampled_less_often_than_the_sweeps_gives_each_holder_its_own_part() -> None:
     """The counter is the slow sample's: it stays the same for sweeps, then moves by what
     the GPU used since its last move. Alice held the GPU for the first part of that, Bob
