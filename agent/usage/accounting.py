@@ -20,8 +20,8 @@ sighting and a new one starts; the gap is not counted as held):
   counter that went backwards (a driver reload), or that did not move for longer than
   ``max_energy_span_s``, adds nothing; so does a move that would mean more than
   ``MAX_GPU_POWER_W`` (no GPU draws that: one of the two readings was wrong), and a reading
-  of 0 is no reading (NVML's counter counts from the driver's load; a field it has not
-  filled yet reads 0);
+  of 0 is no reading (NVML's counter counts from the driver's load; an H100 once read 0
+  before its counter, and the move from 0 went to the hold);
 - ``peak_memory_mib`` is the most memory seen in use on the unit while it was held.
 
 A wall clock set back by more than ``max_gap_s`` is a gap too: the open holds end at their
