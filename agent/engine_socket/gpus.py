@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from agent.api.docker_cli import docker_cli_for
 from agent.api.leases import Cpusets
@@ -165,27 +166,26 @@ class GpuCreates:
             mounts.append(replace(mount, source=str(path), driver=None))
         return replace(addition, mounts=tuple(mounts))
 
-    def bind(self, lease_id: str, answer: bytes, *, sent: bytes) -> None:
-        """The engine made the container of ``lease_id``'s create (``sent``: the body sent
-        on; ``answer``: the engine's, ``{"Id": ...}``): the table binds the lease to it now.
-        Its events may come too late to: Podman's inspects and list wait while a container
-        starts, and a ``docker run --rm`` of a short job is gone by then, which left the
-        lease pending until its expiry. An answer without a container id is left to the
-        events. Never raises: the client gets the engine's answer whatever happens here."""
+    def bind(self, sent: Mapping[str, Any], answer: bytes) -> None:
+        """The engine made the container of a leased create (``sent``: the body sent on, its
+        lease labels ours; ``answer``: the engine's, ``{"Id": ...}``): the table binds the
+        lease to it now. Its events may come too late to: Podman's inspects and list wait
+        while a container starts, and a ``docker run --rm`` of a short job is gone by then,
+        which left the lease pending until its expiry. An answer without a container id is
+        left to the events. Never raises: the client gets the engine's answer whatever
+        happens here."""
         try:
-            made = json.loads(answer)
-            container = replace(
-                created_container(None, json.loads(sent)), id=made["Id"], engine=self._engine
-            )
+            made = created_container(None, sent)
+            container = replace(made, id=json.loads(answer)["Id"], engine=self._engine)
         except (ValueError, TypeError, KeyError):
             log.debug("Engine socket: the create's answer names no container: left to events")
             return
-        if container.lease is None or container.lease.lease_id != lease_id:
+        if container.lease is None:
             return
         try:
             self._leases.created(container)
         except Exception:  # a bug: the client still gets the engine's answer
-            log.exception("Engine socket: binding %s to its container failed", lease_id)
+            log.exception("Engine socket: binding %s failed", container.lease.lease_id)
 
     def release(self, lease_id: str) -> None:
         """Give back the lease of a create the engine refused."""

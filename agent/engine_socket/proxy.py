@@ -36,6 +36,7 @@ import select
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
 from agent.engine_socket.create import (
     MAX_CREATE_BYTES,
@@ -378,13 +379,15 @@ class Connection:
             raw = await self._reader.readexactly(head.framing.length)
         assert self._creates is not None
         lease = None
+        sent: dict[str, Any] = {}
         try:
             body = read_body(raw)
             request = gpu_request(body)
             if request is not None:
                 grant, addition = await self._leased(request, container_name(head.target))
                 lease = grant.lease.id
-                raw = json.dumps(rewrite(body, addition), separators=(",", ":")).encode()
+                sent = rewrite(body, addition)
+                raw = json.dumps(sent, separators=(",", ":")).encode()
         except CreateError as err:
             keep = _keeps_alive(head, None)
             await _write(self._writer, error_answer(err.status, str(err), close=not keep))
@@ -401,7 +404,7 @@ class Connection:
             if lease is None:
                 answer = await self._answer(head.method)
             else:  # bound before its client can start it: its events may come too late
-                made = functools.partial(self._creates.bind, lease, sent=raw)
+                made = functools.partial(self._creates.bind, sent)
                 answer = await self._answer(head.method, created=made)
         finally:
             # the engine's answer decides, even when its client left before it was relayed
